@@ -1,1 +1,88 @@
-//! cancel-scope
+//! One end-to-end time budget per request and one cancellation tree per operation, for async
+//! services on tokio.
+//!
+//! A [`Scope`] is a node of a cancellation tree with a deadline. Every piece of work of a
+//! request — spawned tasks, database queries, HTTP and gRPC calls, connection permits, retry
+//! attempts — is tied to a scope, and the scope guarantees:
+//!
+//! * **Budgets only shrink.** A child's deadline is
+//!   `min(parent - reserve, now + cap, operation deadline)`, and a child that would get less
+//!   than its minimum useful budget is not started ([`budget`]).
+//! * **Cancel flows down with a cause.** [`Cause`] says why: deadline, explicit cancel (with a
+//!   reason), parent cancelled, client gone. The first cause wins.
+//! * **No new work after cancel.** Cancelling closes the scope's registration watermark and
+//!   bumps its generation in one atomic step; a child is registered first and then dispatched
+//!   by a compare-and-swap that fails after the cancel, whatever the interleaving.
+//! * **Stable quiescence.** [`Scope::quiesce`] resolves when every child has a terminal
+//!   [`Receipt`] and every guard is released, and reports unknown side effects for
+//!   reconciliation. After that nothing of the scope can start or commit.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! use std::time::Duration;
+//! use cancel_scope::{Lifecycle, Scope};
+//!
+//! // The edge gives the request 100 ms.
+//! let request = Scope::with_timeout(Duration::from_millis(100));
+//!
+//! // A dependency call keeps 10 ms for the response and is not started below 20 ms.
+//! let call = request
+//!     .child()
+//!     .reserve(Duration::from_millis(10))
+//!     .min_useful(Duration::from_millis(20))
+//!     .build()
+//!     .unwrap();
+//! let slow = call.spawn(async {
+//!     tokio::time::sleep(Duration::from_millis(350)).await; // would take 350 ms
+//! }).unwrap();
+//!
+//! // At 90 ms the call's budget runs out: the task is stopped at its next await.
+//! assert!(slow.await.unwrap_err().is_deadline_exceeded());
+//!
+//! let report = request.quiesce().await;
+//! assert_eq!(report.state(), Lifecycle::CancelledStable);
+//! assert_eq!(report.cancelled(), 1);
+//! # }
+//! ```
+//!
+//! # Layers
+//!
+//! | module | job |
+//! |---|---|
+//! | [`budget`] | pure budget arithmetic |
+//! | [`Scope`] | the tree, deadlines, cancel, the current scope |
+//! | [`Ticket`], [`Receipt`], [`Scope::spawn`] | registered children and their receipts |
+//! | [`Permit`], [`Tethered`] | resources counted against a scope |
+//! | [`Report`], [`Lifecycle`] | stable quiescence |
+//!
+//! # Feature flags
+//!
+//! None yet: the default build depends only on tokio, `pin-project-lite`, `parking_lot` and
+//! `slab`.
+
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+
+pub mod budget;
+mod cause;
+mod child;
+mod error;
+mod guard;
+mod quiesce;
+mod scope;
+mod sync;
+mod tree;
+
+pub use cause::Cause;
+pub use child::{ChildSpec, Dispatched, Effect, EffectRecord, JoinHandle, Receipt, Ticket};
+pub use error::Error;
+pub use guard::{Permit, Tethered};
+pub use quiesce::{Lifecycle, Quiesce, Report};
+pub use scope::{Cancelled, ChildBuilder, OnCancel, Run, Scope, DEFAULT_GRACE};

@@ -1,0 +1,489 @@
+//! Budget arithmetic: pure functions over durations, no clock and no runtime.
+//!
+//! # Why one budget and not per-hop timeouts?
+//!
+//! A gateway with a 3 s timeout in front of a service with a 3 s timeout in front of another
+//! with 3 s does not give the user 3 s: each hop restarts the clock, queueing and retries are
+//! free, and the work goes on long after the user left. Here every hop receives what is *left*
+//! of one budget, minus what it must keep for itself:
+//!
+//! ```text
+//! child = min(parent_remaining - response_reserve, dependency_cap, operation_remaining)
+//! ```
+//!
+//! and a child that would get less than its minimum useful budget is not started at all
+//! ([`BudgetExhausted`]): sending a request that is bound to time out only loads the dependency.
+//!
+//! Everything here takes *remaining* durations (`deadline - now`, computed by the caller from
+//! a monotonic clock) and returns durations that are never longer than what went in
+//! (invariant 4 of the crate).
+//!
+//! # Examples
+//!
+//! The 1000 ms request of the design notes: 60 ms queued at ingress, 90 ms spent in the handler
+//! and 100 ms kept for the response leave 750 ms for the dependency.
+//!
+//! ```
+//! use std::time::Duration;
+//! use cancel_scope::budget::ChildBudget;
+//!
+//! let ms = Duration::from_millis;
+//! let remaining = ms(1000) - ms(60) - ms(90);
+//! let child = ChildBudget::new().reserve(ms(100)).compute(Some(remaining)).unwrap();
+//! assert_eq!(child, Some(ms(750)));
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+/// The inputs of one child budget: `min(parent - reserve, cap, operation)`, failing below
+/// `min_useful`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::budget::ChildBudget;
+///
+/// let ms = Duration::from_millis;
+/// let b = ChildBudget::new().reserve(ms(20)).cap(ms(300)).min_useful(ms(50));
+/// assert_eq!(b.compute(Some(ms(1000))).unwrap(), Some(ms(300)));
+/// assert_eq!(b.compute(Some(ms(200))).unwrap(), Some(ms(180)));
+/// assert!(b.compute(Some(ms(60))).is_err()); // 40 ms left after the reserve: not useful
+/// assert_eq!(b.compute(None).unwrap(), Some(ms(300))); // an unbounded parent: the cap
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChildBudget {
+    reserve: Duration,
+    cap: Option<Duration>,
+    operation: Option<Duration>,
+    min_useful: Duration,
+}
+
+impl ChildBudget {
+    /// No reserve, no cap, no operation limit, no minimum.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// assert_eq!(ChildBudget::new().compute(Some(Duration::from_secs(1))).unwrap(),
+    ///            Some(Duration::from_secs(1)));
+    /// ```
+    pub const fn new() -> Self {
+        ChildBudget {
+            reserve: Duration::ZERO,
+            cap: None,
+            operation: None,
+            min_useful: Duration::ZERO,
+        }
+    }
+
+    /// Time the parent keeps for itself after the child returns (serializing, replying).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let b = ChildBudget::new().reserve(Duration::from_millis(100));
+    /// assert_eq!(b.compute(Some(Duration::from_millis(150))).unwrap(),
+    ///            Some(Duration::from_millis(50)));
+    /// ```
+    pub const fn reserve(mut self, reserve: Duration) -> Self {
+        self.reserve = reserve;
+        self
+    }
+
+    /// The most this dependency may ever get, however much the parent has.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let b = ChildBudget::new().cap(Duration::from_millis(300));
+    /// assert_eq!(b.compute(Some(Duration::from_secs(10))).unwrap(),
+    ///            Some(Duration::from_millis(300)));
+    /// ```
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// What the operation as a whole still has (e.g. from an operation registry).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let b = ChildBudget::new().operation(Duration::from_millis(40));
+    /// assert_eq!(b.compute(Some(Duration::from_secs(1))).unwrap(),
+    ///            Some(Duration::from_millis(40)));
+    /// ```
+    pub const fn operation(mut self, remaining: Duration) -> Self {
+        self.operation = Some(remaining);
+        self
+    }
+
+    /// Below this the child is not started: [`compute`](Self::compute) fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let b = ChildBudget::new().min_useful(Duration::from_millis(50));
+    /// assert!(b.compute(Some(Duration::from_millis(49))).is_err());
+    /// ```
+    pub const fn min_useful(mut self, min_useful: Duration) -> Self {
+        self.min_useful = min_useful;
+        self
+    }
+
+    /// The child's budget given what the parent has left (`None`: unbounded).
+    ///
+    /// Returns `Ok(None)` only when nothing bounds the child (unbounded parent, no cap, no
+    /// operation limit). The result is never longer than `parent_remaining`.
+    ///
+    /// # Errors
+    ///
+    /// [`BudgetExhausted`] when the result is zero or shorter than the minimum useful budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let err = ChildBudget::new().compute(Some(Duration::ZERO)).unwrap_err();
+    /// assert_eq!(err.available(), Duration::ZERO);
+    /// ```
+    pub fn compute(
+        &self,
+        parent_remaining: Option<Duration>,
+    ) -> Result<Option<Duration>, BudgetExhausted> {
+        let from_parent = parent_remaining.map(|r| r.saturating_sub(self.reserve));
+        let budget = [from_parent, self.cap, self.operation]
+            .into_iter()
+            .flatten()
+            .min();
+        match budget {
+            Some(b) if b.is_zero() || b < self.min_useful => Err(BudgetExhausted {
+                available: b,
+                needed: self.min_useful,
+            }),
+            other => Ok(other),
+        }
+    }
+}
+
+/// Too little budget is left for the work to be useful; nothing was started.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::budget::ChildBudget;
+/// let ms = Duration::from_millis;
+/// let err = ChildBudget::new().min_useful(ms(50)).compute(Some(ms(30))).unwrap_err();
+/// assert_eq!((err.available(), err.needed()), (ms(30), ms(50)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetExhausted {
+    available: Duration,
+    needed: Duration,
+}
+
+impl BudgetExhausted {
+    /// What the child would have got.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let e = ChildBudget::new().compute(Some(Duration::ZERO)).unwrap_err();
+    /// assert!(e.available().is_zero());
+    /// ```
+    pub fn available(&self) -> Duration {
+        self.available
+    }
+
+    /// The minimum useful budget it needed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::ChildBudget;
+    /// let e = ChildBudget::new().compute(Some(Duration::ZERO)).unwrap_err();
+    /// assert!(e.needed().is_zero());
+    /// ```
+    pub fn needed(&self) -> Duration {
+        self.needed
+    }
+}
+
+impl fmt::Display for BudgetExhausted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "budget exhausted: {:?} left, {:?} needed",
+            self.available, self.needed
+        )
+    }
+}
+
+impl std::error::Error for BudgetExhausted {}
+
+/// How a retry splits what is left among the attempts.
+///
+/// # Examples
+///
+/// 800 ms over 3 attempts with a 300 ms hop cap, each attempt using all it got:
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::budget::Split;
+///
+/// let ms = Duration::from_millis;
+/// let split = Split::Even { cap: Some(ms(300)) };
+/// let mut left = ms(800);
+/// let mut got = vec![];
+/// for attempts_left in (1..=3).rev() {
+///     let a = split.attempt(left, attempts_left, Duration::ZERO);
+///     got.push(a.as_millis());
+///     left -= a;
+/// }
+/// assert_eq!(got, [266, 267, 267]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// `min(cap, remaining / attempts_left)` in whole milliseconds: every attempt gets a fair
+    /// share.
+    Even {
+        /// Per-attempt cap.
+        cap: Option<Duration>,
+    },
+    /// `min(cap, remaining - reserve)`: each attempt may use all that is left.
+    Greedy {
+        /// Per-attempt cap.
+        cap: Option<Duration>,
+    },
+}
+
+impl Split {
+    /// The budget of the next attempt given what is left, how many attempts are left (this one
+    /// included) and the reserve to keep. Zero means: start no attempt.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::Split;
+    /// let ms = Duration::from_millis;
+    /// let even = Split::Even { cap: None };
+    /// assert_eq!(even.attempt(ms(900), 3, ms(0)), ms(300));
+    /// assert_eq!(even.attempt(ms(900), 0, ms(0)), ms(0)); // no attempts left
+    /// ```
+    pub fn attempt(&self, remaining: Duration, attempts_left: u32, reserve: Duration) -> Duration {
+        if attempts_left == 0 {
+            return Duration::ZERO;
+        }
+        match *self {
+            Split::Even { cap } => {
+                // Whole milliseconds, rounded down: the unit budgets travel in, and what one
+                // attempt does not get stays for the next (800 ms / 3 = 266, 267, 267).
+                let ms = remaining.saturating_sub(reserve).as_millis() / u128::from(attempts_left);
+                let share = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+                cap.map_or(share, |c| share.min(c))
+            }
+            Split::Greedy { cap } => grant(remaining, reserve, cap),
+        }
+    }
+}
+
+/// The greedy grant: `max(0, min(cap, remaining - reserve))`.
+///
+/// # Examples
+///
+/// A deadline at t=1000 with a 100 ms reserve and a 500 ms cap:
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::budget::grant;
+/// let ms = Duration::from_millis;
+/// let at = |now: u64| grant(ms(1000 - now), ms(100), Some(ms(500)));
+/// assert_eq!(at(120), ms(500));
+/// assert_eq!(at(700), ms(200));
+/// assert_eq!(at(900), ms(0));
+/// ```
+pub fn grant(remaining: Duration, reserve: Duration, cap: Option<Duration>) -> Duration {
+    let left = remaining.saturating_sub(reserve);
+    cap.map_or(left, |c| left.min(c))
+}
+
+/// A per-hop timeout: `min(cap, max(floor, remaining - pad))`, never more than `remaining`.
+///
+/// The floor keeps a hop from getting a zero timeout while a little time is left; it never
+/// lifts the result above what remains.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::budget::hop_timeout;
+/// let ms = Duration::from_millis;
+/// let hop = |r| hop_timeout(ms(r), ms(20), ms(300), ms(1));
+/// assert_eq!(hop(800), ms(300));
+/// assert_eq!(hop(100), ms(80));
+/// assert_eq!(hop(15), ms(1));
+/// assert_eq!(hop(0), ms(0));
+/// ```
+pub fn hop_timeout(remaining: Duration, pad: Duration, cap: Duration, floor: Duration) -> Duration {
+    remaining
+        .saturating_sub(pad)
+        .max(floor)
+        .min(cap)
+        .min(remaining)
+}
+
+/// An endpoint's rules for a budget that a caller declares.
+///
+/// `admit = min(declared or default, max) - queued - reserve`: a caller can shorten its budget
+/// but never lengthen it past `max`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::budget::EndpointBudget;
+/// let ms = Duration::from_millis;
+/// let policy = EndpointBudget::new(ms(2000), ms(500)).reserve(ms(50));
+/// assert_eq!(policy.admit(Some(ms(60_000)), ms(0)), ms(1950)); // clamped to max
+/// assert_eq!(policy.admit(None, ms(100)), ms(350));            // default, minus queueing
+/// assert_eq!(policy.admit(Some(ms(100)), ms(80)), ms(0));       // nothing useful left
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointBudget {
+    max: Duration,
+    default: Duration,
+    reserve: Duration,
+}
+
+impl EndpointBudget {
+    /// A policy with a maximum and a default for callers that declare nothing (the default is
+    /// clamped to the maximum).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(1), Duration::from_secs(5));
+    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
+    /// ```
+    pub const fn new(max: Duration, default: Duration) -> Self {
+        let default = if default.as_nanos() > max.as_nanos() {
+            max
+        } else {
+            default
+        };
+        EndpointBudget {
+            max,
+            default,
+            reserve: Duration::ZERO,
+        }
+    }
+
+    /// Time the endpoint keeps for its own response.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .reserve(Duration::from_millis(10));
+    /// assert_eq!(p.admit(None, Duration::ZERO), Duration::from_millis(990));
+    /// ```
+    pub const fn reserve(mut self, reserve: Duration) -> Self {
+        self.reserve = reserve;
+        self
+    }
+
+    /// The maximum any caller can get.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(1), Duration::ZERO);
+    /// assert_eq!(p.max(), Duration::from_secs(1));
+    /// ```
+    pub const fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The budget of a caller that declared none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
+    /// ```
+    pub const fn default_budget(&self) -> Duration {
+        self.default
+    }
+
+    /// The endpoint's reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.reserve_budget(), Duration::ZERO);
+    /// ```
+    pub const fn reserve_budget(&self) -> Duration {
+        self.reserve
+    }
+
+    /// The declared budget clamped to the maximum (the default if none was declared).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.clamp(Some(Duration::from_secs(9))), Duration::from_secs(2));
+    /// ```
+    pub fn clamp(&self, declared: Option<Duration>) -> Duration {
+        declared.unwrap_or(self.default).min(self.max)
+    }
+
+    /// What the handler gets: the clamped budget minus time already queued and the reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::EndpointBudget;
+    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.admit(Some(Duration::from_secs(1)), Duration::from_millis(250)),
+    ///            Duration::from_millis(750));
+    /// ```
+    pub fn admit(&self, declared: Option<Duration>, queued: Duration) -> Duration {
+        self.clamp(declared)
+            .saturating_sub(queued)
+            .saturating_sub(self.reserve)
+    }
+}

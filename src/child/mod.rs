@@ -1,0 +1,14 @@
+//! Registered children: tickets, receipts and tasks.
+//!
+//! Every piece of work under a scope is a *child*: it is first registered (PREPARED: identity,
+//! generation, budget, [`Effect`]), then dispatched by a compare-and-swap that fails once the
+//! scope was cancelled, and finally ends with exactly one [`Receipt`] — also when it is
+//! dropped or panics. [`Scope::spawn`](crate::Scope::spawn) does all three for a tokio task.
+
+mod receipt;
+mod task;
+mod ticket;
+
+pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};
+pub use task::JoinHandle;
+pub use ticket::{Dispatched, Ticket};

@@ -1,0 +1,359 @@
+//! What a child is (its spec) and how it ended (its receipt).
+
+use std::fmt;
+use std::sync::Arc;
+
+/// What running a child may do to the world outside this process.
+///
+/// Decides what happens when a child is dropped without a receipt: read-only work is recorded
+/// as [`Receipt::Cancelled`]; anything else that was dispatched as
+/// [`Receipt::EffectUnknown`] — an unknown effect is never counted as "no effect".
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::Effect;
+/// assert!(!Effect::ReadOnly.may_have_effect());
+/// assert!(Effect::idempotent("order-42").may_have_effect());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Effect {
+    /// Reads only; safe to drop and to retry.
+    ReadOnly,
+    /// Has an effect, but repeating it with the same key has the same effect once.
+    Idempotent {
+        /// The idempotency key every attempt reuses.
+        key: Arc<str>,
+    },
+    /// Has an effect and must not be repeated blindly.
+    SideEffecting,
+}
+
+impl Effect {
+    /// An idempotent effect with its key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Effect;
+    /// assert_eq!(Effect::idempotent("k").key(), Some("k"));
+    /// ```
+    pub fn idempotent(key: impl Into<Arc<str>>) -> Self {
+        Effect::Idempotent { key: key.into() }
+    }
+
+    /// The idempotency key, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Effect;
+    /// assert_eq!(Effect::ReadOnly.key(), None);
+    /// ```
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Effect::Idempotent { key } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// Whether the work may change something outside the process.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Effect;
+    /// assert!(Effect::SideEffecting.may_have_effect());
+    /// ```
+    pub fn may_have_effect(&self) -> bool {
+        !matches!(self, Effect::ReadOnly)
+    }
+}
+
+/// Identifies an effect whose outcome is unknown, for reconciliation.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::EffectRecord;
+/// let r = EffectRecord::new("payment-7").payload_digest("sha256:ab12").provider_handle("psp-99");
+/// assert_eq!(r.effect_id(), "payment-7");
+/// assert_eq!(r.provider_handle_str(), Some("psp-99"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EffectRecord {
+    effect_id: Arc<str>,
+    payload_digest: Option<Arc<str>>,
+    provider_handle: Option<Arc<str>>,
+}
+
+impl EffectRecord {
+    /// A record with its effect id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("e1").effect_id(), "e1");
+    /// ```
+    pub fn new(effect_id: impl Into<Arc<str>>) -> Self {
+        EffectRecord {
+            effect_id: effect_id.into(),
+            payload_digest: None,
+            provider_handle: None,
+        }
+    }
+
+    /// With a digest of what was sent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("e").payload_digest("d").payload_digest_str(), Some("d"));
+    /// ```
+    pub fn payload_digest(mut self, digest: impl Into<Arc<str>>) -> Self {
+        self.payload_digest = Some(digest.into());
+        self
+    }
+
+    /// With the handle the provider gave the effect (request id, transaction id).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("e").provider_handle("h").provider_handle_str(), Some("h"));
+    /// ```
+    pub fn provider_handle(mut self, handle: impl Into<Arc<str>>) -> Self {
+        self.provider_handle = Some(handle.into());
+        self
+    }
+
+    /// The effect id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("x").effect_id(), "x");
+    /// ```
+    pub fn effect_id(&self) -> &str {
+        &self.effect_id
+    }
+
+    /// The payload digest, if known.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("x").payload_digest_str(), None);
+    /// ```
+    pub fn payload_digest_str(&self) -> Option<&str> {
+        self.payload_digest.as_deref()
+    }
+
+    /// The provider handle, if known.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("x").provider_handle_str(), None);
+    /// ```
+    pub fn provider_handle_str(&self) -> Option<&str> {
+        self.provider_handle.as_deref()
+    }
+}
+
+/// Describes a child before it is registered: its name and its [`Effect`].
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::{ChildSpec, Effect};
+/// let spec = ChildSpec::side_effecting("charge-card", "payment-7").payload_digest("sha256:ab");
+/// assert_eq!(spec.name(), "charge-card");
+/// assert_eq!(spec.effect(), &Effect::SideEffecting);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildSpec {
+    name: Arc<str>,
+    effect: Effect,
+    record: Option<EffectRecord>,
+}
+
+impl ChildSpec {
+    /// Read-only work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::ChildSpec;
+    /// assert!(!ChildSpec::read_only("get-user").effect().may_have_effect());
+    /// ```
+    pub fn read_only(name: impl Into<Arc<str>>) -> Self {
+        ChildSpec {
+            name: name.into(),
+            effect: Effect::ReadOnly,
+            record: None,
+        }
+    }
+
+    /// Idempotent work; `key` is reused by every attempt and names the effect.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::ChildSpec;
+    /// let s = ChildSpec::idempotent("put-order", "order-42");
+    /// assert_eq!(s.effect().key(), Some("order-42"));
+    /// ```
+    pub fn idempotent(name: impl Into<Arc<str>>, key: impl Into<Arc<str>>) -> Self {
+        let key: Arc<str> = key.into();
+        ChildSpec {
+            name: name.into(),
+            effect: Effect::Idempotent { key: key.clone() },
+            record: Some(EffectRecord::new(key)),
+        }
+    }
+
+    /// Side-effecting work with the id its effect is known by.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::ChildSpec;
+    /// let s = ChildSpec::side_effecting("send-mail", "mail-1");
+    /// assert_eq!(s.effect_record().unwrap().effect_id(), "mail-1");
+    /// ```
+    pub fn side_effecting(name: impl Into<Arc<str>>, effect_id: impl Into<Arc<str>>) -> Self {
+        ChildSpec {
+            name: name.into(),
+            effect: Effect::SideEffecting,
+            record: Some(EffectRecord::new(effect_id)),
+        }
+    }
+
+    /// Adds a payload digest to the effect record (no effect on read-only work).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::ChildSpec;
+    /// let s = ChildSpec::side_effecting("w", "e").payload_digest("d");
+    /// assert_eq!(s.effect_record().unwrap().payload_digest_str(), Some("d"));
+    /// ```
+    pub fn payload_digest(mut self, digest: impl Into<Arc<str>>) -> Self {
+        self.record = self.record.map(|r| r.payload_digest(digest));
+        self
+    }
+
+    /// The child's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::ChildSpec;
+    /// assert_eq!(ChildSpec::read_only("n").name(), "n");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The child's effect kind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::{ChildSpec, Effect};
+    /// assert_eq!(ChildSpec::read_only("n").effect(), &Effect::ReadOnly);
+    /// ```
+    pub fn effect(&self) -> &Effect {
+        &self.effect
+    }
+
+    /// The record an unknown outcome is reported with (`None` for read-only work).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::ChildSpec;
+    /// assert!(ChildSpec::read_only("n").effect_record().is_none());
+    /// ```
+    pub fn effect_record(&self) -> Option<&EffectRecord> {
+        self.record.as_ref()
+    }
+
+    pub(crate) fn replace_record(&mut self, record: EffectRecord) {
+        self.record = Some(record);
+    }
+
+    pub(crate) fn set_provider_handle(&mut self, handle: Arc<str>) {
+        self.record = self.record.take().map(|r| r.provider_handle(handle));
+    }
+}
+
+/// How a registered child ended. Every registered child gets exactly one.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::{EffectRecord, Receipt};
+/// let r = Receipt::EffectUnknown(EffectRecord::new("payment-7"));
+/// assert!(r.needs_reconciliation());
+/// assert!(!Receipt::Succeeded.needs_reconciliation());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Receipt {
+    /// Finished and did what it should.
+    Succeeded,
+    /// Finished with an error (or panicked); it stopped.
+    Failed,
+    /// Confirmed stopped (or never started) because of a cancel.
+    Cancelled,
+    /// Did not stop within the grace period; isolated, still listed.
+    Quarantined,
+    /// Crossed an external side-effect point and its outcome is unknown.
+    EffectUnknown(EffectRecord),
+}
+
+impl Receipt {
+    /// Whether someone must reconcile this child's effect.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Receipt;
+    /// assert!(!Receipt::Cancelled.needs_reconciliation());
+    /// ```
+    pub fn needs_reconciliation(&self) -> bool {
+        matches!(self, Receipt::EffectUnknown(_))
+    }
+
+    pub(crate) fn kind(&self) -> crate::tree::Kind {
+        use crate::tree::Kind;
+        match self {
+            Receipt::Succeeded => Kind::Succeeded,
+            Receipt::Failed => Kind::Failed,
+            Receipt::Cancelled => Kind::Cancelled,
+            Receipt::Quarantined => Kind::Quarantined,
+            Receipt::EffectUnknown(_) => Kind::EffectUnknown,
+        }
+    }
+}
+
+impl fmt::Display for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Receipt::Succeeded => f.write_str("succeeded"),
+            Receipt::Failed => f.write_str("failed"),
+            Receipt::Cancelled => f.write_str("cancelled"),
+            Receipt::Quarantined => f.write_str("quarantined"),
+            Receipt::EffectUnknown(r) => write!(f, "effect unknown ({})", r.effect_id()),
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Resources held for a scope: semaphore permits and tethered values.
+//!
+//! A guard is counted in its scope while it lives, so [`Scope::quiesce`] waits until every
+//! guard was released; dropping the guard releases it. Acquiring one takes a work unit first,
+//! so no guard can be acquired after the scope was cancelled or closed.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::Error;
+use crate::scope::{now_stamp, Scope};
+use crate::tree;
+
+/// One counted unit of a scope; released on drop.
+struct Unit(Scope);
+
+impl Unit {
+    fn take(scope: &Scope) -> Result<Unit, Error> {
+        tree::take_unit(&scope.node)?;
+        Ok(Unit(scope.clone()))
+    }
+}
+
+impl Drop for Unit {
+    fn drop(&mut self) {
+        tree::release_guard(&self.0.node, now_stamp());
+    }
+}
+
+/// A semaphore permit counted against a scope. Dropping it returns the permit.
+///
+/// Made by [`Scope::acquire`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::sync::Arc;
+/// use tokio::sync::Semaphore;
+/// use cancel_scope::Scope;
+///
+/// let pool = Arc::new(Semaphore::new(1));
+/// let s = Scope::new();
+/// let permit = s.acquire(&pool).await.unwrap();
+/// assert_eq!(pool.available_permits(), 0);
+/// drop(permit);
+/// assert_eq!(pool.available_permits(), 1);
+/// # }
+/// ```
+#[must_use = "the permit is released when dropped"]
+pub struct Permit {
+    permit: OwnedSemaphorePermit,
+    _unit: Unit,
+}
+
+impl Permit {
+    /// The underlying tokio permit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use std::sync::Arc;
+    /// # use tokio::sync::Semaphore;
+    /// # use cancel_scope::Scope;
+    /// let pool = Arc::new(Semaphore::new(3));
+    /// let p = Scope::new().acquire(&pool).await.unwrap();
+    /// assert_eq!(p.permit().num_permits(), 1);
+    /// # }
+    /// ```
+    pub fn permit(&self) -> &OwnedSemaphorePermit {
+        &self.permit
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("scope", &self._unit.0)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Any resource (a connection, a file, a lease) counted against a scope while it lives.
+///
+/// Made by [`Scope::tether`]. Dereferences to the resource; [`Tethered::into_inner`] releases
+/// the count and hands the resource back.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::Scope;
+/// let s = Scope::new();
+/// let conn = s.tether(String::from("conn-1")).unwrap();
+/// assert_eq!(conn.len(), 6);
+/// assert_eq!(conn.into_inner(), "conn-1");
+/// ```
+#[must_use = "the resource is released when dropped"]
+pub struct Tethered<T> {
+    value: T,
+    _unit: Unit,
+}
+
+impl<T> Tethered<T> {
+    /// Releases the count and returns the resource.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// assert_eq!(Scope::new().tether(5).unwrap().into_inner(), 5);
+    /// ```
+    pub fn into_inner(self) -> T {
+        self.value
+    }
+}
+
+impl<T> Deref for Tethered<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T> DerefMut for Tethered<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.value
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Tethered<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tethered")
+            .field("value", &self.value)
+            .finish()
+    }
+}
+
+impl Scope {
+    /// Waits for a permit of `semaphore`, for at most this scope's remaining budget (queueing
+    /// pays from the budget), and counts it against the scope until dropped.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::is_cancelled`] (also [`Error::is_deadline_exceeded`]) if the scope is
+    ///   cancelled or runs out of time while waiting, or already was;
+    /// * [`Error::is_closed`] if the scope's watermark is closed or the semaphore was closed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future gives back the place in the queue and the count.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::{sync::Arc, time::Duration};
+    /// use tokio::sync::Semaphore;
+    /// use cancel_scope::Scope;
+    ///
+    /// let pool = Arc::new(Semaphore::new(0)); // exhausted pool
+    /// let s = Scope::with_timeout(Duration::from_millis(200));
+    /// let err = s.acquire(&pool).await.unwrap_err();
+    /// assert!(err.is_deadline_exceeded());
+    /// # }
+    /// ```
+    pub async fn acquire(&self, semaphore: &std::sync::Arc<Semaphore>) -> Result<Permit, Error> {
+        let unit = Unit::take(self)?;
+        tokio::select! {
+            biased;
+            cause = self.cancelled_cause() => Err(Error::cancelled(cause)),
+            permit = semaphore.clone().acquire_owned() => match permit {
+                Ok(permit) => Ok(Permit { permit, _unit: unit }),
+                Err(_) => Err(Error::closed()),
+            },
+        }
+    }
+
+    /// Counts `resource` against this scope until it is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::is_cancelled`] / [`Error::is_closed`]: the scope accepts no new work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.cancel();
+    /// assert!(s.tether(()).unwrap_err().is_cancelled());
+    /// ```
+    pub fn tether<T>(&self, resource: T) -> Result<Tethered<T>, Error> {
+        Ok(Tethered {
+            value: resource,
+            _unit: Unit::take(self)?,
+        })
+    }
+}

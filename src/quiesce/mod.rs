@@ -1,0 +1,519 @@
+//! Lifecycle and stable quiescence: a scope that can prove it has stopped.
+//!
+//! [`Scope::quiesce`] resolves once the scope's registration watermark is closed (by
+//! [`Scope::close`] or a cancel), every registered child of its subtree has a terminal receipt
+//! (or was quarantined after the grace period), and every guard was released. From then on
+//! nothing of that scope can start or commit and no number in its [`Report`] changes
+//! (invariant 6): new registrations are refused by the closed watermark, and a child scope can
+//! only take work through a unit of this one.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::cause::Cause;
+use crate::child::{ChildSpec, EffectRecord};
+use crate::scope::{instant_of, nanos, now_stamp, Scope};
+use crate::tree::{self, Kind, Wait, WaiterKey};
+
+/// Where a scope is in its life.
+///
+/// `Accepted -> Running -> Cancelling -> CancelledStable | Completed | NeedsReconciliation`
+/// (a scope closed without a cancel goes from `Running` straight to a final state).
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::{ChildSpec, Lifecycle, Scope};
+/// let s = Scope::new();
+/// assert_eq!(s.lifecycle(), Lifecycle::Accepted);
+/// let t = s.register(ChildSpec::read_only("x")).unwrap();
+/// assert_eq!(s.lifecycle(), Lifecycle::Running);
+/// s.cancel();
+/// assert_eq!(s.lifecycle(), Lifecycle::Cancelling);
+/// drop(t);
+/// assert_eq!(s.lifecycle(), Lifecycle::CancelledStable);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Lifecycle {
+    /// Created; no work was registered yet.
+    Accepted,
+    /// Work was registered; not cancelled.
+    Running,
+    /// Cancelled; some children have no receipt yet.
+    Cancelling,
+    /// Cancelled and quiet; nothing's effect is unknown.
+    CancelledStable,
+    /// Closed without a cancel and quiet; nothing's effect is unknown.
+    Completed,
+    /// Quiet, but some effects are unknown or a child that may have effects was quarantined:
+    /// see [`Report::pending_effects`].
+    NeedsReconciliation,
+}
+
+impl Lifecycle {
+    /// Whether this is one of the three final states.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Lifecycle;
+    /// assert!(Lifecycle::Completed.is_final());
+    /// assert!(!Lifecycle::Cancelling.is_final());
+    /// ```
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            Lifecycle::CancelledStable | Lifecycle::Completed | Lifecycle::NeedsReconciliation
+        )
+    }
+}
+
+/// What a scope did, as of the moment it became quiet. Returned by [`Scope::quiesce`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use cancel_scope::{ChildSpec, Lifecycle, Scope};
+///
+/// let s = Scope::new();
+/// s.spawn(async {}).unwrap().await.unwrap();
+/// let pay = s.register(ChildSpec::side_effecting("charge", "payment-7")).unwrap();
+/// let pay = pay.dispatch().unwrap();
+/// s.cancel();
+/// drop(pay); // dispatched, may have charged: outcome unknown
+///
+/// let report = s.quiesce().await;
+/// assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+/// assert_eq!(report.succeeded(), 1);
+/// assert_eq!(report.effect_unknown(), 1);
+/// assert_eq!(report.pending_effects()[0].effect_id(), "payment-7");
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    state: Lifecycle,
+    cause: Option<Cause>,
+    counts: [u64; 5],
+    pending_effects: Vec<EffectRecord>,
+    quarantined_children: Vec<ChildSpec>,
+    cancel_to_quiet: Option<Duration>,
+    orphan_work: Duration,
+}
+
+impl Report {
+    /// The final state.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::{Lifecycle, Scope};
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert_eq!(s.quiesce().await.state(), Lifecycle::Completed);
+    /// # }
+    /// ```
+    pub fn state(&self) -> Lifecycle {
+        self.state
+    }
+
+    /// The cancel cause, if the scope was cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::{Cause, Scope};
+    /// let s = Scope::new();
+    /// s.cancel_because(Cause::ClientGone);
+    /// assert_eq!(s.quiesce().await.cause(), Some(&Cause::ClientGone));
+    /// # }
+    /// ```
+    pub fn cause(&self) -> Option<&Cause> {
+        self.cause.as_ref()
+    }
+
+    /// Children that succeeded (in the whole subtree).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.spawn(async {}).unwrap().await.unwrap();
+    /// s.close();
+    /// assert_eq!(s.quiesce().await.succeeded(), 1);
+    /// # }
+    /// ```
+    pub fn succeeded(&self) -> u64 {
+        self.counts[Kind::Succeeded as usize]
+    }
+
+    /// Children that failed (including panics).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let _ = s.spawn(async { panic!("boom") }).unwrap().await;
+    /// s.close();
+    /// assert_eq!(s.quiesce().await.failed(), 1);
+    /// # }
+    /// ```
+    pub fn failed(&self) -> u64 {
+        self.counts[Kind::Failed as usize]
+    }
+
+    /// Children confirmed stopped (or never started) because of a cancel.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let h = s.spawn(std::future::pending::<()>()).unwrap();
+    /// s.cancel();
+    /// assert_eq!(s.quiesce().await.cancelled(), 1);
+    /// # drop(h);
+    /// # }
+    /// ```
+    pub fn cancelled(&self) -> u64 {
+        self.counts[Kind::Cancelled as usize]
+    }
+
+    /// Children quarantined after the grace period.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert_eq!(s.quiesce().await.quarantined(), 0);
+    /// # }
+    /// ```
+    pub fn quarantined(&self) -> u64 {
+        self.counts[Kind::Quarantined as usize]
+    }
+
+    /// Children whose effect is unknown.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert_eq!(s.quiesce().await.effect_unknown(), 0);
+    /// # }
+    /// ```
+    pub fn effect_unknown(&self) -> u64 {
+        self.counts[Kind::EffectUnknown as usize]
+    }
+
+    /// All receipts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.spawn(async {}).unwrap().await.unwrap();
+    /// s.close();
+    /// assert_eq!(s.quiesce().await.total(), 1);
+    /// # }
+    /// ```
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Effects to reconcile: every `EffectUnknown` receipt, and quarantined children that may
+    /// have had an effect.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert!(s.quiesce().await.pending_effects().is_empty());
+    /// # }
+    /// ```
+    pub fn pending_effects(&self) -> &[EffectRecord] {
+        &self.pending_effects
+    }
+
+    /// The children that were quarantined.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert!(s.quiesce().await.quarantined_children().is_empty());
+    /// # }
+    /// ```
+    pub fn quarantined_children(&self) -> &[ChildSpec] {
+        &self.quarantined_children
+    }
+
+    /// Time from the cancel to the last receipt or guard release (`None` if not cancelled).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let lease = s.tether(()).unwrap();
+    /// s.cancel();
+    /// tokio::time::sleep(Duration::from_millis(7)).await;
+    /// drop(lease);
+    /// assert_eq!(s.quiesce().await.cancel_to_quiet(), Some(Duration::from_millis(7)));
+    /// # }
+    /// ```
+    pub fn cancel_to_quiet(&self) -> Option<Duration> {
+        self.cancel_to_quiet
+    }
+
+    /// Orphan work: summed over children that ended after the cancel, how long each ran on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// let s = Scope::new();
+    /// let a = s.register(ChildSpec::read_only("a")).unwrap().dispatch().unwrap();
+    /// s.cancel();
+    /// tokio::time::sleep(Duration::from_millis(20)).await;
+    /// a.succeed(); // it ignored the cancel for 20 ms
+    /// assert_eq!(s.quiesce().await.orphan_work(), Duration::from_millis(20));
+    /// # }
+    /// ```
+    pub fn orphan_work(&self) -> Duration {
+        self.orphan_work
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?}: {} succeeded, {} failed, {} cancelled, {} quarantined, {} effect unknown",
+            self.state,
+            self.succeeded(),
+            self.failed(),
+            self.cancelled(),
+            self.quarantined(),
+            self.effect_unknown()
+        )?;
+        if let Some(c) = &self.cause {
+            write!(f, "; cause: {c}")?;
+        }
+        if let Some(d) = self.cancel_to_quiet {
+            write!(
+                f,
+                "; cancel to quiet {d:?}, orphan work {:?}",
+                self.orphan_work
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Resolves to the [`Report`] once the scope is quiet. Returned by [`Scope::quiesce`].
+///
+/// # Cancel safety
+///
+/// Cancel safe: dropping it unregisters its waker; a new `quiesce()` picks up where it was.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use cancel_scope::Scope;
+/// let s = Scope::new();
+/// s.close();
+/// let report = s.quiesce().await;
+/// assert_eq!(report.total(), 0);
+/// # }
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct Quiesce {
+    scope: Scope,
+    key: WaiterKey,
+    grace: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for Quiesce {
+    type Output = Report;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Report> {
+        let this = &mut *self;
+        loop {
+            if tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
+                return Poll::Ready(this.scope.report());
+            }
+            if !this.scope.is_cancelled() || cfg!(loom) {
+                // (Under loom there is no tokio timer: the models wait for receipts.)
+                return Poll::Pending;
+            }
+            // Cancelled but not quiet: children get the grace period, counted from the cancel.
+            let sleep = this.grace.get_or_insert_with(|| {
+                let at = instant_of(this.scope.node.cancelled_at()) + this.scope.node.ext.grace;
+                Box::pin(tokio::time::sleep_until(at))
+            });
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            tree::quarantine_subtree(&this.scope.node, now_stamp());
+            this.grace = None;
+            // Guards are not quarantined: loop to wait for them (or return if quiet now).
+            if !tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl Drop for Quiesce {
+    fn drop(&mut self) {
+        tree::forget_waiter(&self.scope.node, Wait::Quiet, &mut self.key);
+    }
+}
+
+impl fmt::Debug for Quiesce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Quiesce")
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scope {
+    /// Waits for *stable quiescence* and reports it.
+    ///
+    /// Resolves once the watermark is closed (call [`close`](Scope::close) or cancel first),
+    /// every registered child of the subtree has a receipt, and every guard is released. After a
+    /// cancel, children still running when the grace period ends are quarantined (receipt
+    /// `Quarantined`, listed in the report, late outcome ignored). Once it resolves nothing of
+    /// this scope can start or commit, and the report never changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{Lifecycle, Scope};
+    ///
+    /// let s = Scope::new();
+    /// for _ in 0..3 {
+    ///     s.spawn(tokio::time::sleep(Duration::from_secs(60))).unwrap();
+    /// }
+    /// s.cancel();
+    /// let report = s.quiesce().await;
+    /// assert_eq!(report.state(), Lifecycle::CancelledStable);
+    /// assert_eq!(report.cancelled(), 3);
+    /// assert!(s.spawn(async {}).is_err()); // and nothing starts any more
+    /// # }
+    /// ```
+    pub fn quiesce(&self) -> Quiesce {
+        Quiesce {
+            scope: self.clone(),
+            key: WaiterKey::default(),
+            grace: None,
+        }
+    }
+
+    /// The scope's lifecycle state now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::{Lifecycle, Scope};
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert_eq!(s.lifecycle(), Lifecycle::Completed);
+    /// ```
+    pub fn lifecycle(&self) -> Lifecycle {
+        let st = self.node.state();
+        if st.is_quiet() {
+            let needs = self.node.counts().get(Kind::EffectUnknown) > 0
+                || self
+                    .node
+                    .with_records(|r| r.quarantined.iter().any(|c| c.effect().may_have_effect()));
+            if needs {
+                Lifecycle::NeedsReconciliation
+            } else if st.is_cancelled() {
+                Lifecycle::CancelledStable
+            } else {
+                Lifecycle::Completed
+            }
+        } else if st.is_cancelled() {
+            Lifecycle::Cancelling
+        } else if st.is_started() {
+            Lifecycle::Running
+        } else {
+            Lifecycle::Accepted
+        }
+    }
+
+    /// Builds the report (meaningful once quiet: then nothing in it can change).
+    pub(crate) fn report(&self) -> Report {
+        let node = &self.node;
+        let c = node.counts();
+        let counts = [
+            Kind::Succeeded,
+            Kind::Failed,
+            Kind::Cancelled,
+            Kind::Quarantined,
+            Kind::EffectUnknown,
+        ]
+        .map(|k| c.get(k));
+        let (pending_effects, quarantined_children) = node.with_records(|r| {
+            let effects = r
+                .effects
+                .iter()
+                .chain(
+                    r.quarantined
+                        .iter()
+                        .filter(|c| c.effect().may_have_effect()),
+                )
+                .filter_map(|c| c.effect_record().cloned())
+                .collect();
+            (effects, r.quarantined.clone())
+        });
+        let cause = self.cause();
+        let cancel_to_quiet = cause.as_ref().map(|_| {
+            let at = node.cancelled_at();
+            nanos(c.last_stamp().saturating_sub(at))
+        });
+        Report {
+            state: self.lifecycle(),
+            cause,
+            counts,
+            pending_effects,
+            quarantined_children,
+            cancel_to_quiet,
+            orphan_work: nanos(c.orphan_nanos()),
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Building a child scope.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{deadline_after, Scope, ScopeExt};
+use crate::budget::ChildBudget;
+use crate::error::Error;
+use crate::tree;
+
+/// Builds a child of a [`Scope`]: `deadline = min(parent - reserve, now + cap, now + timeout,
+/// operation deadline)`, never later than the parent's.
+///
+/// Created by [`Scope::child`]. With no options the child keeps the parent's deadline and
+/// needs no timer of its own.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::Scope;
+/// let ms = Duration::from_millis;
+///
+/// let parent = Scope::with_timeout(ms(1000));
+/// let child = parent.child().reserve(ms(100)).timeout(ms(5000)).build().unwrap();
+/// assert_eq!(child.remaining(), Some(ms(900))); // asking for more gives nothing more
+///
+/// let err = parent.child().min_useful(ms(2000)).build().unwrap_err();
+/// assert!(err.is_budget_exhausted()); // fail fast: nothing is started
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ChildBuilder<'a> {
+    parent: &'a Scope,
+    budget: ChildBudget,
+    cap: Option<Duration>,
+    deadline: Option<Instant>,
+    min_useful: Duration,
+    name: Option<std::sync::Arc<str>>,
+    grace: Option<Duration>,
+}
+
+impl<'a> ChildBuilder<'a> {
+    pub(super) fn new(parent: &'a Scope) -> Self {
+        ChildBuilder {
+            parent,
+            budget: ChildBudget::new(),
+            cap: None,
+            deadline: None,
+            min_useful: Duration::ZERO,
+            name: None,
+            grace: None,
+        }
+    }
+
+    /// The child's own timeout from now (the tighter of this, the cap and the parent wins).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let c = Scope::new().child().timeout(Duration::from_millis(20)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(Duration::from_millis(20)));
+    /// # }
+    /// ```
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.cap(timeout)
+    }
+
+    /// The dependency's cap: it never gets more than this, however much the parent has.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let p = Scope::with_timeout(Duration::from_secs(10));
+    /// let c = p.child().cap(Duration::from_millis(300)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(Duration::from_millis(300)));
+    /// # }
+    /// ```
+    pub fn cap(mut self, cap: Duration) -> Self {
+        self.cap = Some(self.cap.map_or(cap, |c| c.min(cap)));
+        self
+    }
+
+    /// An absolute deadline for the child (e.g. the operation's); never extends the parent's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use cancel_scope::Scope;
+    /// let p = Scope::with_timeout(Duration::from_millis(100));
+    /// let c = p.child().deadline(Instant::now() + Duration::from_secs(9)).build().unwrap();
+    /// assert_eq!(c.deadline(), p.deadline());
+    /// # }
+    /// ```
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+        self
+    }
+
+    /// Time the parent keeps for itself after the child returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let p = Scope::with_timeout(Duration::from_millis(100));
+    /// let c = p.child().reserve(Duration::from_millis(30)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(Duration::from_millis(70)));
+    /// # }
+    /// ```
+    pub fn reserve(mut self, reserve: Duration) -> Self {
+        self.budget = self.budget.reserve(reserve);
+        self
+    }
+
+    /// The least budget that makes the child worth starting; below it `build` fails fast.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let p = Scope::with_timeout(Duration::from_millis(100));
+    /// assert!(p.child().min_useful(Duration::from_millis(150)).build().is_err());
+    /// # }
+    /// ```
+    pub fn min_useful(mut self, min_useful: Duration) -> Self {
+        self.min_useful = min_useful;
+        self
+    }
+
+    /// A name for logs and reports.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let c = Scope::new().child().name("inventory").build().unwrap();
+    /// assert_eq!(c.name(), Some("inventory"));
+    /// ```
+    pub fn name(mut self, name: impl Into<std::sync::Arc<str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// How long [`Scope::quiesce`] waits after a cancel before quarantining children that have
+    /// not stopped (inherited; default [`DEFAULT_GRACE`](crate::DEFAULT_GRACE)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let c = Scope::new().child().grace(Duration::from_millis(50)).build().unwrap();
+    /// # drop(c);
+    /// ```
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = Some(grace);
+        self
+    }
+
+    /// Creates the child.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::is_cancelled`] / [`Error::is_closed`]: the parent no longer accepts children.
+    /// * [`Error::is_budget_exhausted`]: the child's budget would be zero or below
+    ///   [`min_useful`](Self::min_useful).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime when the child tightens the deadline (its timer is a tokio task).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let p = Scope::new();
+    /// assert!(p.child().build().is_ok());
+    /// p.cancel();
+    /// assert!(p.child().build().is_err());
+    /// ```
+    #[track_caller]
+    pub fn build(self) -> Result<Scope, Error> {
+        let parent = self.parent;
+        if parent.node.state().is_closed() {
+            // Fast path of the check that `new_child` makes under the registry lock.
+            return Err(refused(parent));
+        }
+        let pext = &parent.node.ext;
+        let bounded = pext.deadline.is_some() || self.cap.is_some() || self.deadline.is_some();
+        let deadline = if bounded {
+            let now = Instant::now();
+            let mut budget = self.budget.min_useful(self.min_useful);
+            if let Some(c) = self.cap {
+                budget = budget.cap(c);
+            }
+            if let Some(d) = self.deadline {
+                budget = budget.operation(d.saturating_duration_since(now));
+            }
+            let remaining = pext.deadline.map(|d| d.saturating_duration_since(now));
+            let b = budget.compute(remaining).map_err(Error::exhausted)?;
+            let d = b.map(|b| deadline_after(now, b));
+            // Never later than the parent, even if `now + b` rounded (invariant 4).
+            match (d, pext.deadline) {
+                (Some(d), Some(p)) => Some(d.min(p)),
+                (d, p) => d.or(p),
+            }
+        } else {
+            // Unbounded parent and child: an unbounded budget is always useful.
+            None
+        };
+        let (name, grace) = (self.name, self.grace);
+        let mut tightens = false;
+        let node = tree::new_child(&parent.node, |_| {
+            let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace);
+            tightens = t;
+            ext
+        })
+        .map_err(Error::from)?;
+        Ok(Scope::from_child_node(node, tightens))
+    }
+}
+
+fn refused(parent: &Scope) -> Error {
+    match parent.cause() {
+        Some(c) => Error::cancelled(c),
+        None => Error::closed(),
+    }
+}

@@ -1,0 +1,193 @@
+//! The futures and guards of a scope.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
+
+use super::Scope;
+use crate::cause::Cause;
+use crate::error::Error;
+use crate::tree::{self, Wait, WaiterKey};
+
+/// Completes when its scope is cancelled. Returned by [`Scope::cancelled`].
+///
+/// # Cancel safety
+///
+/// Cancel safe: dropping it unregisters its waker.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use cancel_scope::Scope;
+/// let s = Scope::new();
+/// s.cancel();
+/// s.cancelled().await; // already cancelled: ready at once
+/// # }
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct Cancelled {
+    scope: Scope,
+    key: WaiterKey,
+}
+
+impl Cancelled {
+    pub(super) fn new(scope: Scope) -> Self {
+        Cancelled {
+            scope,
+            key: WaiterKey::default(),
+        }
+    }
+
+    /// Polls without a `Pin` (the future is `Unpin`), for use inside other futures.
+    pub(crate) fn poll_cancelled(&mut self, cx: &mut Context<'_>) -> Poll<Cause> {
+        if tree::poll_wait(&self.scope.node, Wait::Cancel, &mut self.key, cx.waker()) {
+            Poll::Ready(
+                self.scope
+                    .cause()
+                    .unwrap_or(Cause::Cancelled { reason: None }),
+            )
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Future for Cancelled {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.get_mut().poll_cancelled(cx).map(|_| ())
+    }
+}
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        tree::forget_waiter(&self.scope.node, Wait::Cancel, &mut self.key);
+    }
+}
+
+impl fmt::Debug for Cancelled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cancelled")
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+pin_project! {
+    /// Runs a future with a scope current, stopping it on cancel. Returned by [`Scope::run`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as the inner future.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// assert_eq!(s.run(async { 7 }).await.unwrap(), 7);
+    /// s.cancel();
+    /// assert!(s.run(async { 7 }).await.unwrap_err().is_cancelled());
+    /// # }
+    /// ```
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Run<F: Future> {
+        cancelled: Cancelled,
+        #[pin]
+        fut: TaskLocalFuture<Scope, F>,
+    }
+}
+
+impl<F: Future> Run<F> {
+    pub(super) fn new(scope: Scope, fut: TaskLocalFuture<Scope, F>) -> Self {
+        Run {
+            cancelled: Cancelled::new(scope),
+            fut,
+        }
+    }
+}
+
+impl<F: Future> Future for Run<F> {
+    type Output = Result<F::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // Cancel first: a cancelled scope never polls its work again (invariant 2).
+        if let Poll::Ready(cause) = this.cancelled.poll_cancelled(cx) {
+            return Poll::Ready(Err(Error::cancelled(cause)));
+        }
+        this.fut.poll(cx).map(Ok)
+    }
+}
+
+impl<F: Future> fmt::Debug for Run<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Run")
+            .field("scope", &self.cancelled.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A callback registered with [`Scope::on_cancel`]. Dropping it unregisters the callback.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::Scope;
+/// let s = Scope::new();
+/// let g = s.on_cancel(|_| unreachable!("stopped before the cancel"));
+/// assert!(g.stop());
+/// s.cancel();
+/// ```
+#[must_use = "dropping the guard unregisters the callback"]
+pub struct OnCancel {
+    scope: Scope,
+    key: Option<usize>,
+}
+
+impl OnCancel {
+    pub(super) fn new(scope: Scope, key: Option<usize>) -> Self {
+        OnCancel { scope, key }
+    }
+
+    /// Unregisters the callback. Returns `true` if this stopped it from running, `false` if it
+    /// already ran (or is running).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.cancel();
+    /// let g = s.on_cancel(|_| {}); // runs at once: the scope is cancelled
+    /// assert!(!g.stop());
+    /// ```
+    pub fn stop(mut self) -> bool {
+        self.key
+            .take()
+            .is_some_and(|k| tree::stop_callback(&self.scope.node, k))
+    }
+}
+
+impl Drop for OnCancel {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            tree::stop_callback(&self.scope.node, k);
+        }
+    }
+}
+
+impl fmt::Debug for OnCancel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OnCancel")
+            .field("registered", &self.key.is_some())
+            .finish()
+    }
+}

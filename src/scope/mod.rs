@@ -1,0 +1,632 @@
+//! The public [`Scope`] handle: roots, children, deadlines, cancel, and the current scope.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cause::Cause;
+use crate::child::ChildSpec;
+use crate::sync::{Arc, AtomicUsize, OnceLock, Ordering};
+use crate::tree::{self, Node};
+
+mod builder;
+mod future;
+mod timer;
+
+pub use builder::ChildBuilder;
+pub use future::{Cancelled, OnCancel, Run};
+pub(crate) use timer::Timers;
+
+/// The tree node behind a [`Scope`].
+pub(crate) type Core = Node<ScopeExt, ChildSpec>;
+
+/// How long [`Scope::quiesce`](crate::Scope::quiesce) waits after a cancel before it
+/// quarantines children that have not stopped.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
+
+const NO_TIMER: usize = usize::MAX;
+
+/// What the scope layer keeps in each tree node.
+#[derive(Debug)]
+pub(crate) struct ScopeExt {
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) name: Option<std::sync::Arc<str>>,
+    pub(crate) grace: Duration,
+    /// The timers of this tree (shared with every descendant), if any scope of it has a
+    /// deadline.
+    timers: Option<Arc<Timers>>,
+    /// This scope's entry in `timers`, if it tightened the deadline.
+    timer_key: AtomicUsize,
+}
+
+tokio::task_local! {
+    static CURRENT: Scope;
+}
+
+/// A node of the cancellation tree: a deadline, a cancel cause, and the work registered under
+/// it.
+///
+/// A `Scope` is a cheap handle (clone it freely); every clone refers to the same node. Roots come
+/// from [`Scope::new`], [`Scope::with_timeout`] and [`Scope::with_deadline`] (or from admitting
+/// an incoming request); children from [`Scope::child`].
+///
+/// * **Budgets only shrink.** A child's deadline is never later than its parent's.
+/// * **Cancel flows down.** Cancelling a scope cancels every descendant with
+///   [`Cause::ParentCancelled`]; it never touches the parent or siblings. The first cause wins.
+/// * **Deadlines fire by themselves.** When a deadline passes the scope and its descendants are
+///   cancelled with [`Cause::DeadlineExceeded`], whether or not anything polls them.
+/// * **No new work after cancel.** Children, tasks and tickets are refused once the scope is
+///   cancelled or closed.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::Scope;
+///
+/// let request = Scope::with_timeout(Duration::from_millis(1000));
+/// let db = request
+///     .child()
+///     .reserve(Duration::from_millis(100)) // keep 100 ms to answer
+///     .cap(Duration::from_millis(300))     // the database never gets more than 300 ms
+///     .build()
+///     .unwrap();
+/// assert_eq!(db.remaining(), Some(Duration::from_millis(300)));
+///
+/// // Work that outlives the budget is stopped, and says why.
+/// let err = db.run(tokio::time::sleep(Duration::from_secs(5))).await.unwrap_err();
+/// assert!(err.is_deadline_exceeded());
+/// assert!(!request.is_cancelled());
+/// # }
+/// ```
+pub struct Scope {
+    pub(crate) node: Arc<Core>,
+}
+
+impl Scope {
+    /// A root scope without a deadline; it ends only when cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// assert_eq!(s.deadline(), None);
+    /// assert!(!s.is_cancelled());
+    /// ```
+    pub fn new() -> Scope {
+        Scope::root(None, None)
+    }
+
+    /// A root scope that is cancelled with [`Cause::DeadlineExceeded`] after `timeout`.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (the deadline needs tokio's timer), unless `timeout` is zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let s = Scope::with_timeout(Duration::from_millis(50));
+    /// s.cancelled().await;
+    /// assert!(s.cause().unwrap().is_deadline_exceeded());
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn with_timeout(timeout: Duration) -> Scope {
+        Scope::with_deadline(deadline_after(Instant::now(), timeout))
+    }
+
+    /// A root scope that is cancelled with [`Cause::DeadlineExceeded`] at `deadline`.
+    ///
+    /// A deadline already in the past gives a scope that is cancelled at once.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, unless `deadline` has already passed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use cancel_scope::Scope;
+    /// let at = Instant::now() + Duration::from_secs(1);
+    /// let s = Scope::with_deadline(at);
+    /// assert_eq!(s.deadline(), Some(at));
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn with_deadline(deadline: Instant) -> Scope {
+        Scope::root(Some(deadline), None)
+    }
+
+    #[track_caller]
+    pub(crate) fn root(deadline: Option<Instant>, name: Option<std::sync::Arc<str>>) -> Scope {
+        let node = tree::new_root(ScopeExt {
+            deadline,
+            name,
+            grace: DEFAULT_GRACE,
+            timers: deadline.map(|_| Arc::new(Timers::default())),
+            timer_key: AtomicUsize::new(NO_TIMER),
+        });
+        let scope = Scope { node };
+        scope.arm_timer();
+        scope
+    }
+
+    /// Starts the deadline timer of a scope that tightened its deadline.
+    #[track_caller]
+    fn arm_timer(&self) {
+        let ext = &self.node.ext;
+        let (Some(deadline), Some(timers)) = (ext.deadline, &ext.timers) else {
+            return;
+        };
+        let now = Instant::now();
+        if deadline <= now {
+            tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
+            return;
+        }
+        let key = timers.insert(deadline, self.node.clone());
+        // Relaxed: read only by this scope's last handle, which synchronizes with this
+        // thread through the handle count.
+        ext.timer_key.store(key, Ordering::Relaxed);
+    }
+
+    /// Starts building a child scope (see [`ChildBuilder`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let parent = Scope::new();
+    /// let child = parent.child().name("fetch-user").build().unwrap();
+    /// parent.cancel();
+    /// assert!(child.is_cancelled());
+    /// ```
+    pub fn child(&self) -> ChildBuilder<'_> {
+        ChildBuilder::new(self)
+    }
+
+    /// The deadline, if any (inherited from the parent or tightened).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// assert!(Scope::new().deadline().is_none());
+    /// ```
+    pub fn deadline(&self) -> Option<Instant> {
+        self.node.ext.deadline
+    }
+
+    /// Time left until the deadline (`None` without one; zero once it has passed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    /// let s = Scope::with_timeout(Duration::from_millis(100));
+    /// tokio::time::sleep(Duration::from_millis(30)).await;
+    /// assert_eq!(s.remaining(), Some(Duration::from_millis(70)));
+    /// # }
+    /// ```
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline()
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// The scope's name, if it was given one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// assert_eq!(s.child().name("db").build().unwrap().name(), Some("db"));
+    /// ```
+    pub fn name(&self) -> Option<&str> {
+        self.node.ext.name.as_deref()
+    }
+
+    /// Cancels this scope and every descendant with [`Cause::Cancelled`] (no reason).
+    ///
+    /// Idempotent: the first cause wins. Returns once every descendant is cancelled, so no work
+    /// of this subtree can be dispatched after `cancel` returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.cancel();
+    /// s.cancel_with("too late"); // no effect: first cause wins
+    /// assert_eq!(s.cause().unwrap().reason(), None);
+    /// ```
+    pub fn cancel(&self) {
+        self.cancel_because(Cause::Cancelled { reason: None });
+    }
+
+    /// Cancels with a reason (see [`Scope::cancel`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.cancel_with("user pressed stop");
+    /// assert_eq!(s.cause().unwrap().reason(), Some("user pressed stop"));
+    /// ```
+    pub fn cancel_with(&self, reason: impl Into<std::sync::Arc<str>>) {
+        self.cancel_because(Cause::cancelled(reason));
+    }
+
+    /// Cancels with any cause, e.g. [`Cause::ClientGone`] from a server that saw its client
+    /// disconnect. Returns `true` if this call cancelled the scope (`false`: it already was).
+    ///
+    /// A [`Cause::ParentCancelled`] passed here is recorded as it is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::{Cause, Scope};
+    /// let s = Scope::new();
+    /// assert!(s.cancel_because(Cause::ClientGone));
+    /// assert!(!s.cancel_because(Cause::DeadlineExceeded));
+    /// assert_eq!(s.cause(), Some(Cause::ClientGone));
+    /// ```
+    pub fn cancel_because(&self, cause: Cause) -> bool {
+        tree::cancel(&self.node, cause, now_stamp())
+    }
+
+    /// Whether the scope is cancelled: one atomic load.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// assert!(!s.is_cancelled());
+    /// s.cancel();
+    /// assert!(s.is_cancelled());
+    /// ```
+    #[inline]
+    pub fn is_cancelled(&self) -> bool {
+        self.node.state().is_cancelled()
+    }
+
+    /// Why the scope was cancelled (`None` while it is not).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::{Cause, Scope};
+    /// let s = Scope::new();
+    /// assert_eq!(s.cause(), None);
+    /// s.cancel_because(Cause::ClientGone);
+    /// assert_eq!(s.cause(), Some(Cause::ClientGone));
+    /// ```
+    pub fn cause(&self) -> Option<Cause> {
+        self.node.cause()
+    }
+
+    /// The scope's generation: bumped by the cancel, in the same atomic step that closes the
+    /// registration watermark. Tickets remember the generation they were registered in and
+    /// cannot be dispatched in another.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let g = s.generation();
+    /// s.cancel();
+    /// assert_eq!(s.generation(), g + 1);
+    /// ```
+    pub fn generation(&self) -> u64 {
+        self.node.state().generation()
+    }
+
+    /// Closes the registration watermark of this scope and its descendants without cancelling:
+    /// running work goes on, new work (children, tasks, tickets, guards) is refused. This is
+    /// how a scope completes normally before [`quiesce`](Scope::quiesce).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.close();
+    /// assert!(!s.is_cancelled());
+    /// assert!(s.child().build().unwrap_err().is_closed());
+    /// ```
+    pub fn close(&self) {
+        tree::close(&self.node);
+    }
+
+    /// Whether the registration watermark is closed (by [`close`](Scope::close) or a cancel).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.cancel();
+    /// assert!(s.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.node.state().is_closed()
+    }
+
+    /// A future that completes when the scope is cancelled.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if it is dropped (e.g. another `select!` branch won) it leaves nothing
+    /// registered, and a new call observes the same cancel.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let waiter = tokio::spawn({
+    ///     let s = s.clone();
+    ///     async move { s.cancelled().await; s.cause() }
+    /// });
+    /// s.cancel_with("done");
+    /// assert_eq!(waiter.await.unwrap().unwrap().reason(), Some("done"));
+    /// # }
+    /// ```
+    pub fn cancelled(&self) -> Cancelled {
+        Cancelled::new(self.clone())
+    }
+
+    /// Runs `f` once when the scope is cancelled (at once if it already is), like Go's
+    /// `context.AfterFunc`. `f` runs on the thread that cancels, after every lock is released;
+    /// keep it short and spawn if it needs to do async work.
+    ///
+    /// Dropping the returned guard unregisters `f` (if it has not run); [`OnCancel::stop`]
+    /// does the same and says whether `f` was stopped before it ran.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    /// use cancel_scope::Scope;
+    ///
+    /// let s = Scope::new();
+    /// let ran = Arc::new(AtomicBool::new(false));
+    /// let flag = ran.clone();
+    /// let guard = s.on_cancel(move |cause| {
+    ///     assert_eq!(cause.reason(), Some("stop"));
+    ///     flag.store(true, Ordering::SeqCst);
+    /// });
+    /// s.cancel_with("stop");
+    /// assert!(ran.load(Ordering::SeqCst));
+    /// assert!(!guard.stop()); // it already ran
+    /// ```
+    pub fn on_cancel<F>(&self, f: F) -> OnCancel
+    where
+        F: FnOnce(&Cause) + Send + 'static,
+    {
+        let key = tree::on_cancel(&self.node, Box::new(f));
+        OnCancel::new(self.clone(), key)
+    }
+
+    /// Runs `fut` with this scope as [`Scope::current`], stopping it when the scope is
+    /// cancelled.
+    ///
+    /// Returns `Err` with the cause if the scope is cancelled first (or already was: then `fut`
+    /// is not polled at all). Dropping `fut` is how it is stopped, at its next `.await`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as `fut`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::Scope;
+    ///
+    /// let s = Scope::with_timeout(Duration::from_millis(100));
+    /// let v = s.run(async { Scope::current().remaining() }).await.unwrap();
+    /// assert_eq!(v, Some(Duration::from_millis(100)));
+    /// # }
+    /// ```
+    pub fn run<F: Future>(&self, fut: F) -> Run<F> {
+        Run::new(self.clone(), CURRENT.scope(self.clone(), fut))
+    }
+
+    /// The scope of the running task, set by [`Scope::run`], [`Scope::spawn`] and the
+    /// server layers.
+    ///
+    /// # Panics
+    ///
+    /// If no scope is current; see [`Scope::try_current`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.run(async {
+    ///     let child = Scope::current().child().build().unwrap();
+    ///     assert!(!child.is_cancelled());
+    /// }).await.unwrap();
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn current() -> Scope {
+        match Scope::try_current() {
+            Some(s) => s,
+            None => panic!("no current scope: run this code inside Scope::run or Scope::spawn"),
+        }
+    }
+
+    /// The scope of the running task, if there is one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// assert!(Scope::try_current().is_none());
+    /// ```
+    pub fn try_current() -> Option<Scope> {
+        CURRENT.try_with(Scope::clone).ok()
+    }
+
+    /// Waits for the cancel and returns its cause.
+    pub(crate) async fn cancelled_cause(&self) -> Cause {
+        let mut c = self.cancelled();
+        std::future::poll_fn(|cx| c.poll_cancelled(cx)).await
+    }
+
+    pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(self.clone(), f)
+    }
+
+    /// Number of live child scopes (for memory tests).
+    #[doc(hidden)]
+    pub fn __live_children(&self) -> usize {
+        self.node.child_count()
+    }
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Scope::new()
+    }
+}
+
+impl Clone for Scope {
+    fn clone(&self) -> Self {
+        tree::add_handle(&self.node);
+        Scope {
+            node: self.node.clone(),
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        if tree::drop_handle(&self.node) {
+            let ext = &self.node.ext;
+            let key = ext.timer_key.load(Ordering::Relaxed);
+            if key != NO_TIMER {
+                if let Some(t) = &ext.timers {
+                    t.remove(key);
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.node.state();
+        f.debug_struct("Scope")
+            .field("name", &self.name())
+            .field("deadline", &self.deadline())
+            .field("cancelled", &st.is_cancelled())
+            .field("closed", &st.is_closed())
+            .field("generation", &st.generation())
+            .field("active", &st.active())
+            .finish()
+    }
+}
+
+/// `now + timeout`, saturating far in the future instead of overflowing.
+pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Instant {
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
+
+static STAMP_BASE: OnceLock<std::time::Instant> = OnceLock::new();
+
+/// Maps an instant to the tree's `u64` clock stamps: nanoseconds around a process-wide base,
+/// biased so that instants before the base (other runtimes' paused clocks) stay ordered.
+pub(crate) fn stamp_of(t: Instant) -> u64 {
+    const BIAS: u64 = 1 << 62;
+    let t = t.into_std();
+    let base = *STAMP_BASE.get_or_init(|| t);
+    match t.checked_duration_since(base) {
+        Some(d) => BIAS.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        None => BIAS
+            .saturating_sub(u64::try_from(base.duration_since(t).as_nanos()).unwrap_or(u64::MAX)),
+    }
+}
+
+pub(crate) fn now_stamp() -> u64 {
+    stamp_of(Instant::now())
+}
+
+/// The instant of a stamp made by [`stamp_of`].
+pub(crate) fn instant_of(stamp: u64) -> Instant {
+    const BIAS: u64 = 1 << 62;
+    let base = Instant::from_std(*STAMP_BASE.get_or_init(std::time::Instant::now));
+    if stamp >= BIAS {
+        base + Duration::from_nanos(stamp - BIAS)
+    } else {
+        base - Duration::from_nanos(BIAS - stamp)
+    }
+}
+
+/// A stamp difference as a duration.
+pub(crate) fn nanos(d: u64) -> Duration {
+    Duration::from_nanos(d)
+}
+
+impl ScopeExt {
+    pub(crate) fn child_of(
+        parent: &ScopeExt,
+        deadline: Option<Instant>,
+        name: Option<std::sync::Arc<str>>,
+        grace: Option<Duration>,
+    ) -> (ScopeExt, bool) {
+        let tightens = match (deadline, parent.deadline) {
+            (Some(d), Some(p)) => d < p,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        let timers = if tightens && parent.timers.is_none() {
+            Some(Arc::new(Timers::default()))
+        } else {
+            parent.timers.clone()
+        };
+        (
+            ScopeExt {
+                deadline,
+                name,
+                grace: grace.unwrap_or(parent.grace),
+                timers,
+                timer_key: AtomicUsize::new(NO_TIMER),
+            },
+            tightens,
+        )
+    }
+}
+
+impl Scope {
+    pub(crate) fn from_child_node(node: Arc<Core>, tightens: bool) -> Scope {
+        let s = Scope { node };
+        if tightens {
+            s.arm_timer();
+        }
+        s
+    }
+}

@@ -1,0 +1,130 @@
+//! Deadline timers: one driver task per tree of scopes that has deadlines.
+//!
+//! A scope only needs a timer when it *tightens* the deadline it inherits; a child that keeps
+//! its parent's deadline is cancelled by the parent's. All timers of one tree share a heap and
+//! one tokio task that sleeps until the earliest deadline and cancels whatever is due, so
+//! creating a child with a deadline costs a heap push under a lock, not a task or a timer-wheel
+//! entry, and deadlines fire whether or not anyone polls the scope.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use slab::Slab;
+use tokio::time::Instant;
+
+use super::{stamp_of, Core};
+use crate::cause::Cause;
+use crate::sync::{Arc, Mutex};
+use crate::tree;
+
+/// The timers of one tree of scopes.
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    state: Mutex<TimerState>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct TimerState {
+    /// Live entries: deadline, sequence number, node.
+    entries: Slab<(Instant, u64, Arc<Core>)>,
+    /// Earliest first; may hold stale items whose slab slot was removed or reused (checked
+    /// against the sequence number and dropped lazily, compacted when they dominate).
+    heap: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    seq: u64,
+    /// The deadline the driver sleeps until, if it runs.
+    armed: Option<Instant>,
+    running: bool,
+}
+
+impl Timers {
+    /// Arms a deadline for `node`; returns the key for [`Timers::remove`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
+    #[track_caller]
+    pub(crate) fn insert(self: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
+        let mut st = self.state.lock();
+        st.seq += 1;
+        let seq = st.seq;
+        let key = st.entries.insert((deadline, seq, node));
+        st.heap.push(Reverse((deadline, seq, key)));
+        if !st.running {
+            st.running = true;
+            st.armed = Some(deadline);
+            drop(st);
+            let handle = tokio::runtime::Handle::try_current()
+                .expect("a scope with a deadline must be created inside a tokio runtime");
+            handle.spawn(drive(self.clone()));
+        } else if st.armed.map_or(true, |a| deadline < a) {
+            st.armed = Some(deadline);
+            drop(st);
+            self.wake.notify_one();
+        }
+        key
+    }
+
+    /// Disarms the deadline of a scope whose last handle was dropped.
+    pub(crate) fn remove(&self, key: usize) {
+        let mut st = self.state.lock();
+        st.entries.try_remove(key);
+        let stale = st.heap.len() - st.entries.len();
+        if stale > 64 && stale > st.entries.len() {
+            // Keep memory proportional to live deadlines (invariant 7).
+            let live: Vec<_> = st
+                .entries
+                .iter()
+                .map(|(k, (d, s, _))| Reverse((*d, *s, k)))
+                .collect();
+            st.heap = BinaryHeap::from(live);
+        }
+        if st.entries.is_empty() && st.running {
+            drop(st);
+            // Let the driver notice that nothing is left and exit.
+            self.wake.notify_one();
+        }
+    }
+
+    /// Pops every due entry; returns them and the next deadline (`None`: the driver stops).
+    fn due(&self, now: Instant) -> (Vec<Arc<Core>>, Option<Instant>) {
+        let mut st = self.state.lock();
+        let mut fired = Vec::new();
+        while let Some(Reverse((deadline, seq, key))) = st.heap.peek().copied() {
+            let live = st.entries.get(key).is_some_and(|e| e.1 == seq);
+            if !live {
+                st.heap.pop();
+                continue;
+            }
+            if deadline > now {
+                break;
+            }
+            st.heap.pop();
+            fired.push(st.entries.remove(key).2);
+        }
+        let next = st.heap.peek().map(|Reverse((d, _, _))| *d);
+        st.armed = next;
+        if next.is_none() {
+            st.running = false;
+            st.heap.clear();
+        }
+        (fired, next)
+    }
+}
+
+async fn drive(timers: Arc<Timers>) {
+    loop {
+        let now = Instant::now();
+        let (fired, next) = timers.due(now);
+        let stamp = stamp_of(now);
+        for node in fired {
+            tree::cancel(&node, Cause::DeadlineExceeded, stamp);
+        }
+        let Some(next) = next else { return };
+        tokio::select! {
+            biased;
+            _ = timers.wake.notified() => {}
+            _ = tokio::time::sleep_until(next) => {}
+        }
+    }
+}

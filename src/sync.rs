@@ -1,0 +1,59 @@
+//! The one place that chooses between `std`/`parking_lot` primitives and `loom`'s.
+//!
+//! Everything in the tree core (`crate::tree`) takes its atomics, `Arc` and locks from here, so
+//! that `RUSTFLAGS="--cfg loom"` swaps all of them for loom's model-checked versions at once.
+//! No other file names `std::sync` or `loom` (see `clippy.toml`).
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
+    Arc,
+};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
+    Arc,
+};
+
+/// A mutex whose `lock()` cannot fail (poisoning is not part of our contract: the tree never
+/// runs user code while holding a lock).
+#[derive(Debug, Default)]
+pub(crate) struct Mutex<T> {
+    #[cfg(not(loom))]
+    inner: parking_lot::Mutex<T>,
+    #[cfg(loom)]
+    inner: loom::sync::Mutex<T>,
+}
+
+/// The guard returned by [`Mutex::lock`].
+#[cfg(not(loom))]
+pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+#[cfg(loom)]
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self {
+            #[cfg(not(loom))]
+            inner: parking_lot::Mutex::new(value),
+            #[cfg(loom)]
+            inner: loom::sync::Mutex::new(value),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        #[cfg(not(loom))]
+        {
+            self.inner.lock()
+        }
+        #[cfg(loom)]
+        {
+            self.inner.lock().unwrap()
+        }
+    }
+}
+
+/// Process-wide one-time initialisation (the clock base of [`crate::scope`]). Not modeled by
+/// loom: it guards no state that the tree's races touch.
+pub(crate) use std::sync::OnceLock;

@@ -1,0 +1,724 @@
+//! The cancellation tree: node state, generation, watermark, children, work units, receipts and
+//! waiter lists. No tokio types: every atomic and lock comes from [`crate::sync`], so the loom
+//! models in `loom-tests/` see all of it.
+//!
+//! A [`Node`] is the shared core behind a [`Scope`](crate::Scope) handle. The public handle only
+//! calls the functions of this module.
+//!
+//! # The state word
+//!
+//! `Node::state` packs everything a hot path must decide in one atomic read:
+//!
+//! | bits   | meaning |
+//! |--------|---------|
+//! | 0..32  | active work units: live tickets, live guards, and one per child node that has units |
+//! | 32     | `CLOSED`: the registration watermark is closed (by `close` or `cancel`) |
+//! | 33     | `CANCELLED` |
+//! | 34     | `STARTED`: a unit was ever taken in this subtree (lifecycle `Accepted -> Running`) |
+//! | 35..64 | generation: bumped by cancel, in the same atomic step that sets `CANCELLED` |
+//!
+//! # Invariants
+//!
+//! 1. **Cancel is idempotent, first cause wins, cancel flows down only.** `Inner::cause` is
+//!    written once, under `inner`, in the same critical section that sets `CANCELLED`; a second
+//!    canceller finds the cause set and returns. Cancelling walks children only, never parents.
+//! 2. **No dispatch after cancel.** Dispatch is a compare-and-swap on the node's state word
+//!    that requires the generation the ticket saw and an open watermark; cancel sets `CANCELLED`
+//!    and bumps the generation with one read-modify-write on the same word. The modification
+//!    order of that word puts every dispatch either before the cancel (whose propagation then
+//!    reaches the dispatched work through this node) or after it (and the CAS fails).
+//! 3. **No registration after the watermark closes.** Taking a unit is a CAS that fails when
+//!    `CLOSED` is set. A node going from 0 to 1 units first takes a unit in its parent (so the
+//!    parent's `CLOSED` bit is checked too) and gives it back if it loses the race.
+//! 4. (Budgets never grow: enforced by `budget` and the scope builder, not here.)
+//! 5. **Exactly one receipt per ticket.** A ticket's [`TicketCell`] moves out of
+//!    `PREPARED`/`DISPATCHED` by one CAS, made either by its owner (receipt, drop) or by
+//!    quarantine; only the winner records a receipt and releases the unit.
+//! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
+//!    can then only be taken through the node itself (closed) or through a child going from 0 to
+//!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
+//!    counted before their unit is released, no counter changes after quiet is observed.
+//! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
+//!    sharded registry at creation and removed when its last handle drops, so a long-lived parent
+//!    with millions of short-lived children keeps flat memory (slab slots are reused).
+//!
+//! # Lock order (deadlock safety)
+//!
+//! No code path holds two locks of different nodes at once, except the registry walk in
+//! [`quarantine_subtree`] and [`cancel`], which hold one registry shard of the parent while only
+//! cloning `Arc`s out of it. Callbacks and wakers are always invoked after every lock is
+//! released, so user code never runs under a tree lock.
+
+use std::task::Waker;
+
+use slab::Slab;
+
+use crate::cause::Cause;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+mod ticket;
+
+pub(crate) use ticket::{TicketCell, TicketState};
+
+const ACTIVE_MASK: u64 = (1 << 32) - 1;
+const CLOSED: u64 = 1 << 32;
+const CANCELLED: u64 = 1 << 33;
+const STARTED: u64 = 1 << 34;
+const GEN_SHIFT: u32 = 35;
+const GEN_ONE: u64 = 1 << GEN_SHIFT;
+
+/// Number of registry shards per node: children of one parent created on different threads
+/// mostly take different locks.
+const SHARDS: usize = 4;
+
+/// A snapshot of a node's state word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct State(u64);
+
+impl State {
+    pub(crate) fn active(self) -> u64 {
+        self.0 & ACTIVE_MASK
+    }
+    pub(crate) fn is_closed(self) -> bool {
+        self.0 & CLOSED != 0
+    }
+    pub(crate) fn is_cancelled(self) -> bool {
+        self.0 & CANCELLED != 0
+    }
+    pub(crate) fn is_started(self) -> bool {
+        self.0 & STARTED != 0
+    }
+    pub(crate) fn generation(self) -> u64 {
+        self.0 >> GEN_SHIFT
+    }
+    pub(crate) fn is_quiet(self) -> bool {
+        self.is_closed() && self.active() == 0
+    }
+}
+
+/// Why a unit could not be taken or a ticket could not be dispatched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The node (or an ancestor on the way up) was cancelled.
+    Cancelled(Cause),
+    /// The watermark was closed without a cancel (normal completion).
+    Closed,
+    /// The generation moved on since the ticket was registered.
+    StaleGeneration,
+}
+
+/// Receipt kinds, in the order of [`Counts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Succeeded = 0,
+    Failed = 1,
+    Cancelled = 2,
+    Quarantined = 3,
+    EffectUnknown = 4,
+}
+
+/// Per-kind receipt counters of a subtree (rolled up to every ancestor when recorded).
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    by_kind: [AtomicU64; 5],
+    /// Sum over receipts recorded after this node was cancelled of (receipt stamp - cancel stamp).
+    orphan_nanos: AtomicU64,
+    /// Stamp of the last receipt or guard release, for "time from cancel to quiet".
+    last_stamp: AtomicU64,
+}
+
+impl Counts {
+    pub(crate) fn get(&self, kind: Kind) -> u64 {
+        self.by_kind[kind as usize].load(Ordering::Acquire)
+    }
+    pub(crate) fn orphan_nanos(&self) -> u64 {
+        self.orphan_nanos.load(Ordering::Acquire)
+    }
+    pub(crate) fn last_stamp(&self) -> u64 {
+        self.last_stamp.load(Ordering::Acquire)
+    }
+}
+
+/// Lists that receipts add to (rare: unknown effects and quarantined children).
+#[derive(Debug)]
+pub(crate) struct Records<R> {
+    pub(crate) effects: Vec<R>,
+    pub(crate) quarantined: Vec<R>,
+}
+
+impl<R> Default for Records<R> {
+    fn default() -> Self {
+        Records {
+            effects: Vec::new(),
+            quarantined: Vec::new(),
+        }
+    }
+}
+
+type Callback = Box<dyn FnOnce(&Cause) + Send>;
+
+struct Inner {
+    /// Set once, together with `CANCELLED` (invariant 1).
+    cause: Option<Cause>,
+    /// Stamp of the cancel (caller-supplied clock, nanoseconds); 0 while not cancelled.
+    cancelled_at: u64,
+    /// Tasks waiting in `cancelled()`.
+    cancel_waiters: Slab<Waker>,
+    /// Tasks waiting in `quiesce()`.
+    quiet_waiters: Slab<Waker>,
+    /// `on_cancel` callbacks.
+    callbacks: Slab<Callback>,
+}
+
+/// One shard of a node's children registry, on its own cache line.
+#[repr(align(64))]
+struct Shard<X, R> {
+    children: Mutex<Slab<Arc<Node<X, R>>>>,
+}
+
+impl<X, R> Shard<X, R> {
+    fn new() -> Self {
+        Shard {
+            children: Mutex::new(Slab::new()),
+        }
+    }
+}
+
+/// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
+/// for unknown effects and quarantined children.
+pub(crate) struct Node<X, R> {
+    /// See the module docs for the bit layout.
+    state: AtomicU64,
+    /// Live public handles. Pairs: `AcqRel` decrement so the last handle's drop sees every
+    /// other handle's writes before unlinking (invariant 7).
+    handles: AtomicUsize,
+    parent: Option<Arc<Node<X, R>>>,
+    /// (shard, key) of this node in `parent.registry`.
+    slot: (usize, usize),
+    inner: Mutex<Inner>,
+    registry: [Shard<X, R>; SHARDS],
+    /// Tickets registered here that have no receipt yet (for quarantine).
+    in_flight: Mutex<Slab<Arc<TicketCell<R>>>>,
+    counts: Counts,
+    records: Mutex<Records<R>>,
+    pub(crate) ext: X,
+}
+
+impl<X, R> std::fmt::Debug for Node<X, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+fn shard_for_this_thread() -> usize {
+    use std::cell::Cell;
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local!(static SHARD: Cell<usize> = const { Cell::new(usize::MAX) });
+    SHARD.with(|s| {
+        let mut v = s.get();
+        if v == usize::MAX {
+            // Relaxed: only spreads threads over shards, orders nothing.
+            v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHARDS;
+            s.set(v);
+        }
+        v
+    })
+}
+
+impl<X, R> Node<X, R> {
+    fn new(parent: Option<Arc<Node<X, R>>>, slot: (usize, usize), state: u64, ext: X) -> Self {
+        Node {
+            state: AtomicU64::new(state),
+            handles: AtomicUsize::new(1),
+            parent,
+            slot,
+            inner: Mutex::new(Inner {
+                cause: None,
+                cancelled_at: 0,
+                cancel_waiters: Slab::new(),
+                quiet_waiters: Slab::new(),
+                callbacks: Slab::new(),
+            }),
+            registry: std::array::from_fn(|_| Shard::new()),
+            in_flight: Mutex::new(Slab::new()),
+            counts: Counts::default(),
+            records: Mutex::new(Records::default()),
+            ext,
+        }
+    }
+
+    /// The state word. `Acquire` pairs with the `AcqRel` RMWs of cancel/close/release so that a
+    /// reader who sees `CANCELLED` also sees the cause, and one who sees quiet sees all receipts.
+    pub(crate) fn state(&self) -> State {
+        State(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn cause(&self) -> Option<Cause> {
+        if !self.state().is_cancelled() {
+            return None;
+        }
+        self.inner.lock().cause.clone()
+    }
+
+    pub(crate) fn cancelled_at(&self) -> u64 {
+        self.inner.lock().cancelled_at
+    }
+
+    pub(crate) fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// Runs `f` over the effect and quarantine records of this subtree.
+    pub(crate) fn with_records<T>(&self, f: impl FnOnce(&Records<R>) -> T) -> T {
+        f(&self.records.lock())
+    }
+
+    /// Number of live children (for tests of invariant 7).
+    pub(crate) fn child_count(&self) -> usize {
+        self.registry.iter().map(|s| s.children.lock().len()).sum()
+    }
+}
+
+/// Creates a root node.
+pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
+    Arc::new(Node::new(None, (0, 0), 0, ext))
+}
+
+/// Creates a child of `parent` and links it into the parent's registry.
+///
+/// Fails if the parent's watermark is closed: no live child ever sits under a cancelled or
+/// closed parent. The check happens under the registry shard lock that `cancel` also takes
+/// after setting `CANCELLED`, so either the child is linked before the cancel walks that shard
+/// (and gets cancelled by it) or the creation sees the bit (invariant 1, 3).
+pub(crate) fn new_child<X, R>(
+    parent: &Arc<Node<X, R>>,
+    ext: impl FnOnce(State) -> X,
+) -> Result<Arc<Node<X, R>>, Refused> {
+    let shard = shard_for_this_thread();
+    let mut children = parent.registry[shard].children.lock();
+    let state = parent.state();
+    if state.is_closed() {
+        drop(children);
+        return Err(refusal(parent, state));
+    }
+    let entry = children.vacant_entry();
+    // A child starts at its parent's generation (so a ticket that recorded the parent's
+    // generation compares equal), with its own flags clear.
+    let child = Arc::new(Node::new(
+        Some(parent.clone()),
+        (shard, entry.key()),
+        state.generation() << GEN_SHIFT,
+        ext(state),
+    ));
+    entry.insert(child.clone());
+    Ok(child)
+}
+
+fn refusal<X, R>(node: &Node<X, R>, state: State) -> Refused {
+    if state.is_cancelled() {
+        Refused::Cancelled(node.cause().unwrap_or(Cause::Cancelled { reason: None }))
+    } else {
+        Refused::Closed
+    }
+}
+
+/// Another public handle to `node`.
+pub(crate) fn add_handle<X, R>(node: &Node<X, R>) {
+    // Relaxed: a new handle can only be made from an existing one, which keeps the count > 0.
+    node.handles.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Drops a public handle; the last one unlinks the node from its parent (invariant 7) and
+/// returns `true`.
+pub(crate) fn drop_handle<X, R>(node: &Node<X, R>) -> bool {
+    if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return false;
+    }
+    if let Some(parent) = &node.parent {
+        let (shard, key) = node.slot;
+        // The slab holds an `Arc` of this node; take it out and drop it after the lock.
+        let removed = parent.registry[shard].children.lock().try_remove(key);
+        drop(removed);
+    }
+    true
+}
+
+/// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
+///
+/// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
+pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
+    let mut work = vec![(node.clone(), cause)];
+    let mut first = true;
+    let mut did = false;
+    while let Some((n, cause)) = work.pop() {
+        let (wakers, callbacks) = {
+            let mut inner = n.inner.lock();
+            if inner.cause.is_some() {
+                // Invariant 1: someone else cancelled it (and is propagating below it).
+                first = false;
+                continue;
+            }
+            inner.cause = Some(cause.clone());
+            inner.cancelled_at = stamp;
+            // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
+            // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
+            // every dispatch CAS that came before it.
+            let prev = State(
+                n.state
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                        Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+                    })
+                    .unwrap_or_else(|s| s),
+            );
+            let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
+            if prev.active() == 0 {
+                wakers.extend(inner.quiet_waiters.drain());
+            }
+            let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
+            (wakers, callbacks)
+        };
+        if first {
+            did = true;
+            first = false;
+        }
+        for w in wakers {
+            w.wake();
+        }
+        for cb in callbacks {
+            cb(&cause);
+        }
+        let child_cause = cause.for_child();
+        for shard in &n.registry {
+            let children = shard.children.lock();
+            work.extend(
+                children
+                    .iter()
+                    .map(|(_, c)| (c.clone(), child_cause.clone())),
+            );
+        }
+    }
+    did
+}
+
+/// Closes the registration watermark of `node` and its descendants without cancelling.
+pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
+    let mut work = vec![node.clone()];
+    while let Some(n) = work.pop() {
+        // AcqRel: pairs with `take_unit`'s CAS (which fails once this is visible) and with
+        // `release_unit`'s decrement (one of the two sees the other and wakes quiesce waiters).
+        let prev = State(n.state.fetch_or(CLOSED, Ordering::AcqRel));
+        if prev.is_closed() {
+            // Already closed: descendants were closed then or refuse through this node (inv 3).
+            continue;
+        }
+        if prev.active() == 0 {
+            wake_quiet(&n);
+        }
+        for shard in &n.registry {
+            let children = shard.children.lock();
+            work.extend(children.iter().map(|(_, c)| c.clone()));
+        }
+    }
+}
+
+fn wake_quiet<X, R>(node: &Node<X, R>) {
+    let wakers: Vec<Waker> = node.inner.lock().quiet_waiters.drain().collect();
+    for w in wakers {
+        w.wake();
+    }
+}
+
+/// Takes one work unit in `node` (a ticket, a guard). Fails once the watermark is closed
+/// (invariant 3). A node going from 0 to 1 units first takes a unit of its parent.
+pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
+    loop {
+        let s = node.state();
+        if s.is_closed() {
+            return Err(refusal(node, s));
+        }
+        if s.active() == ACTIVE_MASK {
+            // Four billion live units in one scope: refuse rather than overflow into CLOSED.
+            return Err(Refused::Closed);
+        }
+        let need_parent = s.active() == 0;
+        if need_parent {
+            if let Some(p) = &node.parent {
+                take_unit(p)?;
+            }
+        }
+        // AcqRel: Acquire pairs with close/cancel (we fail if they came first); Release makes
+        // the registration visible to a quiesce that reads the count afterwards.
+        match node.state.compare_exchange(
+            s.0,
+            (s.0 + 1) | STARTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(_) => {
+                if need_parent {
+                    if let Some(p) = &node.parent {
+                        release_unit(p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Gives back a unit taken with [`take_unit`]; wakes quiesce waiters when the node becomes quiet
+/// and passes the release up when the node becomes idle.
+pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
+    let mut n = node;
+    loop {
+        // AcqRel: Release publishes the receipt counted before this release to whoever observes
+        // quiet (invariant 6); Acquire sees a concurrent close so exactly one side wakes.
+        let prev = State(n.state.fetch_sub(1, Ordering::AcqRel));
+        debug_assert!(prev.active() > 0, "unit released twice");
+        if prev.active() != 1 {
+            return;
+        }
+        if prev.is_closed() {
+            wake_quiet(n);
+        }
+        match &n.parent {
+            Some(p) => n = &**p,
+            None => return,
+        }
+    }
+}
+
+/// The dispatch compare-and-swap (invariant 2): succeeds only if `node`'s generation is still
+/// `seen` and its watermark is open. A successful CAS writes the same value back, which puts it
+/// in the modification order of the state word relative to every cancel.
+pub(crate) fn dispatch<X, R>(node: &Node<X, R>, seen: u64) -> Result<(), Refused> {
+    let mut s = node.state();
+    loop {
+        if s.is_cancelled() || s.is_closed() {
+            return Err(refusal(node, s));
+        }
+        if s.generation() != seen {
+            return Err(Refused::StaleGeneration);
+        }
+        // AcqRel: Release so a later cancel (which Acquires) happens-after this dispatch and
+        // reaches whatever the dispatcher set up before it.
+        match node
+            .state
+            .compare_exchange_weak(s.0, s.0, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return Ok(()),
+            Err(actual) => s = State(actual),
+        }
+    }
+}
+
+/// Registers a ticket: takes a unit and lists the ticket as in flight.
+pub(crate) fn register<X, R>(
+    node: &Node<X, R>,
+    make: impl FnOnce(usize, u64) -> TicketCell<R>,
+) -> Result<Arc<TicketCell<R>>, Refused> {
+    take_unit(node)?;
+    Ok(list_in_flight(node, make))
+}
+
+/// Lists a ticket whose unit was just taken as in flight.
+fn list_in_flight<X, R>(
+    node: &Node<X, R>,
+    make: impl FnOnce(usize, u64) -> TicketCell<R>,
+) -> Arc<TicketCell<R>> {
+    let generation = node.state().generation();
+    let mut in_flight = node.in_flight.lock();
+    let entry = in_flight.vacant_entry();
+    let cell = Arc::new(make(entry.key(), generation));
+    entry.insert(cell.clone());
+    cell
+}
+
+/// Registers a shielded cleanup: like [`register`], but allowed after the watermark closed as
+/// long as the node is not quiet (it has units). Taking a unit where there are units already
+/// needs no parent unit and cannot break a quiescence that has not been reached (invariant 6).
+pub(crate) fn register_shielded<X, R>(
+    node: &Node<X, R>,
+    make: impl FnOnce(usize, u64) -> TicketCell<R>,
+) -> Result<Arc<TicketCell<R>>, Refused> {
+    loop {
+        let s = node.state();
+        if !s.is_closed() {
+            return register(node, make);
+        }
+        if s.active() == 0 || s.active() == ACTIVE_MASK {
+            return Err(refusal(node, s));
+        }
+        if node
+            .state
+            .compare_exchange(s.0, s.0 + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Ok(list_in_flight(node, make));
+        }
+    }
+}
+
+/// Records the receipt of a ticket of `node` (only the winner of the ticket's state CAS calls
+/// this), counting it in `node` and every ancestor before releasing the unit (invariant 5, 6).
+pub(crate) fn record_receipt<X, R: Clone>(
+    node: &Node<X, R>,
+    cell: &TicketCell<R>,
+    kind: Kind,
+    record: Option<R>,
+    stamp: u64,
+) {
+    count_receipt(node, kind, record, stamp);
+    node.in_flight.lock().try_remove(cell.key());
+    release_unit(node);
+}
+
+fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, stamp: u64) {
+    let mut n = Some(node);
+    while let Some(cur) = n {
+        cur.counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
+        cur.counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
+        if cur.state().is_cancelled() {
+            let at = cur.cancelled_at();
+            cur.counts
+                .orphan_nanos
+                .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
+        }
+        if let Some(r) = &record {
+            let mut recs = cur.records.lock();
+            match kind {
+                Kind::EffectUnknown => recs.effects.push(r.clone()),
+                Kind::Quarantined => recs.quarantined.push(r.clone()),
+                _ => {}
+            }
+        }
+        n = cur.parent.as_deref();
+    }
+}
+
+/// Notes the release of a guard (for "time to quiet"), then releases its unit.
+pub(crate) fn release_guard<X, R>(node: &Node<X, R>, stamp: u64) {
+    let mut n = Some(node);
+    while let Some(cur) = n {
+        cur.counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
+        n = cur.parent.as_deref();
+    }
+    release_unit(node);
+}
+
+/// Quarantines every ticket of `node`'s subtree that has no receipt yet: each gets a
+/// `Quarantined` receipt (its record lists it) and gives back its unit; the late real outcome is
+/// then ignored (invariant 5). Returns how many.
+pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64) -> usize {
+    let mut work = vec![node.clone()];
+    let mut n_quarantined = 0;
+    while let Some(n) = work.pop() {
+        let cells: Vec<Arc<TicketCell<R>>> =
+            n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
+        for cell in cells {
+            if cell.finish_as(TicketState::Quarantined) {
+                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), stamp);
+                n.in_flight.lock().try_remove(cell.key());
+                release_unit(&n);
+                n_quarantined += 1;
+            }
+        }
+        for shard in &n.registry {
+            let children = shard.children.lock();
+            work.extend(children.iter().map(|(_, c)| c.clone()));
+        }
+    }
+    n_quarantined
+}
+
+/// A registered waiter: its key in one of the node's waiter slabs.
+#[derive(Debug, Default)]
+pub(crate) struct WaiterKey(Option<usize>);
+
+/// Which waiter list.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wait {
+    Cancel,
+    Quiet,
+}
+
+/// Polls for cancel or quiet: returns `true` if reached; otherwise registers `waker` (once,
+/// updated on later polls) under the same lock that cancel/close/release take to wake, so no
+/// wake-up is lost.
+pub(crate) fn poll_wait<X, R>(
+    node: &Node<X, R>,
+    which: Wait,
+    key: &mut WaiterKey,
+    waker: &Waker,
+) -> bool {
+    let reached = |s: State| match which {
+        Wait::Cancel => s.is_cancelled(),
+        Wait::Quiet => s.is_quiet(),
+    };
+    if reached(node.state()) {
+        forget_waiter(node, which, key);
+        return true;
+    }
+    let mut inner = node.inner.lock();
+    // Re-check under the lock: the waking side changes the state before it takes this lock.
+    if reached(node.state()) {
+        let slab = waiters(&mut inner, which);
+        if let Some(k) = key.0.take() {
+            slab.try_remove(k);
+        }
+        return true;
+    }
+    let slab = waiters(&mut inner, which);
+    match key.0.and_then(|k| slab.get_mut(k)) {
+        Some(w) => {
+            if !w.will_wake(waker) {
+                w.clone_from(waker);
+            }
+        }
+        None => key.0 = Some(slab.insert(waker.clone())),
+    }
+    false
+}
+
+fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
+    match which {
+        Wait::Cancel => &mut inner.cancel_waiters,
+        Wait::Quiet => &mut inner.quiet_waiters,
+    }
+}
+
+/// Removes a registered waiter (future dropped before completion). Cancel safety of the public
+/// futures rests on this: dropping one leaves nothing behind.
+pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut WaiterKey) {
+    if let Some(k) = key.0.take() {
+        let mut inner = node.inner.lock();
+        // If the waking side drained the list, the key is stale, but its slot cannot have been
+        // reused: lists are drained only when their condition (cancelled / quiet) has become
+        // permanent, and `poll_wait` never registers once it holds. So removing is safe.
+        waiters(&mut inner, which).try_remove(k);
+    }
+}
+
+/// Registers an `on_cancel` callback; runs it at once (returning `None`) if already cancelled.
+pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
+    let cause = {
+        let mut inner = node.inner.lock();
+        match &inner.cause {
+            None => return Some(inner.callbacks.insert(f)),
+            Some(c) => c.clone(),
+        }
+    };
+    f(&cause);
+    None
+}
+
+/// Unregisters an `on_cancel` callback. Returns `true` if it was still registered (so it will
+/// never run).
+pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
+    node.inner.lock().callbacks.try_remove(key).is_some()
+}
+
+#[cfg(test)]
+mod tests;

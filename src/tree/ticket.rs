@@ -1,0 +1,98 @@
+//! The shared cell of one registered child: its state and its identity.
+
+use crate::sync::{AtomicU8, Ordering};
+
+/// Where a ticket is in its life. Moves forward only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum TicketState {
+    /// Registered, nothing sent yet.
+    Prepared = 0,
+    /// Passed the dispatch CAS: the work may have started.
+    Dispatched = 1,
+    /// Has its receipt.
+    Done = 2,
+    /// Did not stop within the grace period; its late outcome is ignored.
+    Quarantined = 3,
+}
+
+impl TicketState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => TicketState::Prepared,
+            1 => TicketState::Dispatched,
+            2 => TicketState::Done,
+            _ => TicketState::Quarantined,
+        }
+    }
+}
+
+/// Shared between the ticket's owner and the node's in-flight list (for quarantine).
+#[derive(Debug)]
+pub(crate) struct TicketCell<R> {
+    state: AtomicU8,
+    key: usize,
+    generation: u64,
+    info: R,
+}
+
+impl<R> TicketCell<R> {
+    pub(crate) fn new(key: usize, generation: u64, info: R) -> Self {
+        TicketCell {
+            state: AtomicU8::new(TicketState::Prepared as u8),
+            key,
+            generation,
+            info,
+        }
+    }
+
+    pub(crate) fn key(&self) -> usize {
+        self.key
+    }
+
+    /// The generation of its node when it was registered.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub(crate) fn info(&self) -> &R {
+        &self.info
+    }
+
+    pub(crate) fn state(&self) -> TicketState {
+        // Acquire: pairs with the AcqRel CAS of whoever moved it.
+        TicketState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// `Prepared -> Dispatched`; fails if it was quarantined meanwhile.
+    pub(crate) fn mark_dispatched(&self) -> bool {
+        self.state
+            .compare_exchange(
+                TicketState::Prepared as u8,
+                TicketState::Dispatched as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Moves a ticket without receipt to `target` (`Done` or `Quarantined`). Exactly one caller
+    /// ever gets `true` (invariant 5).
+    pub(crate) fn finish_as(&self, target: TicketState) -> bool {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur >= TicketState::Done as u8 {
+                return false;
+            }
+            match self.state.compare_exchange(
+                cur,
+                target as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
