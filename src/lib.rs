@@ -1,1 +1,3 @@
 //! cancel-scope
+
+pub mod wire;
