@@ -38,6 +38,14 @@ fn constants() {
 }
 
 #[test]
+fn types_are_send_sync_static() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<ServiceBudget>();
+    assert_send_sync::<ServiceBudgetError>();
+    assert_send_sync::<ServiceBudgetErrorKind>();
+}
+
+#[test]
 fn minimal_header() {
     let budget = ServiceBudget::parse("v=1, rem=250").unwrap();
     assert_eq!(budget.version(), 1);

@@ -441,9 +441,11 @@ impl ServiceBudget {
     /// A [`ServiceBudgetError`] whose [`kind`](ServiceBudgetError::kind) says why: too long,
     /// not an RFC 8941 dictionary, a duplicate member, an unsupported version, a missing
     /// required member, a member of the wrong type, a decimal where an integer belongs, a
-    /// negative value, a value over its maximum, or an invalid operation id. Checks run in
-    /// that order, so e.g. a `v=2` header is reported as unsupported even if its other members
-    /// would be invalid in version 1.
+    /// negative value, a value over its maximum, or an invalid operation id. The length is
+    /// checked first; syntax errors and duplicates are found while parsing, whichever comes
+    /// first in the input; only then is `v` checked, then the other members one by one. So a
+    /// `v=2` header is reported as unsupported even if its other members would be invalid in
+    /// version 1.
     ///
     /// # Examples
     ///
