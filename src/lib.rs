@@ -56,6 +56,7 @@
 //! | [`Ticket`], [`Receipt`], [`Scope::spawn`] | registered children and their receipts |
 //! | [`Permit`], [`Tethered`] | resources counted against a scope |
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
+//! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs |
 //!
 //! # Feature flags
 //!
@@ -79,6 +80,7 @@ mod quiesce;
 mod scope;
 mod sync;
 mod tree;
+pub mod wire;
 
 pub use cause::Cause;
 pub use child::{ChildSpec, Dispatched, Effect, EffectRecord, JoinHandle, Receipt, Ticket};

@@ -1,0 +1,67 @@
+//! Wire codecs for time budgets that cross process boundaries.
+//!
+//! # Why these formats exist
+//!
+//! A request's budget does not stop at the process edge. When a frontend with 100 ms left calls
+//! `orders`, which calls `inventory`, each hop must know how much of the *original* budget is
+//! still there, or every hop starts a fresh timeout and work keeps running long after the client
+//! gave up. This module holds the pure codecs that put a budget on the wire and read it back:
+//!
+//! | header | module | format |
+//! |---|---|---|
+//! | `grpc-timeout` | [`grpc_timeout`] | gRPC PROTOCOL-HTTP2: 1–8 ASCII digits and a unit (`H M S m u n`) |
+//! | `service-budget` | [`service_budget`] | this crate's own RFC 8941 dictionary, version 1 |
+//! | `x-envoy-expected-rq-timeout-ms` | [`envoy`] | Envoy's decimal milliseconds, read only |
+//!
+//! # Remaining time, never absolute deadlines
+//!
+//! Every format here carries the time that is *left*, not the instant at which it runs out.
+//! Two machines' clocks differ by more than a typical budget, so a wall-clock deadline from a
+//! peer cannot be compared with our own clock; a duration can be added to our own monotonic
+//! clock on arrival. (The `service-budget` header has an optional wall-clock `dl` member, but it
+//! is for audit logs only and never enters budget arithmetic.)
+//!
+//! # Never extend
+//!
+//! A codec may lose precision, but only downwards: encoders truncate, never round up, and
+//! saturate at a maximum rather than wrap; decoders reject anything they cannot represent
+//! exactly instead of guessing. A hop can therefore only ever see *less* time than its caller
+//! had, which is invariant 4 of `DESIGN.md` ("budgets never grow") carried over the network.
+//! Transport padding (`outgoing remaining = local remaining − pad`) and clamping to an
+//! endpoint's policy (`incoming remaining = min(header, endpoint cap, ...)`) belong to the
+//! ingress/egress layers built on top of these codecs, not to the codecs.
+//!
+//! # Untrusted input
+//!
+//! Everything decoded here may come from an untrusted peer. The decoders never panic, never
+//! overflow, bound their work by the input length (the `service-budget` header is also capped
+//! in length before it is parsed), and report every rejection as a typed error so that the
+//! caller can answer HTTP 400 / gRPC `INVALID_ARGUMENT` or fall back to a smaller local
+//! default, as its policy says. The `Display` text of those errors is for humans and logs; it is
+//! not API and may change.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use cancel_scope::wire::{grpc_timeout, service_budget::ServiceBudget};
+//!
+//! // Egress: put what is left of the budget on the wire.
+//! let left = Duration::from_millis(250);
+//! assert_eq!(grpc_timeout::encode(left), "250000u");
+//! let header = ServiceBudget::new(left).to_header_value();
+//! assert_eq!(header, "v=1, rem=250, gen=0");
+//!
+//! // Ingress: read it back, never longer than what was sent.
+//! assert_eq!(grpc_timeout::decode("250000u")?, left);
+//! assert_eq!(ServiceBudget::parse(&header)?.remaining(), left);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod envoy;
+pub mod grpc_timeout;
+pub mod service_budget;
+
+pub use envoy::EnvoyTimeoutError;
+pub use grpc_timeout::GrpcTimeoutError;
+pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};
