@@ -76,6 +76,8 @@ mod cause;
 mod child;
 mod error;
 mod guard;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
+pub mod integrations;
 mod quiesce;
 mod scope;
 mod sync;
