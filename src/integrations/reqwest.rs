@@ -311,21 +311,25 @@ impl Call {
         CallError::cancelled(cause)
     }
 
-    /// The transport failed.
+    /// The transport failed, or reqwest's own timer (the call's budget) fired.
     fn failed(&mut self, e: reqwest::Error) -> CallError {
+        if self.scope.is_cancelled() {
+            return self.stopped();
+        }
+        let expired = self.announced.is_some_and(|a| Instant::now() >= a);
+        if e.is_timeout() || expired {
+            // Stopped by the deadline, not failed: the receipt is left to `Dispatched`'s
+            // drop (`Cancelled`, or `EffectUnknown` for effectful calls).
+            self.dispatched = None;
+            return CallError::transport_after_deadline(e);
+        }
         if let Some(d) = self.dispatched.take() {
             // Effectful work may have had its effect: `EffectUnknown`, by the drop.
             if !d.spec().effect().may_have_effect() {
                 d.fail();
             }
         }
-        let expired = self.announced.is_some_and(|a| Instant::now() >= a);
-        if e.is_timeout() || expired {
-            // reqwest's own timer is the call's deadline.
-            CallError::transport_after_deadline(e)
-        } else {
-            CallError::transport(e)
-        }
+        CallError::transport(e)
     }
 
     fn succeed(&mut self) {

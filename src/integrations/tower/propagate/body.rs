@@ -73,11 +73,13 @@ impl Tracking {
 
     /// The error for a transport failure `e`.
     pub(super) fn transport_error(&mut self, e: impl Into<BoxError>) -> CallError {
-        let expired = self.expired();
-        self.transport_failed();
-        if expired {
+        if self.expired() {
+            // Stopped by the deadline, not failed: `Cancelled` (or `EffectUnknown`) by the
+            // drop.
+            self.dispatched = None;
             CallError::transport_after_deadline(e)
         } else {
+            self.transport_failed();
             CallError::transport(e)
         }
     }
@@ -143,7 +145,15 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(super) fn tracked(inner: B, tracking: Tracking) -> Self {
+    pub(super) fn tracked(inner: B, mut tracking: Tracking) -> Self
+    where
+        B: Body,
+    {
+        if inner.is_end_stream() {
+            // Nothing more will be read (and readers may not poll it at all): complete.
+            tracking.succeed();
+            return ResponseBody::passthrough(inner);
+        }
         ResponseBody {
             inner: Some(inner),
             tracking: Some(tracking),
@@ -199,8 +209,13 @@ where
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(mut frame))) => {
-                if let (Some(t), Some(trailers)) = (this.tracking.as_ref(), frame.trailers_mut()) {
-                    t.fix_status(trailers);
+                if let Some(trailers) = frame.trailers_mut() {
+                    // Trailers are the last frame: the exchange is complete (readers such as
+                    // tonic stop polling here).
+                    if let Some(mut t) = this.tracking.take() {
+                        t.fix_status(trailers);
+                        t.succeed();
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -68,6 +68,7 @@ impl<F> ResponseFuture<F> {
 impl<F, B, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body,
     E: Into<BoxError>,
 {
     type Output = Result<Response<ResponseBody<B>>, CallError>;
@@ -107,8 +108,8 @@ where
                     }
                     Err(_) if t.grpc() && t.expired() => {
                         // A transport that times out on `grpc-timeout` itself (tonic's
-                        // channel) says CANCELLED; it was our deadline.
-                        t.transport_failed();
+                        // channel) says CANCELLED; it was our deadline. Receipt by the drop.
+                        drop(t);
                         Ok(grpc_stopped(&Cause::DeadlineExceeded))
                     }
                     Err(e) => Err(t.transport_error(e)),

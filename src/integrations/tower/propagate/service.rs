@@ -134,6 +134,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Propagate<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
+    ResBody: http_body::Body,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = CallError;
