@@ -104,8 +104,13 @@ impl tonic::server::UnaryService<String> for ProbeCall {
             };
             let seen_timeout = header("grpc-timeout")
                 .map(|v| grpc_timeout::decode(&v).unwrap().as_micros().to_string());
-            let seen_budget = header("service-budget")
-                .map(|v| ServiceBudget::parse(&v).unwrap().remaining().as_millis().to_string());
+            let seen_budget = header("service-budget").map(|v| {
+                ServiceBudget::parse(&v)
+                    .unwrap()
+                    .remaining()
+                    .as_millis()
+                    .to_string()
+            });
             let scope_left = Scope::try_current()
                 .and_then(|s| s.remaining())
                 .map(|d| d.as_micros().to_string());
@@ -276,11 +281,7 @@ async fn our_client_layer_sends_the_budget_a_tonic_server_reads() {
         .service(channel(&url).await);
     let scope = Scope::with_timeout(ms(3_000));
     let before = scope.remaining().unwrap();
-    let answer = scope
-        .run(probe(client, "0", None))
-        .await
-        .unwrap()
-        .unwrap();
+    let answer = scope.run(probe(client, "0", None)).await.unwrap().unwrap();
     let seen = parse(&answer);
     let timeout = Duration::from_micros(seen.timeout_us.unwrap());
     let budget = ms(seen.budget_ms.unwrap());

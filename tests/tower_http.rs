@@ -107,11 +107,7 @@ async fn budgets_shrink_hop_by_hop_across_three_services() {
 
     let mut next = None;
     let mut reports = Vec::new();
-    for (name, policy) in [
-        ("inventory", inner),
-        ("orders", inner),
-        ("frontend", edge),
-    ] {
+    for (name, policy) in [("inventory", inner), ("orders", inner), ("frontend", edge)] {
         let (layer, rx) = admit(policy);
         reports.push(rx);
         let state = Hop {
@@ -217,7 +213,11 @@ async fn a_hostile_budget_gets_at_most_the_policy_maximum() {
         // Untrusted: Envoy's header is not even read; the others are clamped; the caller's
         // urgency 0 is ignored.
         let clamped = name != "x-envoy-expected-rq-timeout-ms";
-        assert_eq!(rest, [&clamped.to_string(), "4", "Policy"], "{name}: {text}");
+        assert_eq!(
+            rest,
+            [&clamped.to_string(), "4", "Policy"],
+            "{name}: {text}"
+        );
         if !clamped {
             assert!(left <= 1_000, "{name}: {text}");
         }
@@ -349,7 +349,12 @@ async fn a_cancelled_or_useless_call_is_never_sent() {
 
     let cancelled = Scope::with_timeout(ms(10_000));
     cancelled.cancel_with("user left");
-    let err = client.get(&url).scoped_in(&cancelled).send().await.unwrap_err();
+    let err = client
+        .get(&url)
+        .scoped_in(&cancelled)
+        .send()
+        .await
+        .unwrap_err();
     assert!(err.is_cancelled(), "{err}");
     assert_eq!(err.cause().unwrap().reason(), Some("user left"));
 
@@ -374,7 +379,10 @@ async fn a_cancelled_or_useless_call_is_never_sent() {
     let call_left = res.remaining().unwrap();
     let text = res.text().await.unwrap();
     let server_left: u64 = text.split(' ').next().unwrap().parse().unwrap();
-    assert!(u128::from(server_left) <= call_left.as_millis() + 1, "{text} vs {call_left:?}");
+    assert!(
+        u128::from(server_left) <= call_left.as_millis() + 1,
+        "{text} vs {call_left:?}"
+    );
     assert!(server_left < 10_000);
     assert_eq!(calls.0.load(Ordering::SeqCst), 1);
 }
@@ -386,7 +394,13 @@ async fn cancelling_the_caller_stops_the_call_and_the_server_sees_the_client_go(
     let caller = Scope::with_timeout(ms(60_000));
     let call = tokio::spawn({
         let caller = caller.clone();
-        async move { reqwest::Client::new().get(url).scoped_in(&caller).send().await }
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .scoped_in(&caller)
+                .send()
+                .await
+        }
     });
     let child = timeout(PATIENCE, started).await.unwrap().unwrap();
     caller.cancel_with("user pressed stop");
@@ -410,7 +424,6 @@ async fn trickle() -> Body {
         .chain(futures::stream::pending());
     Body::from_stream(chunks)
 }
-
 
 #[tokio::test]
 async fn reading_the_response_body_is_bounded_by_the_same_deadline() {

@@ -49,7 +49,12 @@
 //! let mut client = PropagateLayer::new().egress(egress).layer(transport);
 //!
 //! let request = Scope::with_timeout(Duration::from_millis(300));
-//! let res = request.run(client.call(Request::new(()))).await.unwrap().unwrap();
+//! // `call` takes the current scope, so it must run inside the request's scope.
+//! let res = request
+//!     .run(async move { client.call(Request::new(())).await })
+//!     .await
+//!     .unwrap()
+//!     .unwrap();
 //! assert_eq!(res.headers()["grpc-timeout"], "290000u");
 //! assert!(res.headers()["service-budget"].to_str().unwrap().starts_with("v=1, rem=290, gen=0"));
 //! # }
