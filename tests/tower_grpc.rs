@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut};
-use cancel_scope::integrations::tower::{AdmitLayer, PropagateLayer};
+use cancel_scope::integrations::tower::{AdmitLayer, Propagate, PropagateLayer};
 use cancel_scope::wire::{grpc_timeout, Admission, EgressPolicy, EndpointPolicy, ServiceBudget};
 use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use http::uri::PathAndQuery;
@@ -23,7 +23,7 @@ use tokio::time::{timeout, Instant};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
-use tower::ServiceBuilder;
+use tower::{Layer, ServiceBuilder};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -231,6 +231,22 @@ where
         .map(tonic::Response::into_inner)
 }
 
+/// Our client layer around a channel.
+async fn propagated(url: &str, egress: EgressPolicy) -> Propagate<Channel> {
+    PropagateLayer::new()
+        .egress(egress)
+        .layer(channel(url).await)
+}
+
+/// A probe made in a fresh scope with `budget`, that must fail.
+async fn failed_probe_within(budget: Duration, client: Propagate<Channel>, work: &str) -> Status {
+    Scope::with_timeout(budget)
+        .run(probe(client, work, None))
+        .await
+        .unwrap()
+        .unwrap_err()
+}
+
 async fn next_report(rx: &mut Reports) -> (Admission, Report) {
     timeout(PATIENCE, rx.recv())
         .await
@@ -306,29 +322,15 @@ async fn our_client_layer_reports_expiry_as_deadline_exceeded() {
     // Against a plain tonic server, which times out on `grpc-timeout` by itself and would
     // say CANCELLED...
     let (url, _) = plain_server().await;
-    let client = ServiceBuilder::new()
-        .layer(PropagateLayer::new().egress(EgressPolicy::new().transport_pad(ms(10))))
-        .service(channel(&url).await);
-    let scope = Scope::with_timeout(ms(400));
-    let status = scope
-        .run(probe(client, "forever", None))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let client = propagated(&url, EgressPolicy::new().transport_pad(ms(10))).await;
+    let status = failed_probe_within(ms(400), client, "forever").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
 
     // ... and against our own server.
     let (url, _, mut reports) =
         admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(ms(50))).await;
-    let client = ServiceBuilder::new()
-        .layer(PropagateLayer::new())
-        .service(channel(&url).await);
-    let scope = Scope::with_timeout(ms(400));
-    let status = scope
-        .run(probe(client, "forever", None))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let client = propagated(&url, EgressPolicy::new()).await;
+    let status = failed_probe_within(ms(400), client, "forever").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let (_, report) = next_report(&mut reports).await;
     assert!(report.cause().unwrap().is_deadline_exceeded(), "{report}");
@@ -355,15 +357,10 @@ async fn our_client_layer_sends_nothing_after_a_cancel_or_without_budget() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Cancelled, "{status:?}");
 
-    let short = Scope::with_timeout(ms(10_000));
-    let client = ServiceBuilder::new()
-        .layer(PropagateLayer::new().egress(EgressPolicy::new().min_useful(ms(20_000))))
-        .service(chan);
-    let status = short
-        .run(probe(client, "0", None))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let client = PropagateLayer::new()
+        .egress(EgressPolicy::new().min_useful(ms(20_000)))
+        .layer(chan);
+    let status = failed_probe_within(ms(10_000), client, "0").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
 
     assert_eq!(calls.load(Ordering::SeqCst), 0);

@@ -8,6 +8,8 @@
 //! Both client sides fail with the same [`CallError`].
 
 #[cfg(any(feature = "tower", feature = "reqwest"))]
+mod call;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
 mod error;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod headers;

@@ -52,9 +52,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, Response, StatusCode};
 use tokio::time::Instant;
 
-use super::headers;
-use super::CallError;
-use crate::scope::deadline_after;
+use super::{call, CallError};
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Dispatched, Scope};
 
@@ -244,26 +242,18 @@ impl ScopedRequest {
     /// ```
     pub async fn send(self) -> Result<ScopedResponse, CallError> {
         let parent = self.parent.ok_or_else(CallError::no_scope)?;
-        let egress = self
-            .egress
-            .unwrap_or_else(|| EgressPolicy::for_scope(&parent));
-        let call = egress.call_scope(&parent)?;
         let spec = self.spec.unwrap_or_else(|| ChildSpec::read_only("call"));
-        let ticket = call.register(spec)?;
-        let out = egress.outgoing(&call)?;
         let mut budget = HeaderMap::new();
-        headers::insert(&mut budget, &out);
+        let prepared = call::prepare(&parent, self.egress, spec, &mut budget)?;
+        // Dispatched: from here on the request may be sent (and nothing below can fail).
         let mut builder = self.builder.headers(budget);
-        if let Some(left) = call.remaining() {
+        if let Some(left) = prepared.call.remaining() {
             builder = builder.timeout(left);
         }
-        let announced = out.remaining().map(|r| deadline_after(Instant::now(), r));
-        // Last: fails if the call's scope was cancelled since registration (invariant 2).
-        let dispatched = ticket.dispatch()?;
         let mut call_state = Call {
-            scope: call,
-            dispatched: Some(dispatched),
-            announced,
+            scope: prepared.call,
+            dispatched: Some(prepared.dispatched),
+            announced: prepared.announced,
         };
         let sent = builder.send();
         let res = tokio::select! {

@@ -6,7 +6,7 @@ use http::{Response, StatusCode};
 use crate::wire::{envoy, Incoming};
 use crate::Cause;
 
-pub(crate) use crate::integrations::headers::{insert, GRPC_TIMEOUT, SERVICE_BUDGET};
+use crate::integrations::headers::{GRPC_TIMEOUT, SERVICE_BUDGET};
 
 const ENVOY: HeaderName = HeaderName::from_static(envoy::EXPECTED_RQ_TIMEOUT_MS);
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");

@@ -7,10 +7,9 @@ use super::body::{ResponseBody, Tracking};
 use super::future::ResponseFuture;
 use super::layer::PropagateLayer;
 use crate::integrations::tower::headers;
-use crate::integrations::CallError;
-use crate::scope::deadline_after;
+use crate::integrations::{call, CallError};
 use crate::wire::EgressPolicy;
-use crate::{ChildSpec, Error, Scope};
+use crate::{ChildSpec, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -103,31 +102,6 @@ impl<S> Propagate<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    /// Cuts the call's scope, registers it, writes the headers and dispatches: after this
-    /// returns `Ok` the request may be sent; after an `Err` it must not be.
-    fn prepare<B>(&self, parent: &Scope, req: &mut Request<B>) -> Result<Tracking, Error> {
-        let egress = self
-            .egress
-            .unwrap_or_else(|| EgressPolicy::for_scope(parent));
-        let call = egress.call_scope(parent)?;
-        let spec = req
-            .extensions()
-            .get::<ChildSpec>()
-            .cloned()
-            .unwrap_or_else(|| self.spec.clone());
-        let ticket = call.register(spec)?;
-        let out = egress.outgoing(&call)?;
-        headers::insert(req.headers_mut(), &out);
-        let announced = out
-            .remaining()
-            .map(|r| deadline_after(tokio::time::Instant::now(), r));
-        // Last: the compare-and-swap that fails if the call's scope was cancelled since it
-        // was registered (invariant 2).
-        let dispatched = ticket.dispatch()?;
-        let grpc = headers::is_grpc(req.headers());
-        Ok(Tracking::new(call, dispatched, grpc, announced))
-    }
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Propagate<S>
@@ -153,9 +127,18 @@ where
         let Some(parent) = parent else {
             return ResponseFuture::passthrough(self.inner.call(req));
         };
-        match self.prepare(&parent, &mut req) {
-            Ok(tracking) => ResponseFuture::running(self.inner.call(req), tracking),
-            Err(e) => ResponseFuture::refused(e, headers::is_grpc(req.headers())),
+        let spec = req
+            .extensions()
+            .get::<ChildSpec>()
+            .cloned()
+            .unwrap_or_else(|| self.spec.clone());
+        let grpc = headers::is_grpc(req.headers());
+        match call::prepare(&parent, self.egress, spec, req.headers_mut()) {
+            Ok(p) => ResponseFuture::running(
+                self.inner.call(req),
+                Tracking::new(p.call, p.dispatched, grpc, p.announced),
+            ),
+            Err(e) => ResponseFuture::refused(e, grpc),
         }
     }
 }
