@@ -56,12 +56,21 @@
 //! | [`Ticket`], [`Receipt`], [`Scope::spawn`] | registered children and their receipts |
 //! | [`Permit`], [`Tethered`] | resources counted against a scope |
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
-//! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs |
+//! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs; admission and egress |
+//! | `integrations` | tower and reqwest adapters (behind features) |
 //!
 //! # Feature flags
 //!
-//! None yet: the default build depends only on tokio, `pin-project-lite`, `parking_lot` and
-//! `slab`.
+//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab` and
+//! `sfv`.
+//!
+//! | feature | what |
+//! |---|---|
+//! | `tower` | `integrations::tower`: `Admit` (server) and `Propagate` (client) middleware for axum, tonic and hyper (adds `tower-layer`, `tower-service`, `http`, `http-body`) |
+//! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
+//!
+//! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
+//! crate's own loopback tests.
 
 #![warn(
     missing_docs,

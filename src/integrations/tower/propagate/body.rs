@@ -211,7 +211,8 @@ where
             Poll::Ready(Some(Ok(mut frame))) => {
                 if let Some(trailers) = frame.trailers_mut() {
                     // Trailers are the last frame: the exchange is complete (readers such as
-                    // tonic stop polling here).
+                    // tonic stop polling here), and nothing is read after them.
+                    this.inner.set(None);
                     if let Some(mut t) = this.tracking.take() {
                         t.fix_status(trailers);
                         t.succeed();

@@ -23,7 +23,11 @@
 //! servers and channels time out on `grpc-timeout` themselves and call that CANCELLED). Other
 //! requests fail with a [`CallError`].
 //!
-//! Outside any scope, requests pass through unchanged.
+//! The parent scope is taken when the service is *called*: `scope.run(client.call(req))`
+//! calls it before `run` makes the scope current, so write
+//! `scope.run(async { client.call(req).await })` (tonic's generated clients and
+//! `tower::ServiceExt::oneshot` inside the scope do this naturally), or put the `Scope` in
+//! the request's extensions. Outside any scope, requests pass through unchanged.
 //!
 //! # Examples
 //!
