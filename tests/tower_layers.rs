@@ -316,3 +316,21 @@ async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
     assert_eq!(report.effect_unknown(), 1, "{report}");
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
 }
+
+#[test]
+fn auto_traits() {
+    use cancel_scope::integrations::tower::{admit, propagate, Admit, Propagate};
+    use cancel_scope::integrations::CallError;
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send<T: Send + 'static>() {}
+    fn error<E: std::error::Error + Send + Sync + 'static>() {}
+    type Fut = std::future::Ready<Result<Response<String>, Infallible>>;
+    send_sync::<AdmitLayer>();
+    send_sync::<PropagateLayer>();
+    send_sync::<Admit<()>>();
+    send_sync::<Propagate<()>>();
+    send::<admit::future::ResponseFuture<Fut, String>>();
+    send::<propagate::future::ResponseFuture<Fut>>();
+    send_sync::<propagate::ResponseBody<String>>();
+    error::<CallError>();
+}

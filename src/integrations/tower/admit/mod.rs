@@ -11,6 +11,19 @@
 //!
 //! See [the module docs](super) for the status mapping.
 //!
+//! # When the request's scope ends
+//!
+//! The scope is *closed* (no new work) as soon as the handler returns its response head;
+//! work the handler spawned into it runs on until it finishes or the deadline passes, and the
+//! report waits for it. The response *body* is not tracked: a streaming body produced after
+//! the head is bounded by nothing this layer does, and a client that disconnects while it
+//! streams is not reported as [`ClientGone`](crate::Cause::ClientGone). Requests that panic
+//! in the handler are recorded as `ClientGone` (the future is dropped while unwinding).
+//!
+//! Put a response reserve in the policy when a server in front of the layer also enforces
+//! `grpc-timeout` (tonic's server does, and answers `CANCELLED`): with a reserve the layer's
+//! deadline comes first and the caller gets `DEADLINE_EXCEEDED`.
+//!
 //! # Examples
 //!
 //! ```
