@@ -6,8 +6,8 @@ use crate::{Cause, Error};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Why an outgoing call made through [`tower::Propagate`](super::tower::Propagate) or the
-/// [`reqwest`](super::reqwest) extension did not complete.
+/// Why an outgoing call made through `tower::Propagate` or the `reqwest` extension did not
+/// complete.
 ///
 /// Either the scope stopped it — the call's deadline passed, its scope was cancelled, or too
 /// little budget was left to send it at all (then nothing was sent) — or the transport failed.

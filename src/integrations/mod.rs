@@ -2,8 +2,8 @@
 //!
 //! | feature | module | what |
 //! |---|---|---|
-//! | `tower` | [`tower`] | a server layer that admits requests into scopes, a client layer that propagates budgets |
-//! | `reqwest` | [`reqwest`] | reqwest calls made in a child scope, headers injected, body read bounded |
+//! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
+//! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
 //!
 //! Both client sides fail with the same [`CallError`].
 

@@ -7,7 +7,7 @@
 //!
 //! [`RequestBuilderExt::scoped`] turns a `reqwest::RequestBuilder` into a [`ScopedRequest`].
 //! Sending it does what the tower client layer
-//! ([`Propagate`](crate::integrations::tower::Propagate)) does for tower clients:
+//! (`integrations::tower::Propagate`, feature `tower`) does for tower clients:
 //!
 //! 1. a child of the scope is cut by the [`EgressPolicy`] (explicit, or that of the scope's
 //!    [`Operation`](crate::wire::Operation)); too little budget fails fast and nothing is sent;
