@@ -186,6 +186,19 @@ async fn next_frame<B: Body + Unpin>(body: &mut B) -> Option<Result<Frame<B::Dat
     poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
 }
 
+/// Calls `client` with `scope` current (as a handler would), expecting a response.
+async fn call_in<S>(scope: &Scope, client: &mut S, req: Request<()>) -> S::Response
+where
+    S: Service<Request<()>>,
+    S::Error: std::fmt::Debug,
+{
+    scope
+        .run(async { client.call(req).await })
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 fn grpc_request() -> Request<()> {
     Request::builder()
         .header("content-type", "application/grpc")
@@ -203,11 +216,7 @@ async fn propagate_cuts_a_slow_body_at_the_deadline() {
     let scope = Scope::with_timeout(ms(300));
 
     // gRPC: the body ends with DEADLINE_EXCEEDED trailers.
-    let res = scope
-        .run(async { client.call(grpc_request()).await })
-        .await
-        .unwrap()
-        .unwrap();
+    let res = call_in(&scope, &mut client, grpc_request()).await;
     let mut body = Box::pin(res.into_body());
     assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
     let trailers = next_frame(&mut body).await.unwrap().unwrap();
@@ -217,11 +226,7 @@ async fn propagate_cuts_a_slow_body_at_the_deadline() {
 
     // Plain HTTP: an error.
     let scope = Scope::with_timeout(ms(300));
-    let res = scope
-        .run(async { client.call(Request::new(())).await })
-        .await
-        .unwrap()
-        .unwrap();
+    let res = call_in(&scope, &mut client, Request::new(())).await;
     let mut body = Box::pin(res.into_body());
     assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
     let err = next_frame(&mut body).await.unwrap().unwrap_err();
@@ -249,11 +254,7 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
         .egress(EgressPolicy::new().transport_pad(ms(20)))
         .layer(transport);
     let scope = Scope::with_timeout(ms(300));
-    let res = scope
-        .run(async { client.call(grpc_request()).await })
-        .await
-        .unwrap()
-        .unwrap();
+    let res = call_in(&scope, &mut client, grpc_request()).await;
     assert_eq!(res.headers()["grpc-status"], "4");
 
     // Before the budget ran out, CANCELLED stays CANCELLED.
@@ -265,11 +266,7 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
     });
     let mut client = PropagateLayer::new().layer(early);
     let scope = Scope::with_timeout(ms(300));
-    let res = scope
-        .run(async { client.call(grpc_request()).await })
-        .await
-        .unwrap()
-        .unwrap();
+    let res = call_in(&scope, &mut client, grpc_request()).await;
     assert_eq!(res.headers()["grpc-status"], "1");
 }
 
@@ -295,20 +292,12 @@ async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
 
     // Read to its trailers: Succeeded.
     let scope = Scope::with_timeout(ms(1_000));
-    let res = scope
-        .run(async { client.call(grpc_request()).await })
-        .await
-        .unwrap()
-        .unwrap();
+    let res = call_in(&scope, &mut client, grpc_request()).await;
     assert_eq!(res.headers()["x-had-budget"], "true");
     let mut body = Box::pin(res.into_body());
     while next_frame(&mut body).await.is_some() {}
     // Dropped unread: an effectful call's outcome is unknown.
-    let res = scope
-        .run(async { client.call(grpc_request()).await })
-        .await
-        .unwrap()
-        .unwrap();
+    let res = call_in(&scope, &mut client, grpc_request()).await;
     drop(res);
     scope.close();
     let report = scope.quiesce().await;
