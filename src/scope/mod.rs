@@ -524,15 +524,16 @@ impl Clone for Scope {
 
 impl Drop for Scope {
     fn drop(&mut self) {
-        if tree::drop_handle(&self.node) {
-            let ext = &self.node.ext;
+        tree::drop_handle(&self.node, |node| {
+            let ext = &node.ext;
+            // Relaxed: written before the handle that is now gone was handed out.
             let key = ext.timer_key.load(Ordering::Relaxed);
             if key != NO_TIMER {
                 if let Some(t) = &ext.timers {
                     t.remove(key);
                 }
             }
-        }
+        });
     }
 }
 

@@ -189,9 +189,11 @@ impl<X, R> Shard<X, R> {
 pub(crate) struct Node<X, R> {
     /// See the module docs for the bit layout.
     state: AtomicU64,
-    /// Live public handles. Pairs: `AcqRel` decrement so the last handle's drop sees every
-    /// other handle's writes before unlinking (invariant 7).
-    handles: AtomicUsize,
+    /// Live public handles plus linked children: the node stays linked in its parent's
+    /// registry while anything can still reach it or be reached through it (a handle-less
+    /// node with live children must still pass a cancel down). `AcqRel` decrement so the last
+    /// release sees every other holder's writes before unlinking (invariant 7).
+    refs: AtomicUsize,
     parent: Option<Arc<Node<X, R>>>,
     /// (shard, key) of this node in `parent.registry`.
     slot: (usize, usize),
@@ -231,7 +233,7 @@ impl<X, R> Node<X, R> {
     fn new(parent: Option<Arc<Node<X, R>>>, slot: (usize, usize), state: u64, ext: X) -> Self {
         Node {
             state: AtomicU64::new(state),
-            handles: AtomicUsize::new(1),
+            refs: AtomicUsize::new(1),
             parent,
             slot,
             inner: Mutex::new(Inner {
@@ -303,6 +305,9 @@ pub(crate) fn new_child<X, R>(
         drop(children);
         return Err(refusal(parent, state));
     }
+    // The child's link holds a reference on the parent (released when the child unlinks).
+    // Relaxed: the caller holds a handle, so the count is already > 0.
+    parent.refs.fetch_add(1, Ordering::Relaxed);
     let entry = children.vacant_entry();
     // A child starts at its parent's generation (so a ticket that recorded the parent's
     // generation compares equal), with its own flags clear.
@@ -327,22 +332,26 @@ fn refusal<X, R>(node: &Node<X, R>, state: State) -> Refused {
 /// Another public handle to `node`.
 pub(crate) fn add_handle<X, R>(node: &Node<X, R>) {
     // Relaxed: a new handle can only be made from an existing one, which keeps the count > 0.
-    node.handles.fetch_add(1, Ordering::Relaxed);
+    node.refs.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Drops a public handle; the last one unlinks the node from its parent (invariant 7) and
-/// returns `true`.
-pub(crate) fn drop_handle<X, R>(node: &Node<X, R>) -> bool {
-    if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
-        return false;
-    }
-    if let Some(parent) = &node.parent {
-        let (shard, key) = node.slot;
+/// Drops a public handle. A node whose last handle is gone and which has no linked children
+/// is unlinked from its parent (invariant 7), which releases the parent's reference in turn.
+/// `on_unlink` is called for every node that this unlinks (its deadline can go).
+pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut on_unlink: impl FnMut(&Node<X, R>)) {
+    let mut n = node;
+    loop {
+        if n.refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        on_unlink(n);
+        let Some(parent) = &n.parent else { return };
+        let (shard, key) = n.slot;
         // The slab holds an `Arc` of this node; take it out and drop it after the lock.
         let removed = parent.registry[shard].children.lock().try_remove(key);
         drop(removed);
+        n = &**parent;
     }
-    true
 }
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
