@@ -40,12 +40,15 @@ struct TimerState {
 impl Timers {
     /// Arms a deadline for `node`; returns the key for [`Timers::remove`].
     ///
+    /// An associated function rather than a `self: &Arc<Self>` method: under `cfg(loom)` the
+    /// shim's `Arc` is loom's, which cannot be a method receiver on stable Rust.
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
     #[track_caller]
-    pub(crate) fn insert(self: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
-        let mut st = self.state.lock();
+    pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
+        let mut st = this.state.lock();
         st.seq += 1;
         let seq = st.seq;
         let key = st.entries.insert((deadline, seq, node));
@@ -56,11 +59,11 @@ impl Timers {
             drop(st);
             let handle = tokio::runtime::Handle::try_current()
                 .expect("a scope with a deadline must be created inside a tokio runtime");
-            handle.spawn(drive(self.clone()));
+            handle.spawn(drive(this.clone()));
         } else if st.armed.map_or(true, |a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
-            self.wake.notify_one();
+            this.wake.notify_one();
         }
         key
     }
