@@ -347,40 +347,48 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>) -> bool {
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
 ///
+/// Every call returns only once every descendant is cancelled, also one that lost the race
+/// for the first cause: a node found already cancelled is still walked, with its own cause,
+/// because whoever cancelled it may not have reached its children yet (invariants 1 and 2:
+/// otherwise work could be dispatched below after this call returned). A repeated cancel of a
+/// large subtree therefore costs a walk of it.
+///
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
     let mut work = vec![(node.clone(), cause)];
     let mut first = true;
     let mut did = false;
     while let Some((n, cause)) = work.pop() {
-        let (wakers, callbacks) = {
+        let (cause, set, wakers, callbacks) = {
             let mut inner = n.inner.lock();
-            if inner.cause.is_some() {
-                // Invariant 1: someone else cancelled it (and is propagating below it).
-                first = false;
-                continue;
+            if let Some(existing) = &inner.cause {
+                // Invariant 1: someone else cancelled it; its cause wins here and below. It
+                // may still be walking below, so walk too (see above); its wakers and
+                // callbacks are its own to run.
+                (existing.clone(), false, Vec::new(), Vec::new())
+            } else {
+                inner.cause = Some(cause.clone());
+                inner.cancelled_at = stamp;
+                // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
+                // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
+                // every dispatch CAS that came before it.
+                let prev = State(
+                    n.state
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                            Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+                        })
+                        .unwrap_or_else(|s| s),
+                );
+                let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
+                if prev.active() == 0 {
+                    wakers.extend(inner.quiet_waiters.drain());
+                }
+                let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
+                (cause, true, wakers, callbacks)
             }
-            inner.cause = Some(cause.clone());
-            inner.cancelled_at = stamp;
-            // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
-            // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
-            // every dispatch CAS that came before it.
-            let prev = State(
-                n.state
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                        Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
-                    })
-                    .unwrap_or_else(|s| s),
-            );
-            let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
-            if prev.active() == 0 {
-                wakers.extend(inner.quiet_waiters.drain());
-            }
-            let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
-            (wakers, callbacks)
         };
         if first {
-            did = true;
+            did = set;
             first = false;
         }
         for w in wakers {
