@@ -440,7 +440,11 @@ fn wake_quiet<X, R>(node: &Node<X, R>) {
 
 /// Takes one work unit in `node` (a ticket, a guard). Fails once the watermark is closed
 /// (invariant 3). A node going from 0 to 1 units first takes a unit of its parent.
-pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
+///
+/// Returns the generation the unit was taken in: the one of the state word the successful
+/// CAS replaced (a cancel right after it bumps the generation, and must not be attributed to
+/// this registration).
+pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
     loop {
         let s = node.state();
         if s.is_closed() {
@@ -464,7 +468,7 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(s.generation()),
             Err(_) => {
                 if need_parent {
                     if let Some(p) = &node.parent {
@@ -527,16 +531,16 @@ pub(crate) fn register<X, R>(
     node: &Node<X, R>,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Result<Arc<TicketCell<R>>, Refused> {
-    take_unit(node)?;
-    Ok(list_in_flight(node, make))
+    let generation = take_unit(node)?;
+    Ok(list_in_flight(node, generation, make))
 }
 
-/// Lists a ticket whose unit was just taken as in flight.
+/// Lists a ticket whose unit was just taken, in `generation`, as in flight.
 fn list_in_flight<X, R>(
     node: &Node<X, R>,
+    generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Arc<TicketCell<R>> {
-    let generation = node.state().generation();
     let mut in_flight = node.in_flight.lock();
     let entry = in_flight.vacant_entry();
     let cell = Arc::new(make(entry.key(), generation));
@@ -564,7 +568,7 @@ pub(crate) fn register_shielded<X, R>(
             .compare_exchange(s.0, s.0 + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            return Ok(list_in_flight(node, make));
+            return Ok(list_in_flight(node, s.generation(), make));
         }
     }
 }
