@@ -39,7 +39,9 @@
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
 //!    counted before their unit is released, no counter changes after quiet is observed.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
-//!    sharded registry at creation and removed when its last handle drops, so a long-lived parent
+//!    sharded registry at creation and removed when its last handle drops and it has no linked
+//!    children left (a link counts as a handle of the parent, so a scope whose handles are gone
+//!    stays reachable by its ancestors' cancel while a descendant lives), so a long-lived parent
 //!    with millions of short-lived children keeps flat memory (slab slots are reused).
 //!
 //! # Lock order (deadlock safety)
@@ -189,8 +191,10 @@ impl<X, R> Shard<X, R> {
 pub(crate) struct Node<X, R> {
     /// See the module docs for the bit layout.
     state: AtomicU64,
-    /// Live public handles. Pairs: `AcqRel` decrement so the last handle's drop sees every
-    /// other handle's writes before unlinking (invariant 7).
+    /// Live public handles plus linked children (a child in `registry` counts one, so a
+    /// node whose handles are gone stays linked, and reachable by its ancestors' cancel, while
+    /// it has live descendants). Pairs: `AcqRel` decrement so the drop that takes it to zero
+    /// sees every other handle's writes before unlinking (invariants 1, 7).
     handles: AtomicUsize,
     parent: Option<Arc<Node<X, R>>>,
     /// (shard, key) of this node in `parent.registry`.
@@ -313,6 +317,9 @@ pub(crate) fn new_child<X, R>(
         ext(state),
     ));
     entry.insert(child.clone());
+    // The link counts as a handle of the parent until the child is unlinked (see
+    // `drop_handle`). Relaxed: the caller holds a handle of `parent`, so the count is > 0.
+    parent.handles.fetch_add(1, Ordering::Relaxed);
     Ok(child)
 }
 
@@ -330,19 +337,26 @@ pub(crate) fn add_handle<X, R>(node: &Node<X, R>) {
     node.handles.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Drops a public handle; the last one unlinks the node from its parent (invariant 7) and
-/// returns `true`.
-pub(crate) fn drop_handle<X, R>(node: &Node<X, R>) -> bool {
-    if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
-        return false;
-    }
-    if let Some(parent) = &node.parent {
-        let (shard, key) = node.slot;
+/// Drops a public handle. When a node has neither handles nor linked children left, it is
+/// unlinked from its parent (invariant 7), `gone` is called with it, and the parent loses the
+/// count of that link, which may unlink the parent in turn.
+///
+/// A node whose handles are all dropped stays linked while it has a linked child: otherwise a
+/// cancel of an ancestor could not reach that child any more (invariant 1). Zero is final:
+/// new handles and children are only made through an existing handle.
+pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X, R>)) {
+    let mut n = node;
+    // Every ancestor stays alive while `node` does (each child holds an `Arc` of its parent),
+    // and the caller holds `node`.
+    while n.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+        gone(n);
+        let Some(parent) = &n.parent else { return };
+        let (shard, key) = n.slot;
         // The slab holds an `Arc` of this node; take it out and drop it after the lock.
         let removed = parent.registry[shard].children.lock().try_remove(key);
         drop(removed);
+        n = parent;
     }
-    true
 }
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
