@@ -531,7 +531,7 @@ impl Drop for Scope {
             let key = ext.timer_key.load(Ordering::Relaxed);
             if key != NO_TIMER {
                 if let Some(t) = &ext.timers {
-                    t.remove(key);
+                    t.remove(key, node);
                 }
             }
         });
