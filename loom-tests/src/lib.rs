@@ -19,11 +19,17 @@ mod support {
     use std::sync::Arc;
     use std::time::Instant;
 
-    /// The preemption bound used when neither the model nor `LOOM_MAX_PREEMPTIONS` sets one.
+    /// The preemption bound of the two-thread models (unless `LOOM_MAX_PREEMPTIONS` is set).
     ///
-    /// Bugs in this tree need at most two preemptions to show (one to stop a canceller half way,
-    /// one to let another thread overtake it); every model runs in seconds with it.
-    pub const DEFAULT_PREEMPTIONS: usize = 2;
+    /// The races found so far in this tree needed at most two preemptions (one to stop a
+    /// canceller half way, one to let another thread overtake it); three leaves a margin and
+    /// every two-thread model still runs in a few seconds. The three-thread models use
+    /// [`THREE_THREAD_PREEMPTIONS`].
+    pub const DEFAULT_PREEMPTIONS: usize = 3;
+
+    /// The preemption bound of the models with three threads: at 3 they take minutes each (over
+    /// 300,000 interleavings), at 2 a few seconds.
+    pub const THREE_THREAD_PREEMPTIONS: usize = 2;
 
     /// Runs `f` under loom with [`DEFAULT_PREEMPTIONS`] (or `LOOM_MAX_PREEMPTIONS` if set).
     ///
@@ -70,4 +76,4 @@ mod support {
 }
 
 #[cfg(loom)]
-pub use support::{model, model_bounded, DEFAULT_PREEMPTIONS};
+pub use support::{model, model_bounded, DEFAULT_PREEMPTIONS, THREE_THREAD_PREEMPTIONS};

@@ -31,7 +31,10 @@ fn concurrent_cancels_first_cause_wins() {
                 let won = root.cancel_because(cause.clone());
                 // Invariant 1 (and `Scope::cancel`'s contract): when cancel returns, the whole
                 // subtree is cancelled, whoever won.
-                assert!(a.is_cancelled(), "cancel returned before a child was cancelled");
+                assert!(
+                    a.is_cancelled(),
+                    "cancel returned before a child was cancelled"
+                );
                 assert!(
                     a1.is_cancelled(),
                     "cancel returned before a grandchild was cancelled"
@@ -259,7 +262,10 @@ fn middle_drop_racing_root_cancel() {
         canceller.join().unwrap();
 
         // Invariant 1: the grandchild is reached although its parent's handle is gone.
-        assert!(leaf.is_cancelled(), "grandchild missed by its root's cancel");
+        assert!(
+            leaf.is_cancelled(),
+            "grandchild missed by its root's cancel"
+        );
         assert_eq!(leaf.cause(), Some(inherited(&Cause::cancelled("stop"))));
 
         drop(leaf);
@@ -278,7 +284,10 @@ fn dropped_middle_handle_keeps_grandchild_reachable() {
         let leaf = middle.child().build().unwrap();
         drop(middle);
         root.cancel();
-        assert!(leaf.is_cancelled(), "grandchild missed by its root's cancel");
+        assert!(
+            leaf.is_cancelled(),
+            "grandchild missed by its root's cancel"
+        );
         drop(leaf);
         assert_eq!(root.__live_children(), 0);
     });

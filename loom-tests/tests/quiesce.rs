@@ -122,6 +122,9 @@ fn child_unit_racing_parent_close() {
     model("child_unit_racing_parent_close", || {
         let parent = Scope::new();
         let child = parent.child().build().unwrap();
+        // A first unit, already given back: the race below is the child's second 0 -> 1,
+        // which must take a parent unit again.
+        drop(child.register(ChildSpec::read_only("warm-up")).unwrap());
         let quiet = Arc::new(AtomicBool::new(false));
 
         let worker = {
@@ -148,7 +151,8 @@ fn child_unit_racing_parent_close() {
         quiet.store(true, Ordering::SeqCst);
         let registered = u64::from(worker.join().unwrap());
 
-        assert_eq!(report.total(), registered);
+        // Invariant 5: the warm-up's receipt and the racing registration's, if it got in.
+        assert_eq!(report.total(), 1 + registered);
         assert_eq!(report.state(), Lifecycle::Completed);
         let again = loom::future::block_on(parent.quiesce());
         assert_eq!(again, report);

@@ -3,7 +3,7 @@
 #![cfg(loom)]
 
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope, Ticket};
-use cancel_scope_loom_tests::model;
+use cancel_scope_loom_tests::{model, model_bounded, THREE_THREAD_PREEMPTIONS};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -90,7 +90,10 @@ fn dispatch_racing_deadline_cancel() {
 
         if dispatched {
             // Invariant 2: the dispatch happened-before the cancel.
-            assert!(saw_flag, "a dispatch that succeeded is not ordered before the cancel");
+            assert!(
+                saw_flag,
+                "a dispatch that succeeded is not ordered before the cancel"
+            );
         }
         assert_eq!(sub.generation(), 1);
     });
@@ -101,35 +104,45 @@ fn dispatch_racing_deadline_cancel() {
 /// the first-cause race must not return before the subtree is cancelled.
 #[test]
 fn dispatch_racing_two_cancels() {
-    model("dispatch_racing_two_cancels", || {
-        let root = Scope::new();
-        let sub = root.child().build().unwrap();
-        let ticket = sub.register(ChildSpec::read_only("call")).unwrap();
-        let about_to_dispatch = Arc::new(AtomicBool::new(false));
+    model_bounded(
+        "dispatch_racing_two_cancels",
+        THREE_THREAD_PREEMPTIONS,
+        || {
+            let root = Scope::new();
+            let sub = root.child().build().unwrap();
+            let ticket = sub.register(ChildSpec::read_only("call")).unwrap();
+            let about_to_dispatch = Arc::new(AtomicBool::new(false));
 
-        let dispatcher = {
-            let flag = about_to_dispatch.clone();
-            thread::spawn(move || dispatch_with_witness(ticket, &flag))
-        };
-        let canceller = |cause: Cause| {
-            let (root, flag) = (root.clone(), about_to_dispatch.clone());
-            thread::spawn(move || {
-                root.cancel_because(cause);
-                flag.load(Ordering::Relaxed)
-            })
-        };
-        let deadline = canceller(Cause::DeadlineExceeded);
-        let explicit = canceller(Cause::cancelled("stop"));
-        let dispatched = dispatcher.join().unwrap();
-        let saw_deadline = deadline.join().unwrap();
-        let saw_explicit = explicit.join().unwrap();
+            let dispatcher = {
+                let flag = about_to_dispatch.clone();
+                thread::spawn(move || dispatch_with_witness(ticket, &flag))
+            };
+            let canceller = |cause: Cause| {
+                let (root, flag) = (root.clone(), about_to_dispatch.clone());
+                thread::spawn(move || {
+                    root.cancel_because(cause);
+                    flag.load(Ordering::Relaxed)
+                })
+            };
+            let deadline = canceller(Cause::DeadlineExceeded);
+            let explicit = canceller(Cause::cancelled("stop"));
+            let dispatched = dispatcher.join().unwrap();
+            let saw_deadline = deadline.join().unwrap();
+            let saw_explicit = explicit.join().unwrap();
 
-        if dispatched {
-            // Invariant 2, for both cancels.
-            assert!(saw_deadline, "dispatch succeeded after the deadline cancel returned");
-            assert!(saw_explicit, "dispatch succeeded after the explicit cancel returned");
-        }
-    });
+            if dispatched {
+                // Invariant 2, for both cancels.
+                assert!(
+                    saw_deadline,
+                    "dispatch succeeded after the deadline cancel returned"
+                );
+                assert!(
+                    saw_explicit,
+                    "dispatch succeeded after the explicit cancel returned"
+                );
+            }
+        },
+    );
 }
 
 /// Sets the witness, dispatches, and finishes the child; returns whether the dispatch
@@ -157,41 +170,45 @@ fn dispatch_with_witness(ticket: Ticket, about_to_dispatch: &AtomicBool) -> bool
 /// the number registered — and an unknown effect is counted as unknown, never as zero.
 #[test]
 fn receipt_on_drop_racing_cancel() {
-    model("receipt_on_drop_racing_cancel", || {
-        let scope = Scope::new();
-        let sub = scope.child().build().unwrap();
-        let prepared = scope.register(ChildSpec::read_only("lookup")).unwrap();
-        let payment = sub
-            .register(ChildSpec::side_effecting("charge", "payment-7"))
-            .unwrap();
+    model_bounded(
+        "receipt_on_drop_racing_cancel",
+        THREE_THREAD_PREEMPTIONS,
+        || {
+            let scope = Scope::new();
+            let sub = scope.child().build().unwrap();
+            let prepared = scope.register(ChildSpec::read_only("lookup")).unwrap();
+            let payment = sub
+                .register(ChildSpec::side_effecting("charge", "payment-7"))
+                .unwrap();
 
-        let dropper = thread::spawn(move || drop(prepared));
-        let dispatcher = thread::spawn(move || match payment.dispatch() {
-            // Dispatched, then dropped without a receipt: it may have charged.
-            Ok(call) => {
-                drop(call);
-                true
-            }
-            Err(e) => {
-                assert!(e.is_cancelled(), "unexpected error {e:?}");
-                false
-            }
-        });
-        scope.cancel();
-        let report = loom::future::block_on(scope.quiesce());
-        dropper.join().unwrap();
-        let charged = u64::from(dispatcher.join().unwrap());
+            let dropper = thread::spawn(move || drop(prepared));
+            let dispatcher = thread::spawn(move || match payment.dispatch() {
+                // Dispatched, then dropped without a receipt: it may have charged.
+                Ok(call) => {
+                    drop(call);
+                    true
+                }
+                Err(e) => {
+                    assert!(e.is_cancelled(), "unexpected error {e:?}");
+                    false
+                }
+            });
+            scope.cancel();
+            let report = loom::future::block_on(scope.quiesce());
+            dropper.join().unwrap();
+            let charged = u64::from(dispatcher.join().unwrap());
 
-        // Invariant 5: exactly one receipt per registration.
-        assert_eq!(report.total(), 2);
-        assert_eq!(report.effect_unknown(), charged);
-        assert_eq!(report.cancelled(), 2 - charged);
-        if charged == 1 {
-            assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
-            assert_eq!(report.pending_effects()[0].effect_id(), "payment-7");
-        } else {
-            assert_eq!(report.state(), Lifecycle::CancelledStable);
-            assert!(report.pending_effects().is_empty());
-        }
-    });
+            // Invariant 5: exactly one receipt per registration.
+            assert_eq!(report.total(), 2);
+            assert_eq!(report.effect_unknown(), charged);
+            assert_eq!(report.cancelled(), 2 - charged);
+            if charged == 1 {
+                assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+                assert_eq!(report.pending_effects()[0].effect_id(), "payment-7");
+            } else {
+                assert_eq!(report.state(), Lifecycle::CancelledStable);
+                assert!(report.pending_effects().is_empty());
+            }
+        },
+    );
 }

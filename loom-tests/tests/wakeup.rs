@@ -113,7 +113,10 @@ fn on_cancel_racing_cancel() {
         if stopped {
             assert_eq!(ran, 0, "a stopped callback ran");
         } else {
-            assert_eq!(ran, 1, "a callback that was too late to stop ran {ran} times");
+            assert_eq!(
+                ran, 1,
+                "a callback that was too late to stop ran {ran} times"
+            );
         }
     });
 }
