@@ -67,15 +67,7 @@ fn register_racing_cancel() {
 #[test]
 fn dispatch_racing_deadline_cancel() {
     model("dispatch_racing_deadline_cancel", || {
-        let root = Scope::new();
-        let sub = root.child().build().unwrap();
-        let ticket = sub.register(ChildSpec::read_only("call")).unwrap();
-        let about_to_dispatch = Arc::new(AtomicBool::new(false));
-
-        let dispatcher = {
-            let flag = about_to_dispatch.clone();
-            thread::spawn(move || dispatch_with_witness(ticket, &flag))
-        };
+        let (root, sub, about_to_dispatch, dispatcher) = spawn_dispatcher();
         let canceller = {
             let (root, sub, flag) = (root.clone(), sub.clone(), about_to_dispatch.clone());
             thread::spawn(move || {
@@ -108,15 +100,7 @@ fn dispatch_racing_two_cancels() {
         "dispatch_racing_two_cancels",
         THREE_THREAD_PREEMPTIONS,
         || {
-            let root = Scope::new();
-            let sub = root.child().build().unwrap();
-            let ticket = sub.register(ChildSpec::read_only("call")).unwrap();
-            let about_to_dispatch = Arc::new(AtomicBool::new(false));
-
-            let dispatcher = {
-                let flag = about_to_dispatch.clone();
-                thread::spawn(move || dispatch_with_witness(ticket, &flag))
-            };
+            let (root, _sub, about_to_dispatch, dispatcher) = spawn_dispatcher();
             let canceller = |cause: Cause| {
                 let (root, flag) = (root.clone(), about_to_dispatch.clone());
                 thread::spawn(move || {
@@ -143,6 +127,20 @@ fn dispatch_racing_two_cancels() {
             }
         },
     );
+}
+
+/// A root, a child scope with one registered ticket, the witness flag, and a thread that
+/// dispatches the ticket with [`dispatch_with_witness`] (joining it says whether it succeeded).
+fn spawn_dispatcher() -> (Scope, Scope, Arc<AtomicBool>, thread::JoinHandle<bool>) {
+    let root = Scope::new();
+    let sub = root.child().build().unwrap();
+    let ticket = sub.register(ChildSpec::read_only("call")).unwrap();
+    let about_to_dispatch = Arc::new(AtomicBool::new(false));
+    let dispatcher = {
+        let flag = about_to_dispatch.clone();
+        thread::spawn(move || dispatch_with_witness(ticket, &flag))
+    };
+    (root, sub, about_to_dispatch, dispatcher)
 }
 
 /// Sets the witness, dispatches, and finishes the child; returns whether the dispatch
