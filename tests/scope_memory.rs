@@ -52,9 +52,17 @@ async fn children_with_deadlines_and_tickets_leave_nothing_behind() {
 fn a_handle_less_scope_stays_linked_while_it_has_children() {
     let root = Scope::new();
     let leaf = root.child().build().unwrap().child().build().unwrap();
-    assert_eq!(root.__live_children(), 1, "the middle scope is still linked");
+    assert_eq!(
+        root.__live_children(),
+        1,
+        "the middle scope is still linked"
+    );
     root.cancel();
     assert!(leaf.is_cancelled());
     drop(leaf);
-    assert_eq!(root.__live_children(), 0, "the middle scope unlinked with its last child");
+    assert_eq!(
+        root.__live_children(),
+        0,
+        "the middle scope unlinked with its last child"
+    );
 }
