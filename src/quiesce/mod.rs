@@ -456,7 +456,7 @@ impl Scope {
     pub fn lifecycle(&self) -> Lifecycle {
         let st = self.node.state();
         if st.is_quiet() {
-            let needs = self.node.counts().get(Kind::EffectUnknown) > 0
+            let needs = self.node.count(Kind::EffectUnknown) > 0
                 || self
                     .node
                     .with_records(|r| r.quarantined.iter().any(|c| c.effect().may_have_effect()));
@@ -479,7 +479,6 @@ impl Scope {
     /// Builds the report (meaningful once quiet: then nothing in it can change).
     pub(crate) fn report(&self) -> Report {
         let node = &self.node;
-        let c = node.counts();
         let counts = [
             Kind::Succeeded,
             Kind::Failed,
@@ -487,7 +486,7 @@ impl Scope {
             Kind::Quarantined,
             Kind::EffectUnknown,
         ]
-        .map(|k| c.get(k));
+        .map(|k| node.count(k));
         let (pending_effects, quarantined_children) = node.with_records(|r| {
             let effects = r
                 .effects
@@ -504,7 +503,7 @@ impl Scope {
         let cause = self.cause();
         let cancel_to_quiet = cause.as_ref().map(|_| {
             let at = node.cancelled_at();
-            nanos(c.last_stamp().saturating_sub(at))
+            nanos(node.last_stamp().saturating_sub(at))
         });
         Report {
             state: self.lifecycle(),
@@ -513,7 +512,7 @@ impl Scope {
             pending_effects,
             quarantined_children,
             cancel_to_quiet,
-            orphan_work: nanos(c.orphan_nanos()),
+            orphan_work: nanos(node.orphan_nanos()),
         }
     }
 }

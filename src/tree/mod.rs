@@ -56,7 +56,7 @@ use std::task::Waker;
 use slab::Slab;
 
 use crate::cause::Cause;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, LazyBox, Mutex, Ordering};
 
 mod ticket;
 
@@ -164,6 +164,12 @@ struct Inner {
     cause: Option<Cause>,
     /// Stamp of the cancel (caller-supplied clock, nanoseconds); 0 while not cancelled.
     cancelled_at: u64,
+    /// Waiters and callbacks, allocated by the first one (most nodes never have any).
+    lists: Option<Box<Lists>>,
+}
+
+#[derive(Default)]
+struct Lists {
     /// Tasks waiting in `cancelled()`.
     cancel_waiters: Slab<Waker>,
     /// Tasks waiting in `quiesce()`.
@@ -172,16 +178,45 @@ struct Inner {
     callbacks: Slab<Callback>,
 }
 
-/// One shard of a node's children registry, on its own cache line.
-#[repr(align(64))]
-struct Shard<X, R> {
-    children: Mutex<Slab<Arc<Node<X, R>>>>,
+impl Inner {
+    fn lists(&mut self) -> &mut Lists {
+        self.lists.get_or_insert_with(Box::default)
+    }
+
+    /// Takes every waker of `which` (and, for a cancel, the callbacks).
+    fn drain(&mut self, which: Wait) -> (Vec<Waker>, Vec<Callback>) {
+        let Some(lists) = self.lists.as_mut() else {
+            return (Vec::new(), Vec::new());
+        };
+        match which {
+            Wait::Cancel => (
+                lists.cancel_waiters.drain().collect(),
+                lists.callbacks.drain().collect(),
+            ),
+            Wait::Quiet => (lists.quiet_waiters.drain().collect(), Vec::new()),
+        }
+    }
 }
 
-impl<X, R> Shard<X, R> {
-    fn new() -> Self {
-        Shard {
-            children: Mutex::new(Slab::new()),
+/// One shard of a node's children registry. Padded so that the hot start (lock and slab
+/// header) of two shards never shares a cache line, without an over-aligned allocation.
+struct Shard<X, R> {
+    children: Mutex<Slab<Arc<Node<X, R>>>>,
+    _pad: [u8; 64],
+}
+
+/// A node's children, allocated with its first child.
+struct Registry<X, R> {
+    shards: [Shard<X, R>; SHARDS],
+}
+
+impl<X, R> Default for Registry<X, R> {
+    fn default() -> Self {
+        Registry {
+            shards: std::array::from_fn(|_| Shard {
+                children: Mutex::new(Slab::new()),
+                _pad: [0; 64],
+            }),
         }
     }
 }
@@ -200,11 +235,14 @@ pub(crate) struct Node<X, R> {
     /// (shard, key) of this node in `parent.registry`.
     slot: (usize, usize),
     inner: Mutex<Inner>,
-    registry: [Shard<X, R>; SHARDS],
+    /// Children, sharded by creating thread; allocated with the first child.
+    registry: LazyBox<Registry<X, R>>,
     /// Tickets registered here that have no receipt yet (for quarantine).
     in_flight: Mutex<Slab<Arc<TicketCell<R>>>>,
-    counts: Counts,
-    records: Mutex<Records<R>>,
+    /// Receipt counters of this subtree; allocated with the first receipt below.
+    counts: LazyBox<Counts>,
+    /// Unknown effects and quarantined children of this subtree (rare).
+    records: Mutex<Option<Box<Records<R>>>>,
     pub(crate) ext: X,
 }
 
@@ -241,14 +279,12 @@ impl<X, R> Node<X, R> {
             inner: Mutex::new(Inner {
                 cause: None,
                 cancelled_at: 0,
-                cancel_waiters: Slab::new(),
-                quiet_waiters: Slab::new(),
-                callbacks: Slab::new(),
+                lists: None,
             }),
-            registry: std::array::from_fn(|_| Shard::new()),
+            registry: LazyBox::new(),
             in_flight: Mutex::new(Slab::new()),
-            counts: Counts::default(),
-            records: Mutex::new(Records::default()),
+            counts: LazyBox::new(),
+            records: Mutex::new(None),
             ext,
         }
     }
@@ -270,18 +306,37 @@ impl<X, R> Node<X, R> {
         self.inner.lock().cancelled_at
     }
 
-    pub(crate) fn counts(&self) -> &Counts {
-        &self.counts
+    /// Receipts of `kind` recorded in this subtree.
+    pub(crate) fn count(&self, kind: Kind) -> u64 {
+        self.counts.get().map_or(0, |c| c.get(kind))
+    }
+
+    /// Sum of (receipt stamp - cancel stamp) over receipts recorded after the cancel.
+    pub(crate) fn orphan_nanos(&self) -> u64 {
+        self.counts.get().map_or(0, Counts::orphan_nanos)
+    }
+
+    /// Stamp of the last receipt or guard release in this subtree (0: none).
+    pub(crate) fn last_stamp(&self) -> u64 {
+        self.counts.get().map_or(0, Counts::last_stamp)
     }
 
     /// Runs `f` over the effect and quarantine records of this subtree.
     pub(crate) fn with_records<T>(&self, f: impl FnOnce(&Records<R>) -> T) -> T {
-        f(&self.records.lock())
+        match self.records.lock().as_deref() {
+            Some(r) => f(r),
+            None => f(&Records::default()),
+        }
     }
 
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
-        self.registry.iter().map(|s| s.children.lock().len()).sum()
+        self.shards().map(|s| s.children.lock().len()).sum()
+    }
+
+    /// The registry shards, if the node ever had a child.
+    fn shards(&self) -> impl Iterator<Item = &Shard<X, R>> {
+        self.registry.get().into_iter().flat_map(|r| r.shards.iter())
     }
 }
 
@@ -301,7 +356,7 @@ pub(crate) fn new_child<X, R>(
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
-    let mut children = parent.registry[shard].children.lock();
+    let mut children = parent.registry.get_or_init().shards[shard].children.lock();
     let state = parent.state();
     if state.is_closed() {
         drop(children);
@@ -353,7 +408,10 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
         let Some(parent) = &n.parent else { return };
         let (shard, key) = n.slot;
         // The slab holds an `Arc` of this node; take it out and drop it after the lock.
-        let removed = parent.registry[shard].children.lock().try_remove(key);
+        let removed = parent
+            .registry
+            .get()
+            .and_then(|r| r.shards[shard].children.lock().try_remove(key));
         drop(removed);
         n = parent;
     }
@@ -393,11 +451,10 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
                         })
                         .unwrap_or_else(|s| s),
                 );
-                let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
+                let (mut wakers, callbacks) = inner.drain(Wait::Cancel);
                 if prev.active() == 0 {
-                    wakers.extend(inner.quiet_waiters.drain());
+                    wakers.extend(inner.drain(Wait::Quiet).0);
                 }
-                let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
                 (cause, true, wakers, callbacks)
             }
         };
@@ -412,7 +469,7 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
             cb(&cause);
         }
         let child_cause = cause.for_child();
-        for shard in &n.registry {
+        for shard in n.shards() {
             let children = shard.children.lock();
             work.extend(
                 children
@@ -438,7 +495,7 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
         if prev.active() == 0 {
             wake_quiet(&n);
         }
-        for shard in &n.registry {
+        for shard in n.shards() {
             let children = shard.children.lock();
             work.extend(children.iter().map(|(_, c)| c.clone()));
         }
@@ -446,7 +503,7 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
 }
 
 fn wake_quiet<X, R>(node: &Node<X, R>) {
-    let wakers: Vec<Waker> = node.inner.lock().quiet_waiters.drain().collect();
+    let (wakers, _) = node.inner.lock().drain(Wait::Quiet);
     for w in wakers {
         w.wake();
     }
@@ -604,16 +661,18 @@ pub(crate) fn record_receipt<X, R: Clone>(
 fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, stamp: u64) {
     let mut n = Some(node);
     while let Some(cur) = n {
-        cur.counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
-        cur.counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
+        let counts = cur.counts.get_or_init();
+        counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
+        counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
         if cur.state().is_cancelled() {
             let at = cur.cancelled_at();
-            cur.counts
+            counts
                 .orphan_nanos
                 .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
         }
         if let Some(r) = &record {
             let mut recs = cur.records.lock();
+            let recs = recs.get_or_insert_with(Box::default);
             match kind {
                 Kind::EffectUnknown => recs.effects.push(r.clone()),
                 Kind::Quarantined => recs.quarantined.push(r.clone()),
@@ -628,7 +687,10 @@ fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, 
 pub(crate) fn release_guard<X, R>(node: &Node<X, R>, stamp: u64) {
     let mut n = Some(node);
     while let Some(cur) = n {
-        cur.counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
+        cur.counts
+            .get_or_init()
+            .last_stamp
+            .fetch_max(stamp, Ordering::AcqRel);
         n = cur.parent.as_deref();
     }
     release_unit(node);
@@ -651,7 +713,7 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
                 n_quarantined += 1;
             }
         }
-        for shard in &n.registry {
+        for shard in n.shards() {
             let children = shard.children.lock();
             work.extend(children.iter().map(|(_, c)| c.clone()));
         }
@@ -690,9 +752,8 @@ pub(crate) fn poll_wait<X, R>(
     let mut inner = node.inner.lock();
     // Re-check under the lock: the waking side changes the state before it takes this lock.
     if reached(node.state()) {
-        let slab = waiters(&mut inner, which);
         if let Some(k) = key.0.take() {
-            slab.try_remove(k);
+            waiters(&mut inner, which).try_remove(k);
         }
         return true;
     }
@@ -709,9 +770,10 @@ pub(crate) fn poll_wait<X, R>(
 }
 
 fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
+    let lists = inner.lists();
     match which {
-        Wait::Cancel => &mut inner.cancel_waiters,
-        Wait::Quiet => &mut inner.quiet_waiters,
+        Wait::Cancel => &mut lists.cancel_waiters,
+        Wait::Quiet => &mut lists.quiet_waiters,
     }
 }
 
@@ -732,7 +794,7 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
     let cause = {
         let mut inner = node.inner.lock();
         match &inner.cause {
-            None => return Some(inner.callbacks.insert(f)),
+            None => return Some(inner.lists().callbacks.insert(f)),
             Some(c) => c.clone(),
         }
     };
@@ -743,7 +805,7 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
 /// Unregisters an `on_cancel` callback. Returns `true` if it was still registered (so it will
 /// never run).
 pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
-    node.inner.lock().callbacks.try_remove(key).is_some()
+    node.inner.lock().lists().callbacks.try_remove(key).is_some()
 }
 
 #[cfg(test)]
