@@ -28,22 +28,30 @@ async fn seed_001_aggregation_page() {
     let mut fan = FanOut::new(&request).aggregate_reserve(ms(150));
     let d = deadlines.clone();
     let price = fan.required("price", move |s| {
-        d.lock().unwrap().push(("price", s.deadline().unwrap() - t0));
+        d.lock()
+            .unwrap()
+            .push(("price", s.deadline().unwrap() - t0));
         answer(ms(120), 1999_u32)
     });
     let d = deadlines.clone();
     let stock = fan.required("stock", move |s| {
-        d.lock().unwrap().push(("stock", s.deadline().unwrap() - t0));
+        d.lock()
+            .unwrap()
+            .push(("stock", s.deadline().unwrap() - t0));
         answer(ms(200), 7_u32)
     });
     let d = deadlines.clone();
     let recs = fan.optional("recommendations", move |s| {
-        d.lock().unwrap().push(("recommendations", s.deadline().unwrap() - t0));
+        d.lock()
+            .unwrap()
+            .push(("recommendations", s.deadline().unwrap() - t0));
         answer(ms(400), vec!["socks", "shoes"])
     });
     let d = deadlines.clone();
     let reviews = fan.optional("reviews", move |s| {
-        d.lock().unwrap().push(("reviews", s.deadline().unwrap() - t0));
+        d.lock()
+            .unwrap()
+            .push(("reviews", s.deadline().unwrap() - t0));
         answer(ms(300), 4.5_f32)
     });
 
@@ -110,13 +118,19 @@ async fn a_failed_required_branch_cancels_the_siblings() {
     let t0 = Instant::now();
     let err = fan.join().await.unwrap_err();
     assert_eq!(err.branch(), Some("price"));
-    assert_eq!(err.to_string(), "required branch price failed: pricing: invalid currency");
+    assert_eq!(
+        err.to_string(),
+        "required branch price failed: pricing: invalid currency"
+    );
     assert_eq!(t0.elapsed(), ms(100));
     assert!(!request.is_cancelled()); // the request itself goes on (to answer the error)
     let siblings = sibling_causes.lock().unwrap().clone();
     assert_eq!(siblings.len(), 2);
     for s in siblings {
-        assert_eq!(s.cause().unwrap().reason(), Some("a required branch failed"));
+        assert_eq!(
+            s.cause().unwrap().reason(),
+            Some("a required branch failed")
+        );
     }
 
     request.close();

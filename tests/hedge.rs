@@ -43,12 +43,26 @@ async fn losers_have_receipts_when_the_call_returns() {
         .await;
     assert_eq!(winner.unwrap(), 3);
     assert_eq!(t0.elapsed(), ms(105));
-    assert_eq!((ledger.started(), ledger.hedges(), ledger.peak_concurrent()), (3, 2, 3));
+    assert_eq!(
+        (ledger.started(), ledger.hedges(), ledger.peak_concurrent()),
+        (3, 2, 3)
+    );
     assert_eq!(ledger.concurrent(), 0);
-    let starts: Vec<_> = ledger.attempts().iter().map(|a| a.started_at() - t0).collect();
+    let starts: Vec<_> = ledger
+        .attempts()
+        .iter()
+        .map(|a| a.started_at() - t0)
+        .collect();
     assert_eq!(starts, [ms(0), ms(50), ms(100)]);
     let ends: Vec<_> = ledger.attempts().iter().map(|a| a.end().unwrap()).collect();
-    assert_eq!(ends, [AttemptEnd::Stopped, AttemptEnd::Stopped, AttemptEnd::Succeeded]);
+    assert_eq!(
+        ends,
+        [
+            AttemptEnd::Stopped,
+            AttemptEnd::Stopped,
+            AttemptEnd::Succeeded
+        ]
+    );
 
     // No yield since the call returned: every attempt already has its receipt.
     request.close();
@@ -69,7 +83,10 @@ async fn a_fast_first_attempt_starts_no_hedge() {
         })
         .await;
     assert_eq!(winner.unwrap(), "hit");
-    assert_eq!((ledger.started(), ledger.hedges(), ledger.peak_concurrent()), (1, 0, 1));
+    assert_eq!(
+        (ledger.started(), ledger.hedges(), ledger.peak_concurrent()),
+        (1, 0, 1)
+    );
 }
 
 /// The delay is the dependency's observed p95.
@@ -80,11 +97,13 @@ async fn percentile_delay_follows_observed_latency() {
         latencies.record(ms(n));
     }
     let request = Scope::with_timeout(ms(1000));
-    let hedge = Retry::new(classify).max_attempts(2).hedge(HedgeDelay::Percentile {
-        latencies: latencies.clone(),
-        percentile: 95,
-        fallback: ms(10),
-    });
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Percentile {
+            latencies: latencies.clone(),
+            percentile: 95,
+            fallback: ms(10),
+        });
     let t0 = Instant::now();
     let (winner, ledger) = hedge
         .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
@@ -116,7 +135,14 @@ async fn hedges_are_limited_by_the_retry_budget() {
         })
         .await;
     assert_eq!(winner.unwrap(), 1);
-    assert_eq!((ledger.started(), ledger.hedges(), ledger.refused_by_budget()), (2, 1, 1));
+    assert_eq!(
+        (
+            ledger.started(),
+            ledger.hedges(),
+            ledger.refused_by_budget()
+        ),
+        (2, 1, 1)
+    );
     assert_eq!((budget.retries(), budget.refused()), (1, 1));
 }
 
@@ -125,15 +151,21 @@ async fn hedges_are_limited_by_the_retry_budget() {
 async fn side_effecting_work_is_not_hedged() {
     let request = Scope::with_timeout(ms(1000));
     let calls = AtomicU32::new(0);
-    let hedge = Retry::new(classify).max_attempts(3).hedge(HedgeDelay::Fixed(ms(10)));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(10)));
     let (res, ledger) = hedge
-        .run_with_ledger(&request, ChildSpec::side_effecting("send-mail", "mail-1"), |_| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            async {
-                tokio::time::sleep(ms(100)).await;
-                Ok::<_, SearchError>(())
-            }
-        })
+        .run_with_ledger(
+            &request,
+            ChildSpec::side_effecting("send-mail", "mail-1"),
+            |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(ms(100)).await;
+                    Ok::<_, SearchError>(())
+                }
+            },
+        )
         .await;
     res.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -144,7 +176,9 @@ async fn side_effecting_work_is_not_hedged() {
 #[tokio::test(start_paused = true)]
 async fn a_non_retryable_error_fails_at_once_and_stops_the_others() {
     let request = Scope::with_timeout(ms(1000));
-    let hedge = Retry::new(classify).max_attempts(3).hedge(HedgeDelay::Fixed(ms(50)));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(50)));
     let t0 = Instant::now();
     let err = hedge
         .run(&request, ChildSpec::read_only("search"), |a| async move {
@@ -170,7 +204,9 @@ async fn a_non_retryable_error_fails_at_once_and_stops_the_others() {
 #[tokio::test(start_paused = true)]
 async fn a_failure_with_nothing_in_flight_starts_the_next_attempt() {
     let request = Scope::with_timeout(ms(1000));
-    let hedge = Retry::new(classify).max_attempts(2).hedge(HedgeDelay::Fixed(ms(50)));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)));
     let t0 = Instant::now();
     let (res, ledger) = hedge
         .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
@@ -192,30 +228,47 @@ async fn a_failure_with_nothing_in_flight_starts_the_next_attempt() {
 #[tokio::test(start_paused = true)]
 async fn idempotent_losers_need_no_reconciliation() {
     let request = Scope::with_timeout(ms(1000));
-    let hedge = Retry::new(classify).max_attempts(2).hedge(HedgeDelay::Fixed(ms(50)));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)));
     let keys = std::sync::Mutex::new(Vec::new());
     hedge
-        .run(&request, ChildSpec::idempotent("put-profile", "user-9:v3"), |a| {
-            keys.lock().unwrap().push(a.idempotency_key().unwrap().to_owned());
-            async move {
-                tokio::time::sleep(if a.is_hedge() { ms(10) } else { ms(500) }).await;
-                Ok::<_, SearchError>(())
-            }
-        })
+        .run(
+            &request,
+            ChildSpec::idempotent("put-profile", "user-9:v3"),
+            |a| {
+                keys.lock()
+                    .unwrap()
+                    .push(a.idempotency_key().unwrap().to_owned());
+                async move {
+                    tokio::time::sleep(if a.is_hedge() { ms(10) } else { ms(500) }).await;
+                    Ok::<_, SearchError>(())
+                }
+            },
+        )
         .await
         .unwrap();
     assert_eq!(*keys.lock().unwrap(), ["user-9:v3", "user-9:v3"]);
     request.close();
     let report = request.quiesce().await;
     assert_eq!(report.state(), Lifecycle::Completed);
-    assert_eq!((report.succeeded(), report.cancelled(), report.effect_unknown()), (1, 1, 0));
+    assert_eq!(
+        (
+            report.succeeded(),
+            report.cancelled(),
+            report.effect_unknown()
+        ),
+        (1, 1, 0)
+    );
 }
 
 /// The request's cancel stops every attempt; the call returns with the cause.
 #[tokio::test(start_paused = true)]
 async fn the_scope_cancel_stops_every_attempt() {
     let request = Scope::with_timeout(ms(80));
-    let hedge = Retry::new(classify).max_attempts(3).hedge(HedgeDelay::Fixed(ms(30)));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(30)));
     let err = hedge
         .run(&request, ChildSpec::read_only("search"), |_| {
             std::future::pending::<Result<(), SearchError>>()
@@ -234,7 +287,9 @@ async fn the_scope_cancel_stops_every_attempt() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_call_leaves_no_orphan_attempt() {
     let request = Scope::with_timeout(ms(1000));
-    let hedge = Retry::new(classify).max_attempts(2).hedge(HedgeDelay::Fixed(ms(10)));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(10)));
     let call = hedge.run(&request, ChildSpec::read_only("search"), |_| {
         std::future::pending::<Result<(), SearchError>>()
     });

@@ -52,17 +52,33 @@ async fn healthy_traffic_earns_retries_back() {
     let scope = Scope::new();
     let fail = |_| async { Err::<(), _>(Unavailable) };
 
-    assert_eq!(retry.run(&scope, ChildSpec::read_only("db"), fail).await.unwrap_err().ledger().started(), 2);
-    let err = retry.run(&scope, ChildSpec::read_only("db"), fail).await.unwrap_err();
+    assert_eq!(
+        retry
+            .run(&scope, ChildSpec::read_only("db"), fail)
+            .await
+            .unwrap_err()
+            .ledger()
+            .started(),
+        2
+    );
+    let err = retry
+        .run(&scope, ChildSpec::read_only("db"), fail)
+        .await
+        .unwrap_err();
     assert_eq!(err.stop(), &Stop::RetryBudget);
     // Five successful requests deposit one token.
     for _ in 0..5 {
         retry
-            .run(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, Unavailable>(()) })
+            .run(&scope, ChildSpec::read_only("db"), |_| async {
+                Ok::<_, Unavailable>(())
+            })
             .await
             .unwrap();
     }
-    let err = retry.run(&scope, ChildSpec::read_only("db"), fail).await.unwrap_err();
+    let err = retry
+        .run(&scope, ChildSpec::read_only("db"), fail)
+        .await
+        .unwrap_err();
     assert_eq!(err.stop(), &Stop::AttemptsExhausted);
     assert_eq!(err.ledger().started(), 2);
 }
@@ -90,7 +106,10 @@ async fn nested_calls_do_not_touch_the_budget() {
             }
         })
         .await;
-    assert_eq!((budget.requests(), budget.retries(), budget.refused()), (1, 2, 0));
+    assert_eq!(
+        (budget.requests(), budget.retries(), budget.refused()),
+        (1, 2, 0)
+    );
 }
 
 /// The budget is shared across threads without losing updates.

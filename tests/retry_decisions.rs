@@ -41,13 +41,17 @@ async fn row_700ms_connect_error_retries_once_after_backoff_on_another_endpoint(
     let retry = Retry::new(classify).backoff(backoff);
 
     let (result, ledger) = retry
-        .run_with_ledger(&request, ChildSpec::read_only("inventory"), |a| async move {
-            if a.endpoint() == 0 {
-                return Err(CallError::Connect);
-            }
-            tokio::time::sleep(ms(50)).await;
-            Ok(a.endpoint())
-        })
+        .run_with_ledger(
+            &request,
+            ChildSpec::read_only("inventory"),
+            |a| async move {
+                if a.endpoint() == 0 {
+                    return Err(CallError::Connect);
+                }
+                tokio::time::sleep(ms(50)).await;
+                Ok(a.endpoint())
+            },
+        )
         .await;
 
     assert_eq!(result.unwrap(), 1);
@@ -56,11 +60,17 @@ async fn row_700ms_connect_error_retries_once_after_backoff_on_another_endpoint(
     let [first, second] = ledger.attempts() else {
         panic!("two attempts expected")
     };
-    assert_eq!(first.end(), Some(AttemptEnd::Failed(Decision::SwitchEndpoint)));
+    assert_eq!(
+        first.end(),
+        Some(AttemptEnd::Failed(Decision::SwitchEndpoint))
+    );
     assert_eq!(second.endpoint(), 1);
     // The backoff was slept, and paid from the same budget.
     assert!(expected_delay >= ms(10) && expected_delay <= ms(20));
-    assert_eq!(second.started_at() - first.ended_at().unwrap(), expected_delay);
+    assert_eq!(
+        second.started_at() - first.ended_at().unwrap(),
+        expected_delay
+    );
     assert_eq!(request.remaining(), Some(ms(700) - expected_delay - ms(50)));
 }
 
@@ -115,9 +125,7 @@ async fn row_500ms_invalid_argument_fails_at_once() {
 async fn row_600ms_write_timeout_retries_with_the_same_idempotency_key() {
     let request = Scope::with_timeout(ms(600));
     let seen_keys = Arc::new(Mutex::new(Vec::new()));
-    let retry = Retry::new(classify)
-        .max_attempts(2)
-        .backoff(vec![ms(0)]);
+    let retry = Retry::new(classify).max_attempts(2).backoff(vec![ms(0)]);
 
     let (result, ledger) = retry
         .run_with_ledger(
@@ -126,7 +134,10 @@ async fn row_600ms_write_timeout_retries_with_the_same_idempotency_key() {
             |a| {
                 let seen_keys = seen_keys.clone();
                 async move {
-                    seen_keys.lock().unwrap().push(a.idempotency_key().unwrap().to_owned());
+                    seen_keys
+                        .lock()
+                        .unwrap()
+                        .push(a.idempotency_key().unwrap().to_owned());
                     if a.number() == 1 {
                         std::future::pending::<()>().await; // the write hangs
                     }
@@ -146,7 +157,14 @@ async fn row_600ms_write_timeout_retries_with_the_same_idempotency_key() {
     request.close();
     let report = request.quiesce().await;
     assert_eq!(report.state(), Lifecycle::Completed);
-    assert_eq!((report.succeeded(), report.cancelled(), report.effect_unknown()), (1, 1, 0));
+    assert_eq!(
+        (
+            report.succeeded(),
+            report.cancelled(),
+            report.effect_unknown()
+        ),
+        (1, 1, 0)
+    );
 }
 
 /// The same write, reported by the client as "timed out after sending", with no attempt that
@@ -154,9 +172,7 @@ async fn row_600ms_write_timeout_retries_with_the_same_idempotency_key() {
 #[tokio::test(start_paused = true)]
 async fn idempotent_write_with_unknown_outcome_and_no_success_needs_reconciliation() {
     let request = Scope::with_timeout(ms(600));
-    let retry = Retry::new(classify)
-        .max_attempts(2)
-        .backoff(vec![ms(10)]);
+    let retry = Retry::new(classify).max_attempts(2).backoff(vec![ms(10)]);
     let err = retry
         .run(
             &request,
@@ -172,7 +188,10 @@ async fn idempotent_write_with_unknown_outcome_and_no_success_needs_reconciliati
     let report = request.quiesce().await;
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
     assert_eq!(report.effect_unknown(), 2);
-    assert!(report.pending_effects().iter().all(|e| e.effect_id() == "order-42"));
+    assert!(report
+        .pending_effects()
+        .iter()
+        .all(|e| e.effect_id() == "order-42"));
 }
 
 /// 0 ms left: nothing starts.

@@ -45,7 +45,12 @@ async fn seed_003_greedy_grants_500_then_200_then_nothing() {
     let plan: Vec<_> = ledger
         .attempts()
         .iter()
-        .map(|a| ((a.started_at() - t0).as_millis(), a.budget().unwrap().as_millis()))
+        .map(|a| {
+            (
+                (a.started_at() - t0).as_millis(),
+                a.budget().unwrap().as_millis(),
+            )
+        })
         .collect();
     assert_eq!(plan, [(120, 500), (700, 200)]);
     assert_eq!(ledger.attempts()[1].ended_at(), Some(t0 + ms(900)));
@@ -109,7 +114,10 @@ async fn attempt_deadlines_never_pass_the_reserve_line() {
     let deadlines = std::sync::Mutex::new(Vec::new());
     let err = retry
         .run(&request, ChildSpec::read_only("db"), |a| {
-            deadlines.lock().unwrap().push((a.scope().deadline().unwrap(), a.remaining()));
+            deadlines
+                .lock()
+                .unwrap()
+                .push((a.scope().deadline().unwrap(), a.remaining()));
             async {
                 tokio::time::sleep(ms(200)).await;
                 Err::<(), _>(Unavailable)
@@ -145,7 +153,10 @@ async fn cancel_during_backoff_stops_at_once() {
         .await
         .unwrap_err();
     assert_eq!(t0.elapsed(), ms(50));
-    assert_eq!(err.cause(), Some(&Cause::cancelled("client closed the page")));
+    assert_eq!(
+        err.cause(),
+        Some(&Cause::cancelled("client closed the page"))
+    );
     assert_eq!(err.ledger().started(), 1);
     assert_eq!(err.ledger().elapsed(), ms(50));
 }
@@ -234,7 +245,9 @@ async fn quiesce_waits_for_a_retry_in_backoff() {
         Retry::new(|_: &Unavailable| Decision::Backoff)
             .max_attempts(2)
             .backoff(vec![ms(100)])
-            .run(&r, ChildSpec::read_only("db"), |_| async { Err::<(), _>(Unavailable) })
+            .run(&r, ChildSpec::read_only("db"), |_| async {
+                Err::<(), _>(Unavailable)
+            })
             .await
             .unwrap_err()
     });

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::budget::RetryBudget;
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use crate::budget::Split;
@@ -229,13 +231,14 @@ impl<'s> Call<'s> {
             let back = limits.reserve.saturating_add(limits.min_useful);
             d.checked_sub(back).unwrap_or(d)
         });
-        let ledger = Ledger::new(spec.clone(), owner, limits.max_attempts, last_start);
+        let now = Instant::now();
+        let ledger = Ledger::new(spec.clone(), owner, limits.max_attempts, last_start, now);
         let hold = match scope.tether(()) {
             Ok(h) => h,
             Err(e) => {
                 let mut ledger = ledger;
                 let stop = stop_of(&e);
-                ledger.finish(stop.clone());
+                ledger.finish(stop.clone(), now);
                 return Err((stop, Arc::new(ledger)));
             }
         };
@@ -278,7 +281,12 @@ impl<'s> Call<'s> {
             return Err(Stop::Cancelled(cause));
         }
         let limits = self.limits;
-        let budget = attempt_budget(&limits, self.scope.remaining(), self.attempts_left())?;
+        let now = Instant::now();
+        let remaining = self
+            .scope
+            .deadline()
+            .map(|d| d.saturating_duration_since(now));
+        let budget = attempt_budget(&limits, remaining, self.attempts_left())?;
         if self.started() > 0 {
             if let Some(b) = self.retry_budget {
                 if !b.withdraw() {
@@ -304,7 +312,7 @@ impl<'s> Call<'s> {
             .register(self.spec.clone())
             .and_then(Ticket::dispatch)
             .map_err(|e| stop_of(&e))?;
-        let index = self.ledger.start(hedge, endpoint, budget);
+        let index = self.ledger.start(hedge, endpoint, budget, now);
         let attempt = Attempt {
             number: self.ledger.attempts[index].number,
             endpoint,
@@ -328,7 +336,7 @@ impl<'s> Call<'s> {
         end: AttemptEnd,
         unknown: Option<Unknown>,
     ) {
-        self.ledger.end(index, end);
+        self.ledger.end(index, end, Instant::now());
         match (end, unknown) {
             (AttemptEnd::Succeeded, _) => dispatched.succeed(),
             (_, None) => dispatched.fail(),
@@ -365,7 +373,7 @@ impl<'s> Call<'s> {
                 d.finish(Receipt::EffectUnknown(rec));
             }
         }
-        ledger.finish(stop);
+        ledger.finish(stop, Instant::now());
         let ledger = Arc::new(ledger);
         scope.add_note(Note::new(ledger.clone()));
         drop(hold);

@@ -7,6 +7,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+
 use std::time::Duration;
 
 /// How much randomness spreads the delays of callers that failed together.
@@ -232,16 +233,16 @@ impl XorShift {
     }
 }
 
-/// A process-unique seed: a per-process random key (std's `RandomState`) over a counter.
-/// (Process-global bookkeeping outside the tree, like the scope clock base: not loom-modeled.)
+/// A process-unique seed: a per-process random base (from std's `RandomState`, hashed once)
+/// mixed with a counter by splitmix64 in [`XorShift::new`]. (Process-global bookkeeping outside
+/// the tree, like the scope clock base: not loom-modeled.)
 fn fresh_seed() -> u64 {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    static KEYS: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| RandomState::new().build_hasher().finish());
     // Relaxed: only makes seeds distinct, orders nothing.
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut h = KEYS.get_or_init(RandomState::new).build_hasher();
-    h.write_u64(n);
-    h.finish()
+    base ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 #[cfg(test)]

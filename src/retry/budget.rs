@@ -124,7 +124,9 @@ impl RetryBudget {
     pub fn withdraw(&self) -> bool {
         let ok = self
             .balance
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(MILLI))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                b.checked_sub(MILLI)
+            })
             .is_ok();
         let counter = if ok { &self.retries } else { &self.refused };
         counter.fetch_add(1, Ordering::Relaxed);

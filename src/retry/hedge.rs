@@ -329,7 +329,9 @@ impl<C, B> Hedge<C, B> {
         };
         let mut call = match Call::open(scope, spec, limits, policy.budget.as_deref()) {
             Ok(call) => call,
-            Err((stop, ledger)) => return (Err(RetryError::new(stop, None, ledger.clone())), ledger),
+            Err((stop, ledger)) => {
+                return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
+            }
         };
         let side_effecting = matches!(call.spec.effect(), Effect::SideEffecting);
         let mut inflight: InFlight<usize, Result<T, E>> = InFlight::new();
@@ -365,7 +367,7 @@ impl<C, B> Hedge<C, B> {
                     (index, _, res) = inflight.next() => {
                         let Ok(Finished { dispatched, out }) = res else {
                             // Panicked (its receipt was recorded as the task unwound).
-                            call.ledger.end(index, AttemptEnd::Panicked);
+                            call.ledger.end(index, AttemptEnd::Panicked, Instant::now());
                             break 'call Stop::Panicked;
                         };
                         match out {
@@ -439,10 +441,13 @@ impl<C, B> Hedge<C, B> {
                     dispatched,
                     out: Ok(Ok(_)),
                 }) => call.settle(index, dispatched, AttemptEnd::Succeeded, None),
-                Ok(Finished { dispatched, .. }) => {
-                    call.settle(index, dispatched, AttemptEnd::Stopped, Some(Unknown::Stopped))
-                }
-                Err(_) => call.ledger.end(index, AttemptEnd::Panicked),
+                Ok(Finished { dispatched, .. }) => call.settle(
+                    index,
+                    dispatched,
+                    AttemptEnd::Stopped,
+                    Some(Unknown::Stopped),
+                ),
+                Err(_) => call.ledger.end(index, AttemptEnd::Panicked, Instant::now()),
             }
         }
         let ledger = call.close(stop.clone());

@@ -1,7 +1,6 @@
 //! The retry ledger: what one call spent on its attempts, hedges and backoffs.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -272,12 +271,13 @@ impl Ledger {
         owner: bool,
         max_attempts: u32,
         last_start: Option<Instant>,
+        began: Instant,
     ) -> Self {
         Ledger {
             spec,
             owner,
             max_attempts,
-            began: Instant::now(),
+            began,
             elapsed: Duration::ZERO,
             last_start,
             attempts: Vec::new(),
@@ -289,13 +289,19 @@ impl Ledger {
     }
 
     /// Notes a dispatched attempt; returns its index.
-    pub(crate) fn start(&mut self, hedge: bool, endpoint: u32, budget: Option<Duration>) -> usize {
+    pub(crate) fn start(
+        &mut self,
+        hedge: bool,
+        endpoint: u32,
+        budget: Option<Duration>,
+        at: Instant,
+    ) -> usize {
         let number = u32::try_from(self.attempts.len() + 1).unwrap_or(u32::MAX);
         self.attempts.push(AttemptRecord {
             number,
             hedge,
             endpoint,
-            started_at: Instant::now(),
+            started_at: at,
             budget,
             ended_at: None,
             end: None,
@@ -305,18 +311,18 @@ impl Ledger {
         self.attempts.len() - 1
     }
 
-    pub(crate) fn end(&mut self, index: usize, end: AttemptEnd) {
+    pub(crate) fn end(&mut self, index: usize, end: AttemptEnd, at: Instant) {
         if let Some(a) = self.attempts.get_mut(index) {
             if a.end.is_none() {
                 a.end = Some(end);
-                a.ended_at = Some(Instant::now());
+                a.ended_at = Some(at);
                 self.in_flight -= 1;
             }
         }
     }
 
-    pub(crate) fn finish(&mut self, stop: Stop) {
-        self.elapsed = Instant::now().saturating_duration_since(self.began);
+    pub(crate) fn finish(&mut self, stop: Stop, at: Instant) {
+        self.elapsed = at.saturating_duration_since(self.began);
         self.stop = Some(stop);
     }
 
@@ -507,7 +513,11 @@ impl fmt::Display for Ledger {
             self.elapsed
         )?;
         if self.refused_by_budget > 0 {
-            write!(f, ", {} refused by the retry budget", self.refused_by_budget)?;
+            write!(
+                f,
+                ", {} refused by the retry budget",
+                self.refused_by_budget
+            )?;
         }
         if !self.owner {
             f.write_str(", nested (not the retry owner)")?;
@@ -544,8 +554,7 @@ impl Report {
     pub fn retry_ledgers(&self) -> Vec<&Ledger> {
         self.notes()
             .iter()
-            .filter_map(|n| n.get::<Arc<Ledger>>())
-            .map(|l| &**l)
+            .filter_map(|n| n.get::<Ledger>())
             .collect()
     }
 }

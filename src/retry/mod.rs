@@ -399,7 +399,9 @@ where
     {
         let mut call = match Call::open(scope, spec, self.limits, self.budget.as_deref()) {
             Ok(call) => call,
-            Err((stop, ledger)) => return (Err(RetryError::new(stop, None, ledger.clone())), ledger),
+            Err((stop, ledger)) => {
+                return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
+            }
         };
         let side_effecting = matches!(call.spec.effect(), Effect::SideEffecting);
         let mut backoff = self.backoff.clone().into_iter();
@@ -445,7 +447,12 @@ where
                     if let Some(cause) = scope.cause() {
                         // The request is over: stop the attempt and start nothing (seed: 0 ms
                         // left -> cancel downstream and end).
-                        call.settle(index, dispatched, AttemptEnd::Stopped, Some(Unknown::Stopped));
+                        call.settle(
+                            index,
+                            dispatched,
+                            AttemptEnd::Stopped,
+                            Some(Unknown::Stopped),
+                        );
                         break Stop::Cancelled(cause);
                     }
                     let end = if stopped.is_deadline_exceeded() {
