@@ -234,8 +234,9 @@ async fn row_0ms_reached_during_an_attempt_cancels_it_and_stops() {
     assert_eq!(err.stop(), &Stop::Cancelled(Cause::DeadlineExceeded));
     assert_eq!(err.ledger().started(), 1);
     assert_eq!(err.ledger().attempts()[0].end(), Some(AttemptEnd::Stopped));
-    let scopes = attempt_scopes.lock().unwrap();
-    assert!(scopes[0].cause().unwrap().is_deadline_exceeded());
+    let attempt = attempt_scopes.lock().unwrap()[0].clone();
+    assert!(attempt.cause().unwrap().is_deadline_exceeded());
+    drop(attempt);
 
     let report = request.quiesce().await;
     assert_eq!(report.state(), Lifecycle::CancelledStable);

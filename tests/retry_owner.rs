@@ -10,11 +10,12 @@ use cancel_scope::{ChildSpec, Scope};
 #[derive(Debug)]
 struct Unavailable;
 
-/// What a layer (SDK, sidecar, business code) returns: the error of the layer below, wrapped.
+/// What a layer (SDK, sidecar, business code) returns: the dependency's error, or that the
+/// layer below gave up.
 #[derive(Debug)]
 enum LayerError {
-    Leaf(Unavailable),
-    Nested(Box<RetryError<LayerError>>),
+    Leaf,
+    Nested,
 }
 
 /// Three layers, each "retry 3 times", around a dependency that always fails.
@@ -32,7 +33,7 @@ async fn three_layers(request: &Scope, deps: [&'static str; 3], calls: Arc<Atomi
                             let calls = calls.clone();
                             async move {
                                 calls.fetch_add(1, Ordering::SeqCst);
-                                Err(LayerError::Leaf(Unavailable))
+                                Err(LayerError::Leaf)
                             }
                         })
                         .await
@@ -54,7 +55,7 @@ where
         .max_attempts(3)
         .run(scope, ChildSpec::read_only(dep), |a| f(a.scope().clone()))
         .await
-        .map_err(|e| LayerError::Nested(Box::new(e)))
+        .map_err(|_: RetryError<LayerError>| LayerError::Nested)
 }
 
 #[tokio::test(start_paused = true)]

@@ -32,8 +32,11 @@ use crate::scope::{Note, Scope};
 /// let retry = Retry::new(|_: &&str| Decision::EffectUnknown).max_attempts(2);
 /// let keys = retry
 ///     .run(&scope, ChildSpec::idempotent("put-order", "order-42"), |attempt| async move {
-///         assert_eq!(attempt.scope().remaining(), Some(Duration::from_millis(300)));
-///         if attempt.number() == 1 { return Err("write timed out") }
+///         if attempt.number() == 1 {
+///             // An even share of the budget: 600 ms over 2 attempts.
+///             assert_eq!(attempt.scope().remaining(), Some(Duration::from_millis(300)));
+///             return Err("write timed out");
+///         }
 ///         Ok(attempt.idempotency_key().map(str::to_owned))
 ///     })
 ///     .await

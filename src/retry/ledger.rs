@@ -487,6 +487,7 @@ impl Ledger {
     /// let ms = Duration::from_millis;
     /// let scope = Scope::with_timeout(ms(900));
     /// let (_, ledger) = Retry::new(|_: &()| Decision::RetryNow)
+    ///     .on_timeout(Decision::RetryNow)
     ///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| std::future::pending::<Result<(), ()>>())
     ///     .await;
     /// let a = &ledger.attempts()[1];

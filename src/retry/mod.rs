@@ -9,8 +9,8 @@
 //! from that scope's one budget:
 //!
 //! * **Every attempt is a child.** It gets its own child scope whose budget comes from the
-//!   ledger ([`Split::Even`](crate::budget::Split::Even): `min(cap, remaining / attempts left)`,
-//!   or [`Split::Greedy`](crate::budget::Split::Greedy): `min(cap, remaining − reserve)`), is
+//!   ledger ([`Split::Even`]: `min(cap, remaining / attempts left)`,
+//!   or [`Split::Greedy`]: `min(cap, remaining − reserve)`), is
 //!   registered and dispatched like any child (so none starts after the scope's cancel —
 //!   invariant 2), and ends with a [`Receipt`](crate::Receipt).
 //! * **Sleeps pay too.** A backoff delay is slept only while the scope is not cancelled, and
