@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::RetryBudget;
+use super::classify::{Classify, Decision};
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use crate::budget::Split;
 use crate::child::{ChildSpec, Dispatched, Effect, Receipt, Ticket};
@@ -201,6 +202,16 @@ pub(crate) enum Unknown {
     Stopped,
 }
 
+/// What a finished attempt means for the call.
+pub(crate) enum Verdict<T> {
+    /// It succeeded with this value.
+    Success(T),
+    /// The call must stop.
+    Stop(Stop),
+    /// Another attempt may follow, as this decision says (limits permitting).
+    Again(Decision),
+}
+
 /// The bookkeeping of one call (sequential retry or hedge).
 pub(crate) struct Call<'s> {
     pub(crate) scope: &'s Scope,
@@ -355,6 +366,67 @@ impl<'s> Call<'s> {
                     None => drop(dispatched),
                 },
             },
+        }
+    }
+
+    /// Judges a finished attempt: gives it its receipt and its place in the ledger, and says
+    /// whether the call succeeded, must stop, or may try again (and how).
+    pub(crate) fn judge<T, E>(
+        &mut self,
+        index: usize,
+        dispatched: Dispatched,
+        out: Result<Result<T, E>, Error>,
+        classify: &impl Classify<E>,
+        on_timeout: Decision,
+    ) -> (Verdict<T>, Option<E>) {
+        let side_effecting = matches!(self.spec.effect(), Effect::SideEffecting);
+        match out {
+            Ok(Ok(value)) => {
+                self.settle(index, dispatched, AttemptEnd::Succeeded, None);
+                (Verdict::Success(value), None)
+            }
+            Ok(Err(e)) => {
+                let d = classify.classify(&e);
+                let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
+                self.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
+                let verdict = if d == Decision::Never {
+                    Verdict::Stop(Stop::NotRetryable)
+                } else if side_effecting && unknown.is_some() {
+                    Verdict::Stop(Stop::EffectUnknown)
+                } else if side_effecting {
+                    Verdict::Stop(Stop::NotIdempotent)
+                } else {
+                    Verdict::Again(d)
+                };
+                (verdict, Some(e))
+            }
+            Err(stopped) => {
+                if let Some(cause) = self.scope.cause() {
+                    // The request is over: the attempt was stopped and nothing else starts
+                    // (seed: 0 ms left -> cancel downstream and end).
+                    self.settle(
+                        index,
+                        dispatched,
+                        AttemptEnd::Stopped,
+                        Some(Unknown::Stopped),
+                    );
+                    return (Verdict::Stop(Stop::Cancelled(cause)), None);
+                }
+                let end = if stopped.is_deadline_exceeded() {
+                    AttemptEnd::TimedOut
+                } else {
+                    AttemptEnd::Stopped
+                };
+                self.settle(index, dispatched, end, Some(Unknown::Stopped));
+                let verdict = if side_effecting {
+                    Verdict::Stop(Stop::EffectUnknown)
+                } else if on_timeout == Decision::Never {
+                    Verdict::Stop(Stop::NotRetryable)
+                } else {
+                    Verdict::Again(on_timeout)
+                };
+                (verdict, None)
+            }
         }
     }
 

@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::attempt::{Call, Limits, Started, Unknown};
-use super::classify::{Classify, Decision};
+use super::attempt::{Call, Limits, Started, Unknown, Verdict};
+use super::classify::Classify;
 use super::error::RetryError;
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use super::spawn::{Finished, InFlight};
 use super::{Attempt, Retry};
 use crate::budget::Split;
-use crate::child::{ChildSpec, Effect};
+use crate::child::ChildSpec;
 use crate::scope::Scope;
 use crate::sync::Mutex;
 
@@ -333,7 +333,6 @@ impl<C, B> Hedge<C, B> {
                 return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
             }
         };
-        let side_effecting = matches!(call.spec.effect(), Effect::SideEffecting);
         let mut inflight: InFlight<usize, Result<T, E>> = InFlight::new();
         let mut last: Option<E> = None;
         let mut winner: Option<T> = None;
@@ -370,49 +369,22 @@ impl<C, B> Hedge<C, B> {
                             call.ledger.end(index, AttemptEnd::Panicked, Instant::now());
                             break 'call Stop::Panicked;
                         };
-                        match out {
-                            Ok(Ok(value)) => {
+                        let (verdict, error) =
+                            call.judge(index, dispatched, out, &policy.classify, policy.on_timeout);
+                        if error.is_some() {
+                            last = error;
+                        }
+                        match verdict {
+                            Verdict::Success(value) => {
                                 let a = &call.ledger.attempts[index];
-                                self.delay.record(a.started_at.elapsed());
-                                call.settle(index, dispatched, AttemptEnd::Succeeded, None);
+                                if let Some(end) = a.ended_at {
+                                    self.delay.record(end - a.started_at);
+                                }
                                 winner = Some(value);
                                 break 'call Stop::Succeeded;
                             }
-                            Ok(Err(e)) => {
-                                let d = policy.classify.classify(&e);
-                                let unknown = (d == Decision::EffectUnknown)
-                                    .then_some(Unknown::Reported);
-                                call.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
-                                last = Some(e);
-                                if d == Decision::Never {
-                                    break 'call Stop::NotRetryable;
-                                }
-                                if side_effecting {
-                                    break 'call if unknown.is_some() {
-                                        Stop::EffectUnknown
-                                    } else {
-                                        Stop::NotIdempotent
-                                    };
-                                }
-                            }
-                            Err(stopped) => {
-                                if let Some(cause) = scope.cause() {
-                                    call.settle(index, dispatched, AttemptEnd::Stopped, Some(Unknown::Stopped));
-                                    break 'call Stop::Cancelled(cause);
-                                }
-                                let end = if stopped.is_deadline_exceeded() {
-                                    AttemptEnd::TimedOut
-                                } else {
-                                    AttemptEnd::Stopped
-                                };
-                                call.settle(index, dispatched, end, Some(Unknown::Stopped));
-                                if side_effecting {
-                                    break 'call Stop::EffectUnknown;
-                                }
-                                if policy.on_timeout == Decision::Never {
-                                    break 'call Stop::NotRetryable;
-                                }
-                            }
+                            Verdict::Stop(stop) => break 'call stop,
+                            Verdict::Again(_) => {}
                         }
                         if inflight.is_empty() {
                             if call.attempts_left() == 0 {

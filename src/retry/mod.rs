@@ -73,7 +73,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::Split;
-use crate::child::{ChildSpec, Effect};
+use crate::child::ChildSpec;
 use crate::scope::Scope;
 
 mod attempt;
@@ -93,7 +93,7 @@ pub use error::RetryError;
 pub use hedge::{Hedge, HedgeDelay, Latencies};
 pub use ledger::{AttemptEnd, AttemptRecord, Ledger, Stop};
 
-use attempt::{Call, Limits, Started, Unknown};
+use attempt::{Call, Limits, Started, Verdict};
 
 /// A retry policy: how many attempts, how they split the budget, what they keep for the
 /// response, how long to back off, and how errors are classified. Cheap to clone; reuse it for
@@ -403,7 +403,6 @@ where
                 return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
             }
         };
-        let side_effecting = matches!(call.spec.effect(), Effect::SideEffecting);
         let mut backoff = self.backoff.clone().into_iter();
         let mut last: Option<E> = None;
         let mut endpoint = 0u32;
@@ -430,50 +429,19 @@ where
                 Err(stop) => break stop,
             };
             let out = attempt_scope.run(op(attempt)).await;
-            let (decision, unknown) = match out {
-                Ok(Ok(value)) => {
-                    call.settle(index, dispatched, AttemptEnd::Succeeded, None);
+            let (verdict, error) =
+                call.judge(index, dispatched, out, &self.classify, self.on_timeout);
+            if error.is_some() {
+                last = error;
+            }
+            let decision = match verdict {
+                Verdict::Success(value) => {
                     let ledger = call.close(Stop::Succeeded);
                     return (Ok(value), ledger);
                 }
-                Ok(Err(e)) => {
-                    let d = self.classify.classify(&e);
-                    let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
-                    call.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
-                    last = Some(e);
-                    (d, unknown.is_some())
-                }
-                Err(stopped) => {
-                    if let Some(cause) = scope.cause() {
-                        // The request is over: stop the attempt and start nothing (seed: 0 ms
-                        // left -> cancel downstream and end).
-                        call.settle(
-                            index,
-                            dispatched,
-                            AttemptEnd::Stopped,
-                            Some(Unknown::Stopped),
-                        );
-                        break Stop::Cancelled(cause);
-                    }
-                    let end = if stopped.is_deadline_exceeded() {
-                        AttemptEnd::TimedOut
-                    } else {
-                        AttemptEnd::Stopped
-                    };
-                    call.settle(index, dispatched, end, Some(Unknown::Stopped));
-                    (self.on_timeout, true)
-                }
+                Verdict::Stop(stop) => break stop,
+                Verdict::Again(decision) => decision,
             };
-            if decision == Decision::Never {
-                break Stop::NotRetryable;
-            }
-            if side_effecting {
-                break if unknown {
-                    Stop::EffectUnknown
-                } else {
-                    Stop::NotIdempotent
-                };
-            }
             if call.attempts_left() == 0 {
                 break Stop::AttemptsExhausted;
             }
