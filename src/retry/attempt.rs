@@ -226,6 +226,8 @@ pub(crate) struct Call<'s> {
     parked: Vec<Dispatched>,
     /// Keeps the scope from reaching quiescence until the ledger is attached.
     _hold: Option<Tethered<()>>,
+    /// When the last attempt was settled (saves a clock read when the call ends right then).
+    last_now: Option<Instant>,
 }
 
 impl<'s> Call<'s> {
@@ -265,6 +267,7 @@ impl<'s> Call<'s> {
             ledger,
             parked: Vec::new(),
             _hold: Some(hold),
+            last_now: None,
         })
     }
 
@@ -350,7 +353,9 @@ impl<'s> Call<'s> {
         end: AttemptEnd,
         unknown: Option<Unknown>,
     ) {
-        self.ledger.end(index, end, Instant::now());
+        let now = Instant::now();
+        self.last_now = Some(now);
+        self.ledger.end(index, end, now);
         match (end, unknown) {
             (AttemptEnd::Succeeded, _) => dispatched.succeed(),
             (_, None) => dispatched.fail(),
@@ -432,7 +437,17 @@ impl<'s> Call<'s> {
 
     /// Ends the call: settles parked attempts, finishes the ledger and attaches it to the
     /// scope's report (before the hold on the scope is released).
+    /// [`close`](Self::close) right after an attempt was settled: its end time is the call's.
+    pub(crate) fn close_now(mut self, stop: Stop) -> Arc<Ledger> {
+        let at = self.last_now.take();
+        self.close_at(stop, at)
+    }
+
     pub(crate) fn close(self, stop: Stop) -> Arc<Ledger> {
+        self.close_at(stop, None)
+    }
+
+    fn close_at(self, stop: Stop, at: Option<Instant>) -> Arc<Ledger> {
         let Call {
             scope,
             mut ledger,
@@ -448,7 +463,7 @@ impl<'s> Call<'s> {
                 d.finish(Receipt::EffectUnknown(rec));
             }
         }
-        ledger.finish(stop, Instant::now());
+        ledger.finish(stop, at.unwrap_or_else(Instant::now));
         let ledger = Arc::new(ledger);
         scope.add_note(Note::new(ledger.clone()));
         drop(hold);

@@ -1,7 +1,8 @@
 //! The default backoff schedule: exponential with jitter, from a tiny seedable generator.
 //!
-//! Any `IntoIterator<Item = Duration> + Clone` is a schedule (a `Vec`, `std::iter::repeat`, a
-//! `backon` builder's `build()`); this is the default. Whatever the schedule says, a backoff
+//! Any `IntoIterator<Item = Duration> + Clone` is a schedule (a `Vec`, `std::iter::repeat`), and
+//! [`backoff_fn`] makes one of any function returning delays (e.g. a `backon` builder's
+//! `build()`); [`Exponential`] is the default. Whatever the schedule says, a backoff
 //! delay is paid from the scope's budget: the retry loop does not sleep when the next attempt
 //! could not start after the sleep.
 
@@ -198,6 +199,59 @@ impl Iterator for ExponentialIter {
             jittered
         };
         Some(Duration::from_nanos(rounded))
+    }
+}
+
+/// A backoff schedule made afresh by `f` for every call: for schedules whose iterator is not
+/// `Clone`, such as those `backon`'s builders build.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::retry::{backoff_fn, Decision, Retry};
+/// // e.g. `backoff_fn(|| backon::ExponentialBuilder::default().build())`
+/// let retry = Retry::new(|_: &()| Decision::Backoff)
+///     .backoff(backoff_fn(|| (1..=3).map(Duration::from_millis)));
+/// # let _ = retry;
+/// ```
+pub fn backoff_fn<F, I>(f: F) -> BackoffFn<F>
+where
+    F: Fn() -> I + Clone,
+    I: IntoIterator<Item = Duration>,
+{
+    BackoffFn(f)
+}
+
+/// A schedule made by a function; see [`backoff_fn`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::retry::backoff_fn;
+/// let s = backoff_fn(|| vec![Duration::from_millis(5)]);
+/// assert_eq!(s.clone().into_iter().collect::<Vec<_>>(), [Duration::from_millis(5)]);
+/// ```
+#[derive(Clone, Copy)]
+pub struct BackoffFn<F>(F);
+
+impl<F, I> IntoIterator for BackoffFn<F>
+where
+    F: Fn() -> I,
+    I: IntoIterator<Item = Duration>,
+{
+    type Item = Duration;
+    type IntoIter = I::IntoIter;
+
+    fn into_iter(self) -> I::IntoIter {
+        (self.0)().into_iter()
+    }
+}
+
+impl<F> std::fmt::Debug for BackoffFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackoffFn")
     }
 }
 

@@ -86,7 +86,7 @@ mod ledger;
 pub(crate) mod spawn;
 
 pub use attempt::Attempt;
-pub use backoff::{Exponential, ExponentialIter, Jitter};
+pub use backoff::{backoff_fn, BackoffFn, Exponential, ExponentialIter, Jitter};
 pub use budget::RetryBudget;
 pub use classify::{Classify, Decision};
 pub use error::RetryError;
@@ -277,7 +277,8 @@ impl<C, B> Retry<C, B> {
         self
     }
 
-    /// The backoff schedule: any iterator of delays (a `Vec`, `std::iter::repeat`, a `backon`
+    /// The backoff schedule: any cloneable iterator of delays (a `Vec`, `std::iter::repeat`,
+    /// [`Exponential`]), or [`backoff_fn`] around a function that makes one (a `backon`
     /// builder's `build()`). Each call starts it afresh; when it ends, the retries end.
     ///
     /// # Examples
@@ -403,7 +404,8 @@ where
                 return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
             }
         };
-        let mut backoff = self.backoff.clone().into_iter();
+        // Made on the first retry only: a call that succeeds at once pays nothing for it.
+        let mut backoff = None;
         let mut last: Option<E> = None;
         let mut endpoint = 0u32;
         let mut wait = Duration::ZERO;
@@ -436,7 +438,7 @@ where
             }
             let decision = match verdict {
                 Verdict::Success(value) => {
-                    let ledger = call.close(Stop::Succeeded);
+                    let ledger = call.close_now(Stop::Succeeded);
                     return (Ok(value), ledger);
                 }
                 Verdict::Stop(stop) => break stop,
@@ -454,17 +456,16 @@ where
                     Err(stop) => break stop,
                     Ok(()) => hint,
                 },
-                Decision::SwitchEndpoint => {
-                    endpoint = endpoint.wrapping_add(1);
-                    match backoff.next() {
+                decision => {
+                    if decision == Decision::SwitchEndpoint {
+                        endpoint = endpoint.wrapping_add(1);
+                    }
+                    let schedule = backoff.get_or_insert_with(|| self.backoff.clone().into_iter());
+                    match schedule.next() {
                         Some(d) => d,
                         None => break Stop::BackoffExhausted,
                     }
                 }
-                _ => match backoff.next() {
-                    Some(d) => d,
-                    None => break Stop::BackoffExhausted,
-                },
             };
         };
         let ledger = call.close(stop.clone());
