@@ -239,7 +239,7 @@ impl Scope {
             tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
             return;
         }
-        let key = timers.insert(deadline, self.node.clone());
+        let key = Timers::insert(timers, deadline, self.node.clone());
         // Relaxed: read only by this scope's last handle, which synchronizes with this
         // thread through the handle count.
         ext.timer_key.store(key, Ordering::Relaxed);

@@ -44,8 +44,8 @@ impl Timers {
     ///
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
     #[track_caller]
-    pub(crate) fn insert(self: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
-        let mut st = self.state.lock();
+    pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
+        let mut st = this.state.lock();
         st.seq += 1;
         let seq = st.seq;
         let key = st.entries.insert((deadline, seq, node));
@@ -56,11 +56,11 @@ impl Timers {
             drop(st);
             let handle = tokio::runtime::Handle::try_current()
                 .expect("a scope with a deadline must be created inside a tokio runtime");
-            handle.spawn(drive(self.clone()));
+            handle.spawn(drive(this.clone()));
         } else if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
-            self.wake.notify_one();
+            this.wake.notify_one();
         }
         key
     }
