@@ -21,7 +21,9 @@ where
 {
     let request = Scope::with_timeout(Duration::from_secs(10));
     let err = retry
-        .run(&request, ChildSpec::read_only("db"), |_| async { Err::<(), _>(Unavailable) })
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(Unavailable)
+        })
         .await
         .unwrap_err();
     let a = err.ledger().attempts();
@@ -65,7 +67,9 @@ async fn plain_iterators_plug_in() {
 
 #[tokio::test(start_paused = true)]
 async fn seeded_jitter_is_reproducible_and_within_bounds() {
-    let schedule = Exponential::new(ms(100), ms(1000)).jitter(Jitter::Full).seed(2024);
+    let schedule = Exponential::new(ms(100), ms(1000))
+        .jitter(Jitter::Full)
+        .seed(2024);
     let retry = Retry::new(backoff_always as fn(&Unavailable) -> Decision)
         .max_attempts(5)
         .backoff(schedule);
@@ -86,7 +90,9 @@ async fn a_delay_past_the_last_start_is_not_slept() {
     let t0 = tokio::time::Instant::now();
     let err = Retry::new(backoff_always as fn(&Unavailable) -> Decision)
         .backoff(vec![ms(400)])
-        .run(&request, ChildSpec::read_only("db"), |_| async { Err::<(), _>(Unavailable) })
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(Unavailable)
+        })
         .await
         .unwrap_err();
     assert_eq!(err.stop(), &Stop::ReserveReached);

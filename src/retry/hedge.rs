@@ -262,7 +262,7 @@ impl<C, B> Hedge<C, B> {
     /// # Cancel safety
     ///
     /// Dropping the future cancels the attempts in flight; each records its receipt when it
-    /// has stopped.
+    /// has stopped. The ledger of a dropped call is not attached to the scope's report.
     ///
     /// # Panics
     ///

@@ -338,6 +338,7 @@ where
     ///
     /// Dropping the future drops the attempt in flight: read-only attempts record `Cancelled`,
     /// idempotent and side-effecting ones `EffectUnknown` (nobody will learn their outcome).
+    /// The ledger of a dropped call is not attached to the scope's report.
     ///
     /// # Examples
     ///
