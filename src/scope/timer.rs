@@ -40,6 +40,9 @@ struct TimerState {
 impl Timers {
     /// Arms a deadline for `node`; returns the key for [`Timers::remove`].
     ///
+    /// An associated function rather than a `self: &Arc<Self>` method: under `cfg(loom)` the
+    /// shim's `Arc` is loom's, which cannot be a method receiver on stable Rust.
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
@@ -66,9 +69,19 @@ impl Timers {
     }
 
     /// Disarms the deadline of a scope whose last handle was dropped.
-    pub(crate) fn remove(&self, key: usize) {
+    ///
+    /// `key` may be stale: if the deadline already fired, its slot was freed and may now hold
+    /// another scope's entry, which must stay armed. So the entry is removed only if it is
+    /// `node`'s (a node arms at most one timer).
+    pub(crate) fn remove(&self, key: usize, node: &Core) {
         let mut st = self.state.lock();
-        st.entries.try_remove(key);
+        if st
+            .entries
+            .get(key)
+            .is_some_and(|(_, _, n)| std::ptr::eq::<Core>(&**n, node))
+        {
+            st.entries.remove(key);
+        }
         let stale = st.heap.len() - st.entries.len();
         if stale > 64 && stale > st.entries.len() {
             // Keep memory proportional to live deadlines (invariant 7).
