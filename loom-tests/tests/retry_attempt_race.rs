@@ -7,10 +7,11 @@
 #![cfg(loom)]
 
 use cancel_scope::{ChildSpec, Lifecycle, Receipt, Scope, Ticket};
+use cancel_scope_loom_tests::model;
 
 #[test]
 fn attempt_never_dispatches_after_cancel() {
-    loom::model(|| {
+    model("attempt_never_dispatches_after_cancel", || {
         let request = Scope::new();
         let canceller = {
             let request = request.clone();
