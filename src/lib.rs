@@ -56,6 +56,8 @@
 //! | [`Ticket`], [`Receipt`], [`Scope::spawn`] | registered children and their receipts |
 //! | [`Permit`], [`Tethered`] | resources counted against a scope |
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
+//! | [`retry`] | retries and hedges within one budget, with a ledger per call |
+//! | [`fanout`] | parallel required and optional branches sharing one budget |
 //! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs |
 //!
 //! # Feature flags
@@ -76,8 +78,10 @@ pub mod budget;
 mod cause;
 mod child;
 mod error;
+pub mod fanout;
 mod guard;
 mod quiesce;
+pub mod retry;
 mod scope;
 mod sync;
 mod tree;

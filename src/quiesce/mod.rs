@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::child::{ChildSpec, EffectRecord};
-use crate::scope::{instant_of, nanos, now_stamp, Scope};
+use crate::scope::{instant_of, nanos, now_stamp, Note, Scope};
 use crate::tree::{self, Kind, Wait, WaiterKey};
 
 /// Where a scope is in its life.
@@ -103,6 +103,8 @@ pub struct Report {
     quarantined_children: Vec<ChildSpec>,
     cancel_to_quiet: Option<Duration>,
     orphan_work: Duration,
+    /// Values the layers above attached to the scope (retry ledgers), oldest first.
+    notes: Vec<Note>,
 }
 
 impl Report {
@@ -311,6 +313,12 @@ impl Report {
     pub fn orphan_work(&self) -> Duration {
         self.orphan_work
     }
+
+    /// The notes attached to the scope, oldest first (read through typed accessors such as
+    /// `Report::retry_ledgers`).
+    pub(crate) fn notes(&self) -> &[Note] {
+        &self.notes
+    }
 }
 
 impl fmt::Display for Report {
@@ -513,6 +521,7 @@ impl Scope {
             quarantined_children,
             cancel_to_quiet,
             orphan_work: nanos(node.orphan_nanos()),
+            notes: self.notes(),
         }
     }
 }
