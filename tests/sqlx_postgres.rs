@@ -238,7 +238,11 @@ async fn cancel_before_dispatch_sends_nothing() {
     assert!(err.is_cancelled(), "{err:?}");
     drop(conn);
     let report = scope.quiesce().await;
-    assert_eq!(report.effect_unknown(), 0, "nothing was dispatched: {report}");
+    assert_eq!(
+        report.effect_unknown(),
+        0,
+        "nothing was dispatched: {report}"
+    );
 
     // Everything that backend logged since the cancel (quiesce waited for the release): only
     // the release's reset of statement_timeout.
@@ -249,7 +253,10 @@ async fn cancel_before_dispatch_sends_nothing() {
         .skip(lines_before)
         .collect();
     assert_eq!(after.len(), 1, "{after:#?}");
-    assert!(after[0].ends_with("statement: RESET statement_timeout"), "{after:#?}");
+    assert!(
+        after[0].ends_with("statement: RESET statement_timeout"),
+        "{after:#?}"
+    );
 
     // Positive control: the same statement through a live scope is logged.
     db.execute(
@@ -366,7 +373,11 @@ async fn statement_timeout_is_the_remaining_budget_and_reset_on_release() {
     assert_eq!(ms, 1500);
     // An unbounded scope keeps the session default.
     let ms: i64 = tight
-        .fetch_one(&Scope::new(), ChildSpec::read_only("show"), sqlx::query(SHOW))
+        .fetch_one(
+            &Scope::new(),
+            ChildSpec::read_only("show"),
+            sqlx::query(SHOW),
+        )
         .await
         .unwrap()
         .get(0);

@@ -203,7 +203,11 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn execute<'q, E>(&mut self, spec: ChildSpec, query: E) -> Result<DB::QueryResult, Error>
+    pub async fn execute<'q, E>(
+        &mut self,
+        spec: ChildSpec,
+        query: E,
+    ) -> Result<DB::QueryResult, Error>
     where
         E: 'q + Execute<'q, DB>,
     {
@@ -255,7 +259,11 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_all<'q, E>(&mut self, spec: ChildSpec, query: E) -> Result<Vec<DB::Row>, Error>
+    pub async fn fetch_all<'q, E>(
+        &mut self,
+        spec: ChildSpec,
+        query: E,
+    ) -> Result<Vec<DB::Row>, Error>
     where
         E: 'q + Execute<'q, DB>,
     {

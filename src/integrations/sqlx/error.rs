@@ -20,13 +20,13 @@ use std::fmt;
 /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
 /// let scope = Scope::new();
 ///
-/// let err = db.fetch_one(&scope, ChildSpec::read_only("typo"), sqlx::query("SELEC 1"))
+/// let err = db.execute(&scope, ChildSpec::read_only("typo"), sqlx::query("SELEC 1"))
 ///     .await
 ///     .unwrap_err();
 /// assert!(err.is_database());
 ///
 /// scope.cancel();
-/// let err = db.fetch_one(&scope, ChildSpec::read_only("late"), sqlx::query("SELECT 1"))
+/// let err = db.execute(&scope, ChildSpec::read_only("late"), sqlx::query("SELECT 1"))
 ///     .await
 ///     .unwrap_err();
 /// assert!(err.is_cancelled());

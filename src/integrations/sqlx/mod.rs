@@ -112,7 +112,7 @@
 //! });
 //! let long = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
 //!             SELECT count(*) FROM c";
-//! let err = conn.fetch_one(ChildSpec::read_only("long"), sqlx::query(long)).await.unwrap_err();
+//! let err = conn.fetch_one(ChildSpec::read_only("long"), sqlx::query(long)).await.err().unwrap();
 //! assert!(err.is_cancelled());
 //! drop(conn);
 //!

@@ -115,18 +115,16 @@ impl Backend for Postgres {
         }))
     }
 
-    fn arm<'a>(
-        conn: &'a mut PgConnection,
-        state: &'a mut PgConnState,
+    async fn arm(
+        conn: &mut PgConnection,
+        state: &mut PgConnState,
         budget: Option<Duration>,
-    ) -> impl Future<Output = Result<(), ::sqlx::Error>> + Send + 'a {
-        async move {
-            let ms = budget.map(timeout_ms);
-            state.armed = true;
-            let row = conn.fetch_one(::sqlx::query(ARM).bind(ms)).await?;
-            state.pid = Some(row.try_get::<i32, _>(0)?);
-            Ok(())
-        }
+    ) -> Result<(), ::sqlx::Error> {
+        let ms = budget.map(timeout_ms);
+        state.armed = true;
+        let row = conn.fetch_one(::sqlx::query(ARM).bind(ms)).await?;
+        state.pid = Some(row.try_get::<i32, _>(0)?);
+        Ok(())
     }
 
     fn interrupt(_state: &PgConnState) {

@@ -44,19 +44,17 @@ impl Backend for Sqlite {
         SqlitePoolState(())
     }
 
-    fn on_acquire(
+    async fn on_acquire(
         conn: &mut PoolConnection<Self>,
-    ) -> impl Future<Output = Result<SqliteConnState, ::sqlx::Error>> + Send + '_ {
-        async move {
-            let interrupt = Arc::new(AtomicBool::new(false));
-            let flag = interrupt.clone();
-            // A fresh handler per acquisition: sqlx gives no way to recognise a connection
-            // we have seen before, so the flag cannot be looked up, only installed. Replacing
-            // the handler drops the previous acquisition's closure.
-            let mut handle = conn.lock_handle().await?;
-            handle.set_progress_handler(PROGRESS_OPS, move || !flag.load(Ordering::Acquire));
-            Ok(SqliteConnState { interrupt })
-        }
+    ) -> Result<SqliteConnState, ::sqlx::Error> {
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let flag = interrupt.clone();
+        // A fresh handler per acquisition: sqlx gives no way to recognise a connection we have
+        // seen before, so the flag cannot be looked up, only installed. Replacing the handler
+        // drops the previous acquisition's closure.
+        let mut handle = conn.lock_handle().await?;
+        handle.set_progress_handler(PROGRESS_OPS, move || !flag.load(Ordering::Acquire));
+        Ok(SqliteConnState { interrupt })
     }
 
     fn arm<'a>(
