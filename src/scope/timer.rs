@@ -57,7 +57,7 @@ impl Timers {
             let handle = tokio::runtime::Handle::try_current()
                 .expect("a scope with a deadline must be created inside a tokio runtime");
             handle.spawn(drive(self.clone()));
-        } else if st.armed.map_or(true, |a| deadline < a) {
+        } else if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
             self.wake.notify_one();
