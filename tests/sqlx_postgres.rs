@@ -35,6 +35,20 @@ async fn observer(pg: &PgCluster) -> PgConnection {
         .expect("connect observer")
 }
 
+async fn create_orders(db: &GuardedPool<Postgres>) {
+    sqlx::query("CREATE TABLE orders (id text)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+async fn count_orders(db: &GuardedPool<Postgres>) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
 /// The state of backend `pid` in `pg_stat_activity` (`None`: no such backend).
 async fn backend_state(obs: &mut PgConnection, pid: i32) -> Option<String> {
     sqlx::query_scalar::<_, Option<String>>("SELECT state FROM pg_stat_activity WHERE pid = $1")
@@ -215,10 +229,7 @@ async fn cancel_before_dispatch_sends_nothing() {
         return;
     };
     let db = guarded(&pg, 1).await;
-    sqlx::query("CREATE TABLE orders (id text)")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    create_orders(&db).await;
     const MARKER: &str = "INSERT INTO orders VALUES ('marker-7f3a')";
 
     let scope = Scope::new();
@@ -272,11 +283,7 @@ async fn cancel_before_dispatch_sends_nothing() {
         1,
         "only the control reached the server:\n{log}"
     );
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
-    assert_eq!(count, 1);
+    assert_eq!(count_orders(&db).await, 1);
 }
 
 /// Issue: an `INSERT` cancelled after dispatch produces `EffectUnknown` in the report, with
@@ -289,10 +296,7 @@ async fn insert_cancelled_after_dispatch_is_effect_unknown_in_report() {
     };
     let db = guarded(&pg, 1).await;
     let mut obs = observer(&pg).await;
-    sqlx::query("CREATE TABLE orders (id text)")
-        .execute(db.pool())
-        .await
-        .unwrap();
+    create_orders(&db).await;
 
     let scope = Scope::new();
     let mut conn = db.acquire(&scope).await.unwrap();
@@ -328,11 +332,11 @@ async fn insert_cancelled_after_dispatch_is_effect_unknown_in_report() {
     );
 
     wait_not_active(&mut obs, pid, IDLE_WITHIN).await;
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
-    assert_eq!(count, 0, "the server cancel stopped the INSERT");
+    assert_eq!(
+        count_orders(&db).await,
+        0,
+        "the server cancel stopped the INSERT"
+    );
 }
 
 /// `statement_timeout` is the remaining budget for each statement, never looser than the

@@ -6,6 +6,9 @@
 //! figure (interrupted within 100 ms of the cancel) is measured and printed; the assertions
 //! allow for a loaded 2-core machine.
 
+// `unwrap_err` needs `Debug` for the success type, and sqlx rows are not `Debug`.
+#![allow(clippy::err_expect)]
+
 use std::time::Duration;
 
 use cancel_scope::integrations::sqlx::{GuardedConnection, GuardedPool};

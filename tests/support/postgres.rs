@@ -32,10 +32,8 @@ impl PgCluster {
     /// Like [`start`](Self::start), with extra `postgresql.conf` lines.
     pub fn start_with(test: &str, conf: &[&str]) -> Option<PgCluster> {
         let Some(bin) = find_bin() else {
-            let msg = format!(
-                "PostgreSQL binaries not found (looked at $PG_BIN and /usr/lib/postgresql/*/bin); \
-                 install them with `apt-get install -y postgresql`"
-            );
+            let msg = "PostgreSQL binaries not found (looked at $PG_BIN and \
+                       /usr/lib/postgresql/*/bin); install them with `apt-get install -y postgresql`";
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!("{test}: {msg} (CI=true: a missing server fails the test)");
             }

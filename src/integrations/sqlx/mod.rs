@@ -152,8 +152,8 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A database whose calls [`GuardedPool`] can guard: [`sqlx::Postgres`](::sqlx::Postgres)
-/// (feature `sqlx-postgres`) and [`sqlx::Sqlite`](::sqlx::Sqlite) (feature `sqlx-sqlite`).
+/// A database whose calls [`GuardedPool`] can guard: `sqlx::Postgres`
+/// (feature `sqlx-postgres`) and `sqlx::Sqlite` (feature `sqlx-sqlite`).
 ///
 /// Sealed: its methods are the per-database halves of the guard and not meant to be called.
 ///

@@ -44,9 +44,7 @@ impl Backend for Sqlite {
         SqlitePoolState(())
     }
 
-    async fn on_acquire(
-        conn: &mut PoolConnection<Self>,
-    ) -> Result<SqliteConnState, ::sqlx::Error> {
+    async fn on_acquire(conn: &mut PoolConnection<Self>) -> Result<SqliteConnState, ::sqlx::Error> {
         let interrupt = Arc::new(AtomicBool::new(false));
         let flag = interrupt.clone();
         // A fresh handler per acquisition: sqlx gives no way to recognise a connection we have
