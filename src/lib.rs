@@ -75,6 +75,7 @@
     unreachable_pub
 )]
 #![forbid(unsafe_code)]
+#![warn(clippy::disallowed_types)]
 
 pub mod budget;
 mod cause;
@@ -95,3 +96,8 @@ pub use error::Error;
 pub use guard::{Permit, Tethered};
 pub use quiesce::{Lifecycle, Quiesce, Report};
 pub use scope::{Cancelled, ChildBuilder, OnCancel, Run, Scope, DEFAULT_GRACE};
+
+/// The README's example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -4,6 +4,8 @@
 //! that `RUSTFLAGS="--cfg loom"` swaps all of them for loom's model-checked versions at once.
 //! No other file names `std::sync` or `loom` (see `clippy.toml`).
 
+#![allow(clippy::disallowed_types)]
+
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},

@@ -174,9 +174,9 @@ impl Scope {
             tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
             return;
         }
-        let key = timers.insert(deadline, self.node.clone());
-        // Relaxed: read only by this scope's last handle, which synchronizes with this
-        // thread through the handle count.
+        let key = Timers::insert(timers, deadline, self.node.clone());
+        // Relaxed: read only by the drop that takes the node's handle count to zero, which
+        // synchronizes with this thread through that count.
         ext.timer_key.store(key, Ordering::Relaxed);
     }
 
@@ -524,15 +524,17 @@ impl Clone for Scope {
 
 impl Drop for Scope {
     fn drop(&mut self) {
-        if tree::drop_handle(&self.node) {
-            let ext = &self.node.ext;
+        // A node is gone once neither handles nor children are left; until then its timer
+        // stays armed, because children that inherit its deadline rely on it.
+        tree::drop_handle(&self.node, |node| {
+            let ext = &node.ext;
             let key = ext.timer_key.load(Ordering::Relaxed);
             if key != NO_TIMER {
                 if let Some(t) = &ext.timers {
-                    t.remove(key);
+                    t.remove(key, node);
                 }
             }
-        }
+        });
     }
 }
 

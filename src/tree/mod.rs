@@ -39,7 +39,9 @@
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
 //!    counted before their unit is released, no counter changes after quiet is observed.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
-//!    sharded registry at creation and removed when its last handle drops, so a long-lived parent
+//!    sharded registry at creation and removed when its last handle drops and it has no linked
+//!    children left (a link counts as a handle of the parent, so a scope whose handles are gone
+//!    stays reachable by its ancestors' cancel while a descendant lives), so a long-lived parent
 //!    with millions of short-lived children keeps flat memory (slab slots are reused).
 //!
 //! # Lock order (deadlock safety)
@@ -189,8 +191,10 @@ impl<X, R> Shard<X, R> {
 pub(crate) struct Node<X, R> {
     /// See the module docs for the bit layout.
     state: AtomicU64,
-    /// Live public handles. Pairs: `AcqRel` decrement so the last handle's drop sees every
-    /// other handle's writes before unlinking (invariant 7).
+    /// Live public handles plus linked children (a child in `registry` counts one, so a
+    /// node whose handles are gone stays linked, and reachable by its ancestors' cancel, while
+    /// it has live descendants). Pairs: `AcqRel` decrement so the drop that takes it to zero
+    /// sees every other handle's writes before unlinking (invariants 1, 7).
     handles: AtomicUsize,
     parent: Option<Arc<Node<X, R>>>,
     /// (shard, key) of this node in `parent.registry`.
@@ -313,6 +317,9 @@ pub(crate) fn new_child<X, R>(
         ext(state),
     ));
     entry.insert(child.clone());
+    // The link counts as a handle of the parent until the child is unlinked (see
+    // `drop_handle`). Relaxed: the caller holds a handle of `parent`, so the count is > 0.
+    parent.handles.fetch_add(1, Ordering::Relaxed);
     Ok(child)
 }
 
@@ -330,22 +337,35 @@ pub(crate) fn add_handle<X, R>(node: &Node<X, R>) {
     node.handles.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Drops a public handle; the last one unlinks the node from its parent (invariant 7) and
-/// returns `true`.
-pub(crate) fn drop_handle<X, R>(node: &Node<X, R>) -> bool {
-    if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
-        return false;
-    }
-    if let Some(parent) = &node.parent {
-        let (shard, key) = node.slot;
+/// Drops a public handle. When a node has neither handles nor linked children left, it is
+/// unlinked from its parent (invariant 7), `gone` is called with it, and the parent loses the
+/// count of that link, which may unlink the parent in turn.
+///
+/// A node whose handles are all dropped stays linked while it has a linked child: otherwise a
+/// cancel of an ancestor could not reach that child any more (invariant 1). Zero is final:
+/// new handles and children are only made through an existing handle.
+pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X, R>)) {
+    let mut n = node;
+    // Every ancestor stays alive while `node` does (each child holds an `Arc` of its parent),
+    // and the caller holds `node`.
+    while n.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+        gone(n);
+        let Some(parent) = &n.parent else { return };
+        let (shard, key) = n.slot;
         // The slab holds an `Arc` of this node; take it out and drop it after the lock.
         let removed = parent.registry[shard].children.lock().try_remove(key);
         drop(removed);
+        n = parent;
     }
-    true
 }
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
+///
+/// Every call returns only once every descendant is cancelled, also one that lost the race
+/// for the first cause: a node found already cancelled is still walked, with its own cause,
+/// because whoever cancelled it may not have reached its children yet (invariants 1 and 2:
+/// otherwise work could be dispatched below after this call returned). A repeated cancel of a
+/// large subtree therefore costs a walk of it.
 ///
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
@@ -353,34 +373,36 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
     let mut first = true;
     let mut did = false;
     while let Some((n, cause)) = work.pop() {
-        let (wakers, callbacks) = {
+        let (cause, set, wakers, callbacks) = {
             let mut inner = n.inner.lock();
-            if inner.cause.is_some() {
-                // Invariant 1: someone else cancelled it (and is propagating below it).
-                first = false;
-                continue;
+            if let Some(existing) = &inner.cause {
+                // Invariant 1: someone else cancelled it; its cause wins here and below. It
+                // may still be walking below, so walk too (see above); its wakers and
+                // callbacks are its own to run.
+                (existing.clone(), false, Vec::new(), Vec::new())
+            } else {
+                inner.cause = Some(cause.clone());
+                inner.cancelled_at = stamp;
+                // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
+                // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
+                // every dispatch CAS that came before it.
+                let prev = State(
+                    n.state
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                            Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+                        })
+                        .unwrap_or_else(|s| s),
+                );
+                let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
+                if prev.active() == 0 {
+                    wakers.extend(inner.quiet_waiters.drain());
+                }
+                let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
+                (cause, true, wakers, callbacks)
             }
-            inner.cause = Some(cause.clone());
-            inner.cancelled_at = stamp;
-            // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
-            // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
-            // every dispatch CAS that came before it.
-            let prev = State(
-                n.state
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                        Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
-                    })
-                    .unwrap_or_else(|s| s),
-            );
-            let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
-            if prev.active() == 0 {
-                wakers.extend(inner.quiet_waiters.drain());
-            }
-            let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
-            (wakers, callbacks)
         };
         if first {
-            did = true;
+            did = set;
             first = false;
         }
         for w in wakers {
@@ -432,7 +454,11 @@ fn wake_quiet<X, R>(node: &Node<X, R>) {
 
 /// Takes one work unit in `node` (a ticket, a guard). Fails once the watermark is closed
 /// (invariant 3). A node going from 0 to 1 units first takes a unit of its parent.
-pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
+///
+/// Returns the generation the unit was taken in: the one of the state word the successful
+/// CAS replaced (a cancel right after it bumps the generation, and must not be attributed to
+/// this registration).
+pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
     loop {
         let s = node.state();
         if s.is_closed() {
@@ -456,7 +482,7 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(s.generation()),
             Err(_) => {
                 if need_parent {
                     if let Some(p) = &node.parent {
@@ -519,16 +545,16 @@ pub(crate) fn register<X, R>(
     node: &Node<X, R>,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Result<Arc<TicketCell<R>>, Refused> {
-    take_unit(node)?;
-    Ok(list_in_flight(node, make))
+    let generation = take_unit(node)?;
+    Ok(list_in_flight(node, generation, make))
 }
 
-/// Lists a ticket whose unit was just taken as in flight.
+/// Lists a ticket whose unit was just taken, in `generation`, as in flight.
 fn list_in_flight<X, R>(
     node: &Node<X, R>,
+    generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Arc<TicketCell<R>> {
-    let generation = node.state().generation();
     let mut in_flight = node.in_flight.lock();
     let entry = in_flight.vacant_entry();
     let cell = Arc::new(make(entry.key(), generation));
@@ -556,7 +582,7 @@ pub(crate) fn register_shielded<X, R>(
             .compare_exchange(s.0, s.0 + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            return Ok(list_in_flight(node, make));
+            return Ok(list_in_flight(node, s.generation(), make));
         }
     }
 }
