@@ -62,8 +62,13 @@
 //!
 //! # Feature flags
 //!
-//! None yet: the default build depends only on tokio, `pin-project-lite`, `parking_lot` and
-//! `slab`.
+//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab` and `sfv`.
+//!
+//! | feature | what |
+//! |---|---|
+//! | `sqlx-postgres` | `integrations::sqlx` for PostgreSQL: budget-derived `statement_timeout`, server-side cancel |
+//! | `sqlx-sqlite` | `integrations::sqlx` for SQLite (bundled): statements interrupted on cancel |
+//! | `sqlx` | both of the above |
 
 #![warn(
     missing_docs,
@@ -80,6 +85,8 @@ mod child;
 mod error;
 pub mod fanout;
 mod guard;
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub mod integrations;
 mod quiesce;
 pub mod retry;
 mod scope;
