@@ -651,20 +651,30 @@ pub(crate) fn record_receipt<X, R: Clone>(
     cell: &TicketCell<R>,
     kind: Kind,
     record: Option<R>,
-    stamp: u64,
+    clock: impl Fn() -> u64,
 ) {
-    count_receipt(node, kind, record, stamp);
+    count_receipt(node, kind, record, &clock);
     node.in_flight.lock().try_remove(cell.key());
     release_unit(node);
 }
 
-fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, stamp: u64) {
+/// Counts a receipt in `node` and its ancestors. The clock is read only if one of them is
+/// cancelled: the stamps serve "time from cancel to quiet" and orphan work, which only
+/// receipts after a cancel contribute to.
+fn count_receipt<X, R: Clone>(
+    node: &Node<X, R>,
+    kind: Kind,
+    record: Option<R>,
+    clock: &dyn Fn() -> u64,
+) {
+    let mut stamp = None;
     let mut n = Some(node);
     while let Some(cur) = n {
         let counts = cur.counts.get_or_init();
         counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
-        counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
         if cur.state().is_cancelled() {
+            let stamp = *stamp.get_or_insert_with(clock);
+            counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
             let at = cur.cancelled_at();
             counts
                 .orphan_nanos
@@ -684,13 +694,17 @@ fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, 
 }
 
 /// Notes the release of a guard (for "time to quiet"), then releases its unit.
-pub(crate) fn release_guard<X, R>(node: &Node<X, R>, stamp: u64) {
+pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
+    let mut stamp = None;
     let mut n = Some(node);
     while let Some(cur) = n {
-        cur.counts
-            .get_or_init()
-            .last_stamp
-            .fetch_max(stamp, Ordering::AcqRel);
+        if cur.state().is_cancelled() {
+            let stamp = *stamp.get_or_insert_with(&clock);
+            cur.counts
+                .get_or_init()
+                .last_stamp
+                .fetch_max(stamp, Ordering::AcqRel);
+        }
         n = cur.parent.as_deref();
     }
     release_unit(node);
@@ -707,7 +721,7 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
             n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
         for cell in cells {
             if cell.finish_as(TicketState::Quarantined) {
-                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), stamp);
+                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), &|| stamp);
                 n.in_flight.lock().try_remove(cell.key());
                 release_unit(&n);
                 n_quarantined += 1;
