@@ -16,7 +16,8 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn spawn_join(c: &mut Criterion) {
-    let rt = runtime();
+    // One thread: a cross-thread wake-up would dominate (and blur) the difference.
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let mut g = c.benchmark_group("spawn_join");
     let scope = Scope::new();
     g.bench_function("cancel_scope", |b| {
