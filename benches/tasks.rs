@@ -17,7 +17,9 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn spawn_join(c: &mut Criterion) {
     // One thread: a cross-thread wake-up would dominate (and blur) the difference.
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let mut g = c.benchmark_group("spawn_join");
     let scope = Scope::new();
     g.bench_function("cancel_scope", |b| {
@@ -40,7 +42,9 @@ fn spawn_many_then_quiesce(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let scope = Scope::new();
             for _ in 0..TASKS {
-                let _ = scope.spawn(async { tokio::task::yield_now().await }).unwrap();
+                let _ = scope
+                    .spawn(async { tokio::task::yield_now().await })
+                    .unwrap();
             }
             scope.close();
             scope.quiesce().await.succeeded()

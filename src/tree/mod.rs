@@ -46,10 +46,12 @@
 //!
 //! # Lock order (deadlock safety)
 //!
-//! No code path holds two locks of different nodes at once, except the registry walk in
-//! [`quarantine_subtree`] and [`cancel`], which hold one registry shard of the parent while only
-//! cloning `Arc`s out of it. Callbacks and wakers are always invoked after every lock is
-//! released, so user code never runs under a tree lock.
+//! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
+//! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
+//! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
+//! take no other lock), so no cycle can form. [`quarantine_subtree`] and `close` hold a shard
+//! only while cloning `Arc`s out of it. Callbacks and wakers are always invoked after every
+//! lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
 
@@ -336,7 +338,10 @@ impl<X, R> Node<X, R> {
 
     /// The registry shards, if the node ever had a child.
     fn shards(&self) -> impl Iterator<Item = &Shard<X, R>> {
-        self.registry.get().into_iter().flat_map(|r| r.shards.iter())
+        self.registry
+            .get()
+            .into_iter()
+            .flat_map(|r| r.shards.iter())
     }
 }
 
@@ -427,58 +432,78 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
 ///
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
+    let mut due = Due::default();
+    let (did, cause) = mark_cancelled(node, cause, stamp, &mut due);
+    due.run();
     let mut work = vec![(node.clone(), cause)];
-    let mut first = true;
-    let mut did = false;
     while let Some((n, cause)) = work.pop() {
-        let (cause, set, wakers, callbacks) = {
-            let mut inner = n.inner.lock();
-            if let Some(existing) = &inner.cause {
-                // Invariant 1: someone else cancelled it; its cause wins here and below. It
-                // may still be walking below, so walk too (see above); its wakers and
-                // callbacks are its own to run.
-                (existing.clone(), false, Vec::new(), Vec::new())
-            } else {
-                inner.cause = Some(cause.clone());
-                inner.cancelled_at = stamp;
-                // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
-                // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
-                // every dispatch CAS that came before it.
-                let prev = State(
-                    n.state
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                            Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
-                        })
-                        .unwrap_or_else(|s| s),
-                );
-                let (mut wakers, callbacks) = inner.drain(Wait::Cancel);
-                if prev.active() == 0 {
-                    wakers.extend(inner.drain(Wait::Quiet).0);
-                }
-                (cause, true, wakers, callbacks)
-            }
-        };
-        if first {
-            did = set;
-            first = false;
-        }
-        for w in wakers {
-            w.wake();
-        }
-        for cb in callbacks {
-            cb(&cause);
-        }
         let child_cause = cause.for_child();
         for shard in n.shards() {
             let children = shard.children.lock();
-            work.extend(
-                children
-                    .iter()
-                    .map(|(_, c)| (c.clone(), child_cause.clone())),
-            );
+            for (_, child) in children.iter() {
+                // Lock order: this shard, then the child's `inner` (never the reverse).
+                let (_, cause) = mark_cancelled(child, child_cause.clone(), stamp, &mut due);
+                if child.registry.get().is_some() {
+                    // Only nodes that ever had children are walked (leaves cost no `Arc`).
+                    work.push((child.clone(), cause));
+                }
+            }
         }
+        // Wakers and callbacks run with no lock held.
+        due.run();
     }
     did
+}
+
+/// Wakers and callbacks collected under locks, run after they are released.
+#[derive(Default)]
+struct Due {
+    wakers: Vec<Waker>,
+    callbacks: Vec<(Callback, Cause)>,
+}
+
+impl Due {
+    fn run(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+        for (cb, cause) in self.callbacks.drain(..) {
+            cb(&cause);
+        }
+    }
+}
+
+/// Cancels one node (not its children) unless it already is; returns whether this call did it
+/// and the cause that holds for the node (for its children to inherit).
+fn mark_cancelled<X, R>(n: &Node<X, R>, cause: Cause, stamp: u64, due: &mut Due) -> (bool, Cause) {
+    let mut inner = n.inner.lock();
+    if let Some(existing) = &inner.cause {
+        // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
+        // be walking below, so the caller walks too; its wakers and callbacks are its own.
+        return (false, existing.clone());
+    }
+    inner.cause = Some(cause.clone());
+    inner.cancelled_at = stamp;
+    // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
+    // publishes the cause to `is_cancelled` readers; Acquire orders this after every dispatch
+    // CAS that came before it.
+    let prev = State(
+        n.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+            })
+            .unwrap_or_else(|s| s),
+    );
+    if inner.lists.is_some() {
+        let (wakers, callbacks) = inner.drain(Wait::Cancel);
+        due.wakers.extend(wakers);
+        due.callbacks
+            .extend(callbacks.into_iter().map(|cb| (cb, cause.clone())));
+        if prev.active() == 0 {
+            due.wakers.extend(inner.drain(Wait::Quiet).0);
+        }
+    }
+    (true, cause)
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
@@ -737,7 +762,12 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
 
 /// A registered waiter: its key in one of the node's waiter slabs.
 #[derive(Debug, Default)]
-pub(crate) struct WaiterKey(Option<usize>);
+pub(crate) struct WaiterKey {
+    slot: Option<usize>,
+    /// A copy of the waker in `slot`: a poll with a waker that `will_wake` the same task needs
+    /// no lock (the registered one is still in the list until the waking side drains it).
+    waker: Option<Waker>,
+}
 
 /// Which waiter list.
 #[derive(Clone, Copy, Debug)]
@@ -763,23 +793,26 @@ pub(crate) fn poll_wait<X, R>(
         forget_waiter(node, which, key);
         return true;
     }
+    if key.slot.is_some() && key.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        // Registered with an equivalent waker: the waking side will wake it.
+        return false;
+    }
     let mut inner = node.inner.lock();
     // Re-check under the lock: the waking side changes the state before it takes this lock.
     if reached(node.state()) {
-        if let Some(k) = key.0.take() {
+        if let Some(k) = key.slot.take() {
             waiters(&mut inner, which).try_remove(k);
         }
+        key.waker = None;
         return true;
     }
     let slab = waiters(&mut inner, which);
-    match key.0.and_then(|k| slab.get_mut(k)) {
-        Some(w) => {
-            if !w.will_wake(waker) {
-                w.clone_from(waker);
-            }
-        }
-        None => key.0 = Some(slab.insert(waker.clone())),
+    match key.slot.and_then(|k| slab.get_mut(k)) {
+        Some(w) => w.clone_from(waker),
+        None => key.slot = Some(slab.insert(waker.clone())),
     }
+    drop(inner);
+    key.waker = Some(waker.clone());
     false
 }
 
@@ -794,7 +827,8 @@ fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
 /// Removes a registered waiter (future dropped before completion). Cancel safety of the public
 /// futures rests on this: dropping one leaves nothing behind.
 pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut WaiterKey) {
-    if let Some(k) = key.0.take() {
+    key.waker = None;
+    if let Some(k) = key.slot.take() {
         let mut inner = node.inner.lock();
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become
@@ -819,7 +853,12 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
 /// Unregisters an `on_cancel` callback. Returns `true` if it was still registered (so it will
 /// never run).
 pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
-    node.inner.lock().lists().callbacks.try_remove(key).is_some()
+    node.inner
+        .lock()
+        .lists()
+        .callbacks
+        .try_remove(key)
+        .is_some()
 }
 
 #[cfg(test)]
