@@ -56,16 +56,20 @@
 //! | [`Ticket`], [`Receipt`], [`Scope::spawn`] | registered children and their receipts |
 //! | [`Permit`], [`Tethered`] | resources counted against a scope |
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
+//! | [`retry`] | retries and hedges within one budget, with a ledger per call |
+//! | [`fanout`] | parallel required and optional branches sharing one budget |
 //! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs; admission and egress |
-//! | `integrations` | tower and reqwest adapters (behind features) |
+//! | `integrations` | database, tower and reqwest adapters (behind features) |
 //!
 //! # Feature flags
 //!
-//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab` and
-//! `sfv`.
+//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab` and `sfv`.
 //!
 //! | feature | what |
 //! |---|---|
+//! | `sqlx-postgres` | `integrations::sqlx` for PostgreSQL: budget-derived `statement_timeout`, server-side cancel |
+//! | `sqlx-sqlite` | `integrations::sqlx` for SQLite (bundled): statements interrupted on cancel |
+//! | `sqlx` | both of the above |
 //! | `tower` | `integrations::tower`: `Admit` (server) and `Propagate` (client) middleware for axum, tonic and hyper (adds `tower-layer`, `tower-service`, `http`, `http-body`) |
 //! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
 //!
@@ -79,15 +83,23 @@
     unreachable_pub
 )]
 #![forbid(unsafe_code)]
+#![warn(clippy::disallowed_types)]
 
 pub mod budget;
 mod cause;
 mod child;
 mod error;
+pub mod fanout;
 mod guard;
-#[cfg(any(feature = "tower", feature = "reqwest"))]
+#[cfg(any(
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite",
+    feature = "tower",
+    feature = "reqwest"
+))]
 pub mod integrations;
 mod quiesce;
+pub mod retry;
 mod scope;
 mod sync;
 mod tree;
@@ -99,3 +111,8 @@ pub use error::Error;
 pub use guard::{Permit, Tethered};
 pub use quiesce::{Lifecycle, Quiesce, Report};
 pub use scope::{Cancelled, ChildBuilder, OnCancel, Run, Scope, DEFAULT_GRACE};
+
+/// The README's example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

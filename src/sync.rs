@@ -4,6 +4,8 @@
 //! that `RUSTFLAGS="--cfg loom"` swaps all of them for loom's model-checked versions at once.
 //! No other file names `std::sync` or `loom` (see `clippy.toml`).
 
+#![allow(clippy::disallowed_types)]
+
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
@@ -57,3 +59,46 @@ impl<T> Mutex<T> {
 /// Process-wide one-time initialisation (the clock base of [`crate::scope`]). Not modeled by
 /// loom: it guards no state that the tree's races touch.
 pub(crate) use std::sync::OnceLock;
+
+/// A box allocated on first use, for the parts of a tree node that most nodes never need
+/// (a children registry, receipt counters). Reading it is one `Acquire` load.
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+pub(crate) struct LazyBox<T>(std::sync::OnceLock<Box<T>>);
+
+#[cfg(not(loom))]
+impl<T: Default> LazyBox<T> {
+    pub(crate) const fn new() -> Self {
+        LazyBox(std::sync::OnceLock::new())
+    }
+
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.0.get().map(|b| &**b)
+    }
+
+    pub(crate) fn get_or_init(&self) -> &T {
+        self.0.get_or_init(Box::default)
+    }
+}
+
+/// Under loom the box is allocated eagerly: loom cannot model `OnceLock`, and an eager box is
+/// the state a lazy one reaches on first use, so the races that matter (on the contents) are the
+/// same.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct LazyBox<T>(Box<T>);
+
+#[cfg(loom)]
+impl<T: Default> LazyBox<T> {
+    pub(crate) fn new() -> Self {
+        LazyBox(Box::default())
+    }
+
+    pub(crate) fn get(&self) -> Option<&T> {
+        Some(&self.0)
+    }
+
+    pub(crate) fn get_or_init(&self) -> &T {
+        &self.0
+    }
+}

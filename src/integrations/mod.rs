@@ -1,11 +1,12 @@
-//! Adapters to other crates, each behind its cargo feature.
+//! Feature-gated adapters that make other libraries' work children of a [`Scope`](crate::Scope).
 //!
-//! | feature | module | what |
+//! | module | feature | what |
 //! |---|---|---|
+//! | `sqlx` | `sqlx`, `sqlx-postgres`, `sqlx-sqlite` | database calls that really stop on cancel |
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
 //! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
 //!
-//! Both client sides fail with the same [`CallError`].
+//! The tower and reqwest client sides fail with the same `CallError`.
 
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod call;
@@ -15,6 +16,8 @@ mod error;
 mod headers;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
+#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+pub mod sqlx;
 #[cfg(feature = "tower")]
 pub mod tower;
 

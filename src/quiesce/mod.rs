@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::child::{ChildSpec, EffectRecord};
-use crate::scope::{instant_of, nanos, now_stamp, Scope};
+use crate::scope::{instant_of, nanos, now_stamp, Note, Scope};
 use crate::tree::{self, Kind, Wait, WaiterKey};
 
 /// Where a scope is in its life.
@@ -103,6 +103,8 @@ pub struct Report {
     quarantined_children: Vec<ChildSpec>,
     cancel_to_quiet: Option<Duration>,
     orphan_work: Duration,
+    /// Values the layers above attached to the scope (retry ledgers), oldest first.
+    notes: Vec<Note>,
 }
 
 impl Report {
@@ -311,6 +313,12 @@ impl Report {
     pub fn orphan_work(&self) -> Duration {
         self.orphan_work
     }
+
+    /// The notes attached to the scope, oldest first (read through typed accessors such as
+    /// `Report::retry_ledgers`).
+    pub(crate) fn notes(&self) -> &[Note] {
+        &self.notes
+    }
 }
 
 impl fmt::Display for Report {
@@ -456,7 +464,7 @@ impl Scope {
     pub fn lifecycle(&self) -> Lifecycle {
         let st = self.node.state();
         if st.is_quiet() {
-            let needs = self.node.counts().get(Kind::EffectUnknown) > 0
+            let needs = self.node.count(Kind::EffectUnknown) > 0
                 || self
                     .node
                     .with_records(|r| r.quarantined.iter().any(|c| c.effect().may_have_effect()));
@@ -479,7 +487,6 @@ impl Scope {
     /// Builds the report (meaningful once quiet: then nothing in it can change).
     pub(crate) fn report(&self) -> Report {
         let node = &self.node;
-        let c = node.counts();
         let counts = [
             Kind::Succeeded,
             Kind::Failed,
@@ -487,7 +494,7 @@ impl Scope {
             Kind::Quarantined,
             Kind::EffectUnknown,
         ]
-        .map(|k| c.get(k));
+        .map(|k| node.count(k));
         let (pending_effects, quarantined_children) = node.with_records(|r| {
             let effects = r
                 .effects
@@ -504,7 +511,7 @@ impl Scope {
         let cause = self.cause();
         let cancel_to_quiet = cause.as_ref().map(|_| {
             let at = node.cancelled_at();
-            nanos(c.last_stamp().saturating_sub(at))
+            nanos(node.last_stamp().saturating_sub(at))
         });
         Report {
             state: self.lifecycle(),
@@ -513,7 +520,8 @@ impl Scope {
             pending_effects,
             quarantined_children,
             cancel_to_quiet,
-            orphan_work: nanos(c.orphan_nanos()),
+            orphan_work: nanos(node.orphan_nanos()),
+            notes: self.notes(),
         }
     }
 }

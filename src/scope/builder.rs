@@ -41,6 +41,7 @@ pub struct ChildBuilder<'a> {
     min_useful: Duration,
     name: Option<std::sync::Arc<str>>,
     grace: Option<Duration>,
+    mark: Option<std::sync::Arc<str>>,
 }
 
 impl<'a> ChildBuilder<'a> {
@@ -53,6 +54,7 @@ impl<'a> ChildBuilder<'a> {
             min_useful: Duration::ZERO,
             name: None,
             grace: None,
+            mark: None,
         }
     }
 
@@ -174,6 +176,14 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
+    /// Marks the child (and so every descendant) with `key`, for [`Scope::has_mark`]: the
+    /// retry layer marks its attempts with the dependency name so that a nested retry of the
+    /// same dependency does not multiply the attempts.
+    pub(crate) fn mark(mut self, key: std::sync::Arc<str>) -> Self {
+        self.mark = Some(key);
+        self
+    }
+
     /// Creates the child.
     ///
     /// # Errors
@@ -225,10 +235,10 @@ impl<'a> ChildBuilder<'a> {
             // Unbounded parent and child: an unbounded budget is always useful.
             None
         };
-        let (name, grace) = (self.name, self.grace);
+        let (name, grace, mark) = (self.name, self.grace, self.mark);
         let mut tightens = false;
         let node = tree::new_child(&parent.node, |_| {
-            let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace);
+            let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace, mark);
             tightens = t;
             ext
         })

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::cause::Cause;
 use crate::child::ChildSpec;
-use crate::sync::{Arc, AtomicUsize, OnceLock, Ordering};
+use crate::sync::{Arc, AtomicUsize, Mutex, OnceLock, Ordering};
 use crate::tree::{self, Node};
 
 mod builder;
@@ -45,6 +45,69 @@ pub(crate) struct ScopeExt {
     timers: Option<Arc<Timers>>,
     /// This scope's entry in `timers`, if it tightened the deadline.
     timer_key: AtomicUsize,
+    /// Marks inherited from the ancestors plus this scope's own (e.g. "an attempt of a retry
+    /// for dependency X"), so that code running below can ask without walking the tree.
+    marks: Option<std::sync::Arc<Mark>>,
+    /// Immutable values attached for this scope's [`Report`](crate::Report) (e.g. retry
+    /// ledgers), oldest first, at most [`MAX_NOTES`].
+    notes: Mutex<std::collections::VecDeque<Note>>,
+}
+
+/// One mark of a scope and the marks it inherited (a persistent list: children share it).
+#[derive(Debug)]
+pub(crate) struct Mark {
+    key: std::sync::Arc<str>,
+    next: Option<std::sync::Arc<Mark>>,
+}
+
+/// The most notes a scope keeps: a long-lived scope drops its oldest notes rather than grow
+/// (invariant 7).
+pub(crate) const MAX_NOTES: usize = 64;
+
+/// A value that a layer above attached to a scope for its report. Compares by identity.
+#[derive(Clone)]
+pub(crate) struct Note(std::sync::Arc<dyn NoteValue>);
+
+/// What a note can hold: any immutable `Debug` value (unwind safe, so that [`Report`](crate::Report)
+/// keeps its auto traits).
+pub(crate) trait NoteValue:
+    std::any::Any + fmt::Debug + Send + Sync + std::panic::RefUnwindSafe
+{
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::any::Any + fmt::Debug + Send + Sync + std::panic::RefUnwindSafe> NoteValue for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Note {
+    /// A note sharing `value` (no copy: the attaching layer may keep its own handle).
+    pub(crate) fn new<T: NoteValue>(value: std::sync::Arc<T>) -> Note {
+        Note(value)
+    }
+
+    /// The value, if it is a `T`.
+    pub(crate) fn get<T: std::any::Any>(&self) -> Option<&T> {
+        // Deref first: `Arc<dyn NoteValue>` is itself a `NoteValue` (blanket impl), and its
+        // `as_any` would name the `Arc`, not the value.
+        (*self.0).as_any().downcast_ref()
+    }
+}
+
+impl PartialEq for Note {
+    fn eq(&self, other: &Note) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Note {}
+
+impl fmt::Debug for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
 }
 
 tokio::task_local! {
@@ -173,6 +236,8 @@ impl Scope {
             context,
             timers: deadline.map(|_| Arc::new(Timers::default())),
             timer_key: AtomicUsize::new(NO_TIMER),
+            marks: None,
+            notes: Mutex::new(std::collections::VecDeque::new()),
         });
         let scope = Scope { node };
         scope.arm_timer();
@@ -191,9 +256,9 @@ impl Scope {
             tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
             return;
         }
-        let key = timers.insert(deadline, self.node.clone());
-        // Relaxed: read only by this scope's last handle, which synchronizes with this
-        // thread through the handle count.
+        let key = Timers::insert(timers, deadline, self.node.clone());
+        // Relaxed: read only by the drop that takes the node's handle count to zero, which
+        // synchronizes with this thread through that count.
         ext.timer_key.store(key, Ordering::Relaxed);
     }
 
@@ -522,6 +587,33 @@ impl Scope {
         CURRENT.sync_scope(self.clone(), f)
     }
 
+    /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]).
+    pub(crate) fn has_mark(&self, key: &str) -> bool {
+        let mut m = self.node.ext.marks.as_deref();
+        while let Some(mark) = m {
+            if &*mark.key == key {
+                return true;
+            }
+            m = mark.next.as_deref();
+        }
+        false
+    }
+
+    /// Attaches `note` for this scope's report; the oldest note goes once there are
+    /// [`MAX_NOTES`].
+    pub(crate) fn add_note(&self, note: Note) {
+        let mut notes = self.node.ext.notes.lock();
+        if notes.len() == MAX_NOTES {
+            notes.pop_front();
+        }
+        notes.push_back(note);
+    }
+
+    /// The notes attached so far, oldest first.
+    pub(crate) fn notes(&self) -> Vec<Note> {
+        self.node.ext.notes.lock().iter().cloned().collect()
+    }
+
     /// Number of live child scopes (for memory tests).
     #[doc(hidden)]
     pub fn __live_children(&self) -> usize {
@@ -546,15 +638,17 @@ impl Clone for Scope {
 
 impl Drop for Scope {
     fn drop(&mut self) {
-        if tree::drop_handle(&self.node) {
-            let ext = &self.node.ext;
+        // A node is gone once neither handles nor children are left; until then its timer
+        // stays armed, because children that inherit its deadline rely on it.
+        tree::drop_handle(&self.node, |node| {
+            let ext = &node.ext;
             let key = ext.timer_key.load(Ordering::Relaxed);
             if key != NO_TIMER {
                 if let Some(t) = &ext.timers {
-                    t.remove(key);
+                    t.remove(key, node);
                 }
             }
-        }
+        });
     }
 }
 
@@ -619,6 +713,7 @@ impl ScopeExt {
         deadline: Option<Instant>,
         name: Option<std::sync::Arc<str>>,
         grace: Option<Duration>,
+        mark: Option<std::sync::Arc<str>>,
     ) -> (ScopeExt, bool) {
         let tightens = match (deadline, parent.deadline) {
             (Some(d), Some(p)) => d < p,
@@ -638,6 +733,14 @@ impl ScopeExt {
                 context: parent.context.clone(),
                 timers,
                 timer_key: AtomicUsize::new(NO_TIMER),
+                marks: match mark {
+                    Some(key) => Some(std::sync::Arc::new(Mark {
+                        key,
+                        next: parent.marks.clone(),
+                    })),
+                    None => parent.marks.clone(),
+                },
+                notes: Mutex::new(std::collections::VecDeque::new()),
             },
             tightens,
         )

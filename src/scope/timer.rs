@@ -40,12 +40,15 @@ struct TimerState {
 impl Timers {
     /// Arms a deadline for `node`; returns the key for [`Timers::remove`].
     ///
+    /// An associated function rather than a `self: &Arc<Self>` method: under `cfg(loom)` the
+    /// shim's `Arc` is loom's, which cannot be a method receiver on stable Rust.
+    ///
     /// # Panics
     ///
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
     #[track_caller]
-    pub(crate) fn insert(self: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
-        let mut st = self.state.lock();
+    pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
+        let mut st = this.state.lock();
         st.seq += 1;
         let seq = st.seq;
         let key = st.entries.insert((deadline, seq, node));
@@ -56,19 +59,29 @@ impl Timers {
             drop(st);
             let handle = tokio::runtime::Handle::try_current()
                 .expect("a scope with a deadline must be created inside a tokio runtime");
-            handle.spawn(drive(self.clone()));
+            handle.spawn(drive(this.clone()));
         } else if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
-            self.wake.notify_one();
+            this.wake.notify_one();
         }
         key
     }
 
     /// Disarms the deadline of a scope whose last handle was dropped.
-    pub(crate) fn remove(&self, key: usize) {
+    ///
+    /// `key` may be stale: if the deadline already fired, its slot was freed and may now hold
+    /// another scope's entry, which must stay armed. So the entry is removed only if it is
+    /// `node`'s (a node arms at most one timer).
+    pub(crate) fn remove(&self, key: usize, node: &Core) {
         let mut st = self.state.lock();
-        st.entries.try_remove(key);
+        if st
+            .entries
+            .get(key)
+            .is_some_and(|(_, _, n)| std::ptr::eq::<Core>(&**n, node))
+        {
+            st.entries.remove(key);
+        }
         let stale = st.heap.len() - st.entries.len();
         if stale > 64 && stale > st.entries.len() {
             // Keep memory proportional to live deadlines (invariant 7).

@@ -39,22 +39,26 @@
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
 //!    counted before their unit is released, no counter changes after quiet is observed.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
-//!    sharded registry at creation and removed when its last handle drops, so a long-lived parent
+//!    sharded registry at creation and removed when its last handle drops and it has no linked
+//!    children left (a link counts as a handle of the parent, so a scope whose handles are gone
+//!    stays reachable by its ancestors' cancel while a descendant lives), so a long-lived parent
 //!    with millions of short-lived children keeps flat memory (slab slots are reused).
 //!
 //! # Lock order (deadlock safety)
 //!
-//! No code path holds two locks of different nodes at once, except the registry walk in
-//! [`quarantine_subtree`] and [`cancel`], which hold one registry shard of the parent while only
-//! cloning `Arc`s out of it. Callbacks and wakers are always invoked after every lock is
-//! released, so user code never runs under a tree lock.
+//! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
+//! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
+//! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
+//! take no other lock), so no cycle can form. [`quarantine_subtree`] and `close` hold a shard
+//! only while cloning `Arc`s out of it. Callbacks and wakers are always invoked after every
+//! lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
 
 use slab::Slab;
 
 use crate::cause::Cause;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, LazyBox, Mutex, Ordering};
 
 mod ticket;
 
@@ -162,6 +166,12 @@ struct Inner {
     cause: Option<Cause>,
     /// Stamp of the cancel (caller-supplied clock, nanoseconds); 0 while not cancelled.
     cancelled_at: u64,
+    /// Waiters and callbacks, allocated by the first one (most nodes never have any).
+    lists: Option<Box<Lists>>,
+}
+
+#[derive(Default)]
+struct Lists {
     /// Tasks waiting in `cancelled()`.
     cancel_waiters: Slab<Waker>,
     /// Tasks waiting in `quiesce()`.
@@ -170,16 +180,45 @@ struct Inner {
     callbacks: Slab<Callback>,
 }
 
-/// One shard of a node's children registry, on its own cache line.
-#[repr(align(64))]
-struct Shard<X, R> {
-    children: Mutex<Slab<Arc<Node<X, R>>>>,
+impl Inner {
+    fn lists(&mut self) -> &mut Lists {
+        self.lists.get_or_insert_with(Box::default)
+    }
+
+    /// Takes every waker of `which` (and, for a cancel, the callbacks).
+    fn drain(&mut self, which: Wait) -> (Vec<Waker>, Vec<Callback>) {
+        let Some(lists) = self.lists.as_mut() else {
+            return (Vec::new(), Vec::new());
+        };
+        match which {
+            Wait::Cancel => (
+                lists.cancel_waiters.drain().collect(),
+                lists.callbacks.drain().collect(),
+            ),
+            Wait::Quiet => (lists.quiet_waiters.drain().collect(), Vec::new()),
+        }
+    }
 }
 
-impl<X, R> Shard<X, R> {
-    fn new() -> Self {
-        Shard {
-            children: Mutex::new(Slab::new()),
+/// One shard of a node's children registry. Padded so that the hot start (lock and slab
+/// header) of two shards never shares a cache line, without an over-aligned allocation.
+struct Shard<X, R> {
+    children: Mutex<Slab<Arc<Node<X, R>>>>,
+    _pad: [u8; 64],
+}
+
+/// A node's children, allocated with its first child.
+struct Registry<X, R> {
+    shards: [Shard<X, R>; SHARDS],
+}
+
+impl<X, R> Default for Registry<X, R> {
+    fn default() -> Self {
+        Registry {
+            shards: std::array::from_fn(|_| Shard {
+                children: Mutex::new(Slab::new()),
+                _pad: [0; 64],
+            }),
         }
     }
 }
@@ -189,18 +228,23 @@ impl<X, R> Shard<X, R> {
 pub(crate) struct Node<X, R> {
     /// See the module docs for the bit layout.
     state: AtomicU64,
-    /// Live public handles. Pairs: `AcqRel` decrement so the last handle's drop sees every
-    /// other handle's writes before unlinking (invariant 7).
+    /// Live public handles plus linked children (a child in `registry` counts one, so a
+    /// node whose handles are gone stays linked, and reachable by its ancestors' cancel, while
+    /// it has live descendants). Pairs: `AcqRel` decrement so the drop that takes it to zero
+    /// sees every other handle's writes before unlinking (invariants 1, 7).
     handles: AtomicUsize,
     parent: Option<Arc<Node<X, R>>>,
     /// (shard, key) of this node in `parent.registry`.
     slot: (usize, usize),
     inner: Mutex<Inner>,
-    registry: [Shard<X, R>; SHARDS],
+    /// Children, sharded by creating thread; allocated with the first child.
+    registry: LazyBox<Registry<X, R>>,
     /// Tickets registered here that have no receipt yet (for quarantine).
     in_flight: Mutex<Slab<Arc<TicketCell<R>>>>,
-    counts: Counts,
-    records: Mutex<Records<R>>,
+    /// Receipt counters of this subtree; allocated with the first receipt below.
+    counts: LazyBox<Counts>,
+    /// Unknown effects and quarantined children of this subtree (rare).
+    records: Mutex<Option<Box<Records<R>>>>,
     pub(crate) ext: X,
 }
 
@@ -237,14 +281,12 @@ impl<X, R> Node<X, R> {
             inner: Mutex::new(Inner {
                 cause: None,
                 cancelled_at: 0,
-                cancel_waiters: Slab::new(),
-                quiet_waiters: Slab::new(),
-                callbacks: Slab::new(),
+                lists: None,
             }),
-            registry: std::array::from_fn(|_| Shard::new()),
+            registry: LazyBox::new(),
             in_flight: Mutex::new(Slab::new()),
-            counts: Counts::default(),
-            records: Mutex::new(Records::default()),
+            counts: LazyBox::new(),
+            records: Mutex::new(None),
             ext,
         }
     }
@@ -266,18 +308,40 @@ impl<X, R> Node<X, R> {
         self.inner.lock().cancelled_at
     }
 
-    pub(crate) fn counts(&self) -> &Counts {
-        &self.counts
+    /// Receipts of `kind` recorded in this subtree.
+    pub(crate) fn count(&self, kind: Kind) -> u64 {
+        self.counts.get().map_or(0, |c| c.get(kind))
+    }
+
+    /// Sum of (receipt stamp - cancel stamp) over receipts recorded after the cancel.
+    pub(crate) fn orphan_nanos(&self) -> u64 {
+        self.counts.get().map_or(0, Counts::orphan_nanos)
+    }
+
+    /// Stamp of the last receipt or guard release in this subtree (0: none).
+    pub(crate) fn last_stamp(&self) -> u64 {
+        self.counts.get().map_or(0, Counts::last_stamp)
     }
 
     /// Runs `f` over the effect and quarantine records of this subtree.
     pub(crate) fn with_records<T>(&self, f: impl FnOnce(&Records<R>) -> T) -> T {
-        f(&self.records.lock())
+        match self.records.lock().as_deref() {
+            Some(r) => f(r),
+            None => f(&Records::default()),
+        }
     }
 
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
-        self.registry.iter().map(|s| s.children.lock().len()).sum()
+        self.shards().map(|s| s.children.lock().len()).sum()
+    }
+
+    /// The registry shards, if the node ever had a child.
+    fn shards(&self) -> impl Iterator<Item = &Shard<X, R>> {
+        self.registry
+            .get()
+            .into_iter()
+            .flat_map(|r| r.shards.iter())
     }
 }
 
@@ -297,7 +361,7 @@ pub(crate) fn new_child<X, R>(
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
-    let mut children = parent.registry[shard].children.lock();
+    let mut children = parent.registry.get_or_init().shards[shard].children.lock();
     let state = parent.state();
     if state.is_closed() {
         drop(children);
@@ -313,6 +377,9 @@ pub(crate) fn new_child<X, R>(
         ext(state),
     ));
     entry.insert(child.clone());
+    // The link counts as a handle of the parent until the child is unlinked (see
+    // `drop_handle`). Relaxed: the caller holds a handle of `parent`, so the count is > 0.
+    parent.handles.fetch_add(1, Ordering::Relaxed);
     Ok(child)
 }
 
@@ -330,76 +397,113 @@ pub(crate) fn add_handle<X, R>(node: &Node<X, R>) {
     node.handles.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Drops a public handle; the last one unlinks the node from its parent (invariant 7) and
-/// returns `true`.
-pub(crate) fn drop_handle<X, R>(node: &Node<X, R>) -> bool {
-    if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
-        return false;
-    }
-    if let Some(parent) = &node.parent {
-        let (shard, key) = node.slot;
+/// Drops a public handle. When a node has neither handles nor linked children left, it is
+/// unlinked from its parent (invariant 7), `gone` is called with it, and the parent loses the
+/// count of that link, which may unlink the parent in turn.
+///
+/// A node whose handles are all dropped stays linked while it has a linked child: otherwise a
+/// cancel of an ancestor could not reach that child any more (invariant 1). Zero is final:
+/// new handles and children are only made through an existing handle.
+pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X, R>)) {
+    let mut n = node;
+    // Every ancestor stays alive while `node` does (each child holds an `Arc` of its parent),
+    // and the caller holds `node`.
+    while n.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+        gone(n);
+        let Some(parent) = &n.parent else { return };
+        let (shard, key) = n.slot;
         // The slab holds an `Arc` of this node; take it out and drop it after the lock.
-        let removed = parent.registry[shard].children.lock().try_remove(key);
+        let removed = parent
+            .registry
+            .get()
+            .and_then(|r| r.shards[shard].children.lock().try_remove(key));
         drop(removed);
+        n = parent;
     }
-    true
 }
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
 ///
+/// Every call returns only once every descendant is cancelled, also one that lost the race
+/// for the first cause: a node found already cancelled is still walked, with its own cause,
+/// because whoever cancelled it may not have reached its children yet (invariants 1 and 2:
+/// otherwise work could be dispatched below after this call returned). A repeated cancel of a
+/// large subtree therefore costs a walk of it.
+///
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
+    let mut due = Due::default();
+    let (did, cause) = mark_cancelled(node, cause, stamp, &mut due);
+    due.run();
     let mut work = vec![(node.clone(), cause)];
-    let mut first = true;
-    let mut did = false;
     while let Some((n, cause)) = work.pop() {
-        let (wakers, callbacks) = {
-            let mut inner = n.inner.lock();
-            if inner.cause.is_some() {
-                // Invariant 1: someone else cancelled it (and is propagating below it).
-                first = false;
-                continue;
-            }
-            inner.cause = Some(cause.clone());
-            inner.cancelled_at = stamp;
-            // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
-            // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
-            // every dispatch CAS that came before it.
-            let prev = State(
-                n.state
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                        Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
-                    })
-                    .unwrap_or_else(|s| s),
-            );
-            let mut wakers: Vec<Waker> = inner.cancel_waiters.drain().collect();
-            if prev.active() == 0 {
-                wakers.extend(inner.quiet_waiters.drain());
-            }
-            let callbacks: Vec<Callback> = inner.callbacks.drain().collect();
-            (wakers, callbacks)
-        };
-        if first {
-            did = true;
-            first = false;
-        }
-        for w in wakers {
-            w.wake();
-        }
-        for cb in callbacks {
-            cb(&cause);
-        }
         let child_cause = cause.for_child();
-        for shard in &n.registry {
+        for shard in n.shards() {
             let children = shard.children.lock();
-            work.extend(
-                children
-                    .iter()
-                    .map(|(_, c)| (c.clone(), child_cause.clone())),
-            );
+            for (_, child) in children.iter() {
+                // Lock order: this shard, then the child's `inner` (never the reverse).
+                let (_, cause) = mark_cancelled(child, child_cause.clone(), stamp, &mut due);
+                if child.registry.get().is_some() {
+                    // Only nodes that ever had children are walked (leaves cost no `Arc`).
+                    work.push((child.clone(), cause));
+                }
+            }
         }
+        // Wakers and callbacks run with no lock held.
+        due.run();
     }
     did
+}
+
+/// Wakers and callbacks collected under locks, run after they are released.
+#[derive(Default)]
+struct Due {
+    wakers: Vec<Waker>,
+    callbacks: Vec<(Callback, Cause)>,
+}
+
+impl Due {
+    fn run(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+        for (cb, cause) in self.callbacks.drain(..) {
+            cb(&cause);
+        }
+    }
+}
+
+/// Cancels one node (not its children) unless it already is; returns whether this call did it
+/// and the cause that holds for the node (for its children to inherit).
+fn mark_cancelled<X, R>(n: &Node<X, R>, cause: Cause, stamp: u64, due: &mut Due) -> (bool, Cause) {
+    let mut inner = n.inner.lock();
+    if let Some(existing) = &inner.cause {
+        // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
+        // be walking below, so the caller walks too; its wakers and callbacks are its own.
+        return (false, existing.clone());
+    }
+    inner.cause = Some(cause.clone());
+    inner.cancelled_at = stamp;
+    // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
+    // publishes the cause to `is_cancelled` readers; Acquire orders this after every dispatch
+    // CAS that came before it.
+    let prev = State(
+        n.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+            })
+            .unwrap_or_else(|s| s),
+    );
+    if inner.lists.is_some() {
+        let (wakers, callbacks) = inner.drain(Wait::Cancel);
+        due.wakers.extend(wakers);
+        due.callbacks
+            .extend(callbacks.into_iter().map(|cb| (cb, cause.clone())));
+        if prev.active() == 0 {
+            due.wakers.extend(inner.drain(Wait::Quiet).0);
+        }
+    }
+    (true, cause)
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
@@ -416,7 +520,7 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
         if prev.active() == 0 {
             wake_quiet(&n);
         }
-        for shard in &n.registry {
+        for shard in n.shards() {
             let children = shard.children.lock();
             work.extend(children.iter().map(|(_, c)| c.clone()));
         }
@@ -424,7 +528,7 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
 }
 
 fn wake_quiet<X, R>(node: &Node<X, R>) {
-    let wakers: Vec<Waker> = node.inner.lock().quiet_waiters.drain().collect();
+    let (wakers, _) = node.inner.lock().drain(Wait::Quiet);
     for w in wakers {
         w.wake();
     }
@@ -432,7 +536,11 @@ fn wake_quiet<X, R>(node: &Node<X, R>) {
 
 /// Takes one work unit in `node` (a ticket, a guard). Fails once the watermark is closed
 /// (invariant 3). A node going from 0 to 1 units first takes a unit of its parent.
-pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
+///
+/// Returns the generation the unit was taken in: the one of the state word the successful
+/// CAS replaced (a cancel right after it bumps the generation, and must not be attributed to
+/// this registration).
+pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
     loop {
         let s = node.state();
         if s.is_closed() {
@@ -456,7 +564,7 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<(), Refused> {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(s.generation()),
             Err(_) => {
                 if need_parent {
                     if let Some(p) = &node.parent {
@@ -519,16 +627,16 @@ pub(crate) fn register<X, R>(
     node: &Node<X, R>,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Result<Arc<TicketCell<R>>, Refused> {
-    take_unit(node)?;
-    Ok(list_in_flight(node, make))
+    let generation = take_unit(node)?;
+    Ok(list_in_flight(node, generation, make))
 }
 
-/// Lists a ticket whose unit was just taken as in flight.
+/// Lists a ticket whose unit was just taken, in `generation`, as in flight.
 fn list_in_flight<X, R>(
     node: &Node<X, R>,
+    generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Arc<TicketCell<R>> {
-    let generation = node.state().generation();
     let mut in_flight = node.in_flight.lock();
     let entry = in_flight.vacant_entry();
     let cell = Arc::new(make(entry.key(), generation));
@@ -556,7 +664,7 @@ pub(crate) fn register_shielded<X, R>(
             .compare_exchange(s.0, s.0 + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            return Ok(list_in_flight(node, make));
+            return Ok(list_in_flight(node, s.generation(), make));
         }
     }
 }
@@ -568,26 +676,38 @@ pub(crate) fn record_receipt<X, R: Clone>(
     cell: &TicketCell<R>,
     kind: Kind,
     record: Option<R>,
-    stamp: u64,
+    clock: impl Fn() -> u64,
 ) {
-    count_receipt(node, kind, record, stamp);
+    count_receipt(node, kind, record, &clock);
     node.in_flight.lock().try_remove(cell.key());
     release_unit(node);
 }
 
-fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, stamp: u64) {
+/// Counts a receipt in `node` and its ancestors. The clock is read only if one of them is
+/// cancelled: the stamps serve "time from cancel to quiet" and orphan work, which only
+/// receipts after a cancel contribute to.
+fn count_receipt<X, R: Clone>(
+    node: &Node<X, R>,
+    kind: Kind,
+    record: Option<R>,
+    clock: &dyn Fn() -> u64,
+) {
+    let mut stamp = None;
     let mut n = Some(node);
     while let Some(cur) = n {
-        cur.counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
-        cur.counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
+        let counts = cur.counts.get_or_init();
+        counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
         if cur.state().is_cancelled() {
+            let stamp = *stamp.get_or_insert_with(clock);
+            counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
             let at = cur.cancelled_at();
-            cur.counts
+            counts
                 .orphan_nanos
                 .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
         }
         if let Some(r) = &record {
             let mut recs = cur.records.lock();
+            let recs = recs.get_or_insert_with(Box::default);
             match kind {
                 Kind::EffectUnknown => recs.effects.push(r.clone()),
                 Kind::Quarantined => recs.quarantined.push(r.clone()),
@@ -599,10 +719,17 @@ fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, 
 }
 
 /// Notes the release of a guard (for "time to quiet"), then releases its unit.
-pub(crate) fn release_guard<X, R>(node: &Node<X, R>, stamp: u64) {
+pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
+    let mut stamp = None;
     let mut n = Some(node);
     while let Some(cur) = n {
-        cur.counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
+        if cur.state().is_cancelled() {
+            let stamp = *stamp.get_or_insert_with(&clock);
+            cur.counts
+                .get_or_init()
+                .last_stamp
+                .fetch_max(stamp, Ordering::AcqRel);
+        }
         n = cur.parent.as_deref();
     }
     release_unit(node);
@@ -619,13 +746,13 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
             n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
         for cell in cells {
             if cell.finish_as(TicketState::Quarantined) {
-                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), stamp);
+                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), &|| stamp);
                 n.in_flight.lock().try_remove(cell.key());
                 release_unit(&n);
                 n_quarantined += 1;
             }
         }
-        for shard in &n.registry {
+        for shard in n.shards() {
             let children = shard.children.lock();
             work.extend(children.iter().map(|(_, c)| c.clone()));
         }
@@ -635,7 +762,12 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
 
 /// A registered waiter: its key in one of the node's waiter slabs.
 #[derive(Debug, Default)]
-pub(crate) struct WaiterKey(Option<usize>);
+pub(crate) struct WaiterKey {
+    slot: Option<usize>,
+    /// A copy of the waker in `slot`: a poll with a waker that `will_wake` the same task needs
+    /// no lock (the registered one is still in the list until the waking side drains it).
+    waker: Option<Waker>,
+}
 
 /// Which waiter list.
 #[derive(Clone, Copy, Debug)]
@@ -661,38 +793,42 @@ pub(crate) fn poll_wait<X, R>(
         forget_waiter(node, which, key);
         return true;
     }
+    if key.slot.is_some() && key.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        // Registered with an equivalent waker: the waking side will wake it.
+        return false;
+    }
     let mut inner = node.inner.lock();
     // Re-check under the lock: the waking side changes the state before it takes this lock.
     if reached(node.state()) {
-        let slab = waiters(&mut inner, which);
-        if let Some(k) = key.0.take() {
-            slab.try_remove(k);
+        if let Some(k) = key.slot.take() {
+            waiters(&mut inner, which).try_remove(k);
         }
+        key.waker = None;
         return true;
     }
     let slab = waiters(&mut inner, which);
-    match key.0.and_then(|k| slab.get_mut(k)) {
-        Some(w) => {
-            if !w.will_wake(waker) {
-                w.clone_from(waker);
-            }
-        }
-        None => key.0 = Some(slab.insert(waker.clone())),
+    match key.slot.and_then(|k| slab.get_mut(k)) {
+        Some(w) => w.clone_from(waker),
+        None => key.slot = Some(slab.insert(waker.clone())),
     }
+    drop(inner);
+    key.waker = Some(waker.clone());
     false
 }
 
 fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
+    let lists = inner.lists();
     match which {
-        Wait::Cancel => &mut inner.cancel_waiters,
-        Wait::Quiet => &mut inner.quiet_waiters,
+        Wait::Cancel => &mut lists.cancel_waiters,
+        Wait::Quiet => &mut lists.quiet_waiters,
     }
 }
 
 /// Removes a registered waiter (future dropped before completion). Cancel safety of the public
 /// futures rests on this: dropping one leaves nothing behind.
 pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut WaiterKey) {
-    if let Some(k) = key.0.take() {
+    key.waker = None;
+    if let Some(k) = key.slot.take() {
         let mut inner = node.inner.lock();
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become
@@ -706,7 +842,7 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
     let cause = {
         let mut inner = node.inner.lock();
         match &inner.cause {
-            None => return Some(inner.callbacks.insert(f)),
+            None => return Some(inner.lists().callbacks.insert(f)),
             Some(c) => c.clone(),
         }
     };
@@ -717,7 +853,12 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
 /// Unregisters an `on_cancel` callback. Returns `true` if it was still registered (so it will
 /// never run).
 pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
-    node.inner.lock().callbacks.try_remove(key).is_some()
+    node.inner
+        .lock()
+        .lists()
+        .callbacks
+        .try_remove(key)
+        .is_some()
 }
 
 #[cfg(test)]

@@ -1,0 +1,294 @@
+//! loom models of the cancel walk: concurrent cancels, cancel racing child creation, and child
+//! handles dropped while the parent is cancelled (DESIGN.md invariants 1, 3 and 7).
+#![cfg(loom)]
+
+use std::sync::Arc as StdArc;
+
+use cancel_scope::{Cause, Scope};
+use cancel_scope_loom_tests::model;
+use loom::thread;
+
+/// The cause a descendant of a scope cancelled with `cause` must carry.
+fn inherited(cause: &Cause) -> Cause {
+    Cause::ParentCancelled(StdArc::new(cause.origin().clone()))
+}
+
+/// Model 1: two threads cancel the same root with different causes.
+///
+/// Invariant 1: the first cause wins everywhere (exactly one call reports it cancelled, the
+/// root keeps that cause, every descendant carries `ParentCancelled(origin)`), and each
+/// `cancel` returns only once every descendant is cancelled — also the one that lost.
+#[test]
+fn concurrent_cancels_first_cause_wins() {
+    model("concurrent_cancels_first_cause_wins", || {
+        let root = Scope::new();
+        let a = root.child().build().unwrap();
+        let a1 = a.child().build().unwrap();
+
+        let canceller = |cause: Cause| {
+            let (root, a, a1) = (root.clone(), a.clone(), a1.clone());
+            thread::spawn(move || {
+                let won = root.cancel_because(cause.clone());
+                // Invariant 1 (and `Scope::cancel`'s contract): when cancel returns, the whole
+                // subtree is cancelled, whoever won.
+                assert!(
+                    a.is_cancelled(),
+                    "cancel returned before a child was cancelled"
+                );
+                assert!(
+                    a1.is_cancelled(),
+                    "cancel returned before a grandchild was cancelled"
+                );
+                let seen = root.cause().expect("cancelled root has a cause");
+                (won, cause, seen)
+            })
+        };
+        let t1 = canceller(Cause::cancelled("one"));
+        let t2 = canceller(Cause::ClientGone);
+        let (won1, cause1, seen1) = t1.join().unwrap();
+        let (won2, cause2, seen2) = t2.join().unwrap();
+
+        // Invariant 1: exactly one call cancelled it, and its cause is the one everybody sees.
+        assert!(won1 ^ won2, "exactly one cancel wins ({won1}, {won2})");
+        let winner = if won1 { cause1 } else { cause2 };
+        let final_cause = root.cause().unwrap();
+        assert_eq!(final_cause, winner);
+        assert_eq!(seen1, winner, "the cause changed after it was set");
+        assert_eq!(seen2, winner, "the cause changed after it was set");
+        assert_eq!(a.cause(), Some(inherited(&winner)));
+        assert_eq!(a1.cause(), Some(inherited(&winner)));
+        // One cancel, one generation bump.
+        assert_eq!(root.generation(), 1);
+        assert_eq!(a.generation(), 1);
+    });
+}
+
+/// Model 1 (siblings): two sibling subtrees cancelled at once with different causes.
+///
+/// Invariant 1: cancelling a child never touches its parent or its siblings; each subtree
+/// carries its own first cause.
+#[test]
+fn sibling_cancels_leave_parent_alone() {
+    model("sibling_cancels_leave_parent_alone", || {
+        let root = Scope::new();
+        let a = root.child().build().unwrap();
+        let a1 = a.child().build().unwrap();
+        let b = root.child().build().unwrap();
+
+        let ta = {
+            let a = a.clone();
+            thread::spawn(move || {
+                assert!(a.cancel_because(Cause::DeadlineExceeded));
+            })
+        };
+        let tb = {
+            let b = b.clone();
+            thread::spawn(move || {
+                assert!(b.cancel_because(Cause::ClientGone));
+            })
+        };
+        ta.join().unwrap();
+        tb.join().unwrap();
+
+        // Invariant 1: the parent was not touched by either child's cancel.
+        assert!(!root.is_cancelled());
+        assert!(!root.is_closed());
+        assert_eq!(root.cause(), None);
+        assert_eq!(root.generation(), 0);
+        // ... and each subtree has its own cause.
+        assert_eq!(a.cause(), Some(Cause::DeadlineExceeded));
+        assert_eq!(a1.cause(), Some(inherited(&Cause::DeadlineExceeded)));
+        assert_eq!(b.cause(), Some(Cause::ClientGone));
+        // The parent still takes children.
+        assert!(root.child().build().is_ok());
+    });
+}
+
+/// Model 1 (nested): a child is cancelled while its parent is cancelled.
+///
+/// Invariant 1: the child keeps whichever cause reached it first (its own, or its parent's as
+/// `ParentCancelled`), its descendants inherit the child's origin, the parent keeps its own
+/// cause, and each call returns only once its subtree is cancelled.
+#[test]
+fn child_cancel_racing_parent_cancel() {
+    model("child_cancel_racing_parent_cancel", || {
+        let root = Scope::new();
+        let a = root.child().build().unwrap();
+        let a1 = a.child().build().unwrap();
+
+        let ta = {
+            let (a, a1) = (a.clone(), a1.clone());
+            thread::spawn(move || {
+                a.cancel_because(Cause::DeadlineExceeded);
+                assert!(a1.is_cancelled(), "cancel returned before its subtree was");
+            })
+        };
+        let tr = {
+            let (root, a, a1) = (root.clone(), a.clone(), a1.clone());
+            thread::spawn(move || {
+                assert!(root.cancel_because(Cause::ClientGone));
+                assert!(a.is_cancelled(), "cancel returned before its subtree was");
+                assert!(a1.is_cancelled(), "cancel returned before its subtree was");
+            })
+        };
+        ta.join().unwrap();
+        tr.join().unwrap();
+
+        assert_eq!(root.cause(), Some(Cause::ClientGone));
+        let a_cause = a.cause().unwrap();
+        assert!(
+            a_cause == Cause::DeadlineExceeded || a_cause == inherited(&Cause::ClientGone),
+            "child cause {a_cause:?}"
+        );
+        // Invariant 1: first cause wins everywhere below the child.
+        assert_eq!(a1.cause(), Some(inherited(&a_cause)));
+    });
+}
+
+/// Model 2: a child (and a grandchild) is created while the root is cancelled.
+///
+/// Invariants 1 and 3: creation either fails with the cancel as its error, or the new scope
+/// ends up cancelled with `ParentCancelled(origin)`: never a live child under a cancelled
+/// parent.
+#[test]
+fn cancel_racing_child_creation() {
+    model("cancel_racing_child_creation", || {
+        let root = Scope::new();
+        let a = root.child().build().unwrap();
+
+        let creator = {
+            let (root, a) = (root.clone(), a.clone());
+            thread::spawn(move || {
+                let child = root.child().build();
+                let grandchild = a.child().build();
+                (child, grandchild)
+            })
+        };
+        let canceller = {
+            let root = root.clone();
+            thread::spawn(move || root.cancel_with("stop"))
+        };
+        let (child, grandchild) = creator.join().unwrap();
+        canceller.join().unwrap();
+
+        let origin = Cause::cancelled("stop");
+        for made in [child, grandchild] {
+            match made {
+                Ok(scope) => {
+                    // Invariant 1: the cancel reached the new scope.
+                    assert!(scope.is_cancelled(), "live child under a cancelled parent");
+                    assert_eq!(scope.cause(), Some(inherited(&origin)));
+                    // Invariant 3: and it refuses work.
+                    assert!(scope.child().build().unwrap_err().is_cancelled());
+                }
+                // Invariant 3: refused, with the cancel as the reason.
+                Err(e) => assert!(e.is_cancelled(), "unexpected error {e:?}"),
+            }
+        }
+    });
+}
+
+/// Model 2 (close): a child is created while the root's watermark is closed (no cancel).
+///
+/// Invariant 3: the child is refused as closed, or it is created and then closed by the walk.
+#[test]
+fn close_racing_child_creation() {
+    model("close_racing_child_creation", || {
+        let root = Scope::new();
+        let creator = {
+            let root = root.clone();
+            thread::spawn(move || root.child().build())
+        };
+        root.close();
+        match creator.join().unwrap() {
+            Ok(child) => {
+                assert!(child.is_closed(), "open child under a closed parent");
+                assert!(!child.is_cancelled());
+                assert!(child.child().build().unwrap_err().is_closed());
+            }
+            Err(e) => assert!(e.is_closed(), "unexpected error {e:?}"),
+        }
+    });
+}
+
+/// Model 4: the last handle of a child is dropped while its parent is cancelled.
+///
+/// Invariant 7 (and loom's leak check): the child is unlinked exactly once whatever the
+/// interleaving; nothing leaks, nothing is freed twice, and the parent ends with no live
+/// children. Two clones of the child are dropped on two threads to race the handle count too.
+#[test]
+fn child_drop_racing_parent_cancel() {
+    model("child_drop_racing_parent_cancel", || {
+        let root = Scope::new();
+        let child = root.child().build().unwrap();
+        let clone = child.clone();
+        assert_eq!(root.__live_children(), 1);
+
+        let dropper = thread::spawn(move || drop(clone));
+        let canceller = {
+            let root = root.clone();
+            thread::spawn(move || root.cancel())
+        };
+        drop(child);
+        dropper.join().unwrap();
+        canceller.join().unwrap();
+
+        // Invariant 7: unlinked once, memory back to flat.
+        assert_eq!(root.__live_children(), 0);
+        assert!(root.is_cancelled());
+        // loom checks at the end of every execution that every node (a loom `Arc`) was freed.
+    });
+}
+
+/// Model 4 (a middle scope): the last handle of a scope that still has a live child is
+/// dropped while the root is cancelled.
+///
+/// Invariant 1: cancelling a node cancels *every* descendant, including one whose parent
+/// scope handle is gone. Invariant 7: once the grandchild is dropped too, both are unlinked
+/// and freed.
+#[test]
+fn middle_drop_racing_root_cancel() {
+    model("middle_drop_racing_root_cancel", || {
+        let root = Scope::new();
+        let middle = root.child().build().unwrap();
+        let leaf = middle.child().build().unwrap();
+
+        let dropper = thread::spawn(move || drop(middle));
+        let canceller = {
+            let root = root.clone();
+            thread::spawn(move || root.cancel_with("stop"))
+        };
+        dropper.join().unwrap();
+        canceller.join().unwrap();
+
+        // Invariant 1: the grandchild is reached although its parent's handle is gone.
+        assert!(
+            leaf.is_cancelled(),
+            "grandchild missed by its root's cancel"
+        );
+        assert_eq!(leaf.cause(), Some(inherited(&Cause::cancelled("stop"))));
+
+        drop(leaf);
+        // Invariant 7: nothing of the subtree stays linked.
+        assert_eq!(root.__live_children(), 0);
+    });
+}
+
+/// Model 4 (sequential core of the above): dropping a middle scope's handle must not cut its
+/// live descendants off from the root's cancel (invariant 1) — no race needed.
+#[test]
+fn dropped_middle_handle_keeps_grandchild_reachable() {
+    model("dropped_middle_handle_keeps_grandchild_reachable", || {
+        let root = Scope::new();
+        let middle = root.child().build().unwrap();
+        let leaf = middle.child().build().unwrap();
+        drop(middle);
+        root.cancel();
+        assert!(
+            leaf.is_cancelled(),
+            "grandchild missed by its root's cancel"
+        );
+        drop(leaf);
+        assert_eq!(root.__live_children(), 0);
+    });
+}

@@ -1,0 +1,517 @@
+//! A guarded connection: statements registered, dispatched and stopped through the scope.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ::sqlx::pool::PoolConnection;
+use ::sqlx::Execute;
+
+use super::pool::{cancelled, check_budget, Shared};
+use super::{Backend, BoxFuture, Error, Release};
+use crate::{ChildSpec, Receipt, Scope, Tethered};
+
+/// A pooled connection held for a [`Scope`]: counted as a guard of the scope until dropped
+/// or [released](GuardedConnection::release), and every statement on it is a registered
+/// child of the scope.
+///
+/// Made by [`GuardedPool::acquire`](super::GuardedPool::acquire). Each statement method takes
+/// the [`ChildSpec`] the statement is registered with: [`ChildSpec::read_only`] for reads,
+/// [`ChildSpec::side_effecting`] or [`ChildSpec::idempotent`] for writes (so that a write cut
+/// off by a cancel is reported as an unknown effect, never as "no effect").
+///
+/// Dropping it returns the connection to the pool — on PostgreSQL after
+/// `RESET statement_timeout`, done by a short clean-up child of the scope.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # #[cfg(feature = "sqlx-sqlite")] {
+/// use cancel_scope::integrations::sqlx::GuardedPool;
+/// use cancel_scope::{ChildSpec, Lifecycle, Scope};
+///
+/// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+/// let scope = Scope::new();
+/// let mut conn = db.acquire(&scope).await.unwrap();
+/// conn.fetch_all(ChildSpec::read_only("tables"), sqlx::query("SELECT name FROM sqlite_master"))
+///     .await
+///     .unwrap();
+/// assert_eq!(scope.lifecycle(), Lifecycle::Running); // the connection is a guard
+/// drop(conn);
+/// scope.close();
+/// assert_eq!(scope.quiesce().await.succeeded(), 1);
+/// # }
+/// # }
+/// ```
+#[must_use = "the connection is returned to the pool when dropped"]
+pub struct GuardedConnection<DB: Backend> {
+    shared: Arc<Shared<DB>>,
+    scope: Scope,
+    /// `Some` until the connection leaves the guard (release, drop, or an abandoned statement).
+    held: Option<Held<DB>>,
+}
+
+struct Held<DB: Backend> {
+    conn: PoolConnection<DB>,
+    state: DB::ConnState,
+    /// The scope's count of this guard; released after the connection is handed on.
+    unit: Tethered<()>,
+}
+
+/// One statement kind: how to run it on a connection.
+trait Op<DB: Backend> {
+    type Output;
+    fn call<'e, 'q: 'e, E: 'q + Execute<'q, DB>>(
+        conn: &'e mut DB::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::Output, ::sqlx::Error>>;
+}
+
+struct ExecuteOp;
+struct FetchAll;
+struct FetchOne;
+struct FetchOptional;
+
+impl<DB: Backend> Op<DB> for ExecuteOp {
+    type Output = DB::QueryResult;
+    fn call<'e, 'q: 'e, E: 'q + Execute<'q, DB>>(
+        conn: &'e mut DB::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::Output, ::sqlx::Error>> {
+        DB::execute(conn, query)
+    }
+}
+
+impl<DB: Backend> Op<DB> for FetchAll {
+    type Output = Vec<DB::Row>;
+    fn call<'e, 'q: 'e, E: 'q + Execute<'q, DB>>(
+        conn: &'e mut DB::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::Output, ::sqlx::Error>> {
+        DB::fetch_all(conn, query)
+    }
+}
+
+impl<DB: Backend> Op<DB> for FetchOne {
+    type Output = DB::Row;
+    fn call<'e, 'q: 'e, E: 'q + Execute<'q, DB>>(
+        conn: &'e mut DB::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::Output, ::sqlx::Error>> {
+        DB::fetch_one(conn, query)
+    }
+}
+
+impl<DB: Backend> Op<DB> for FetchOptional {
+    type Output = Option<DB::Row>;
+    fn call<'e, 'q: 'e, E: 'q + Execute<'q, DB>>(
+        conn: &'e mut DB::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::Output, ::sqlx::Error>> {
+        DB::fetch_optional(conn, query)
+    }
+}
+
+/// A statement on the wire. If it is dropped before [`InFlight::land`] — the scope was
+/// cancelled, or the caller dropped the call's future — the statement is interrupted and the
+/// connection goes to clean-up.
+struct InFlight<'a, DB: Backend> {
+    conn: &'a mut GuardedConnection<DB>,
+    landed: bool,
+}
+
+impl<DB: Backend> InFlight<'_, DB> {
+    fn land(mut self) {
+        self.landed = true;
+    }
+}
+
+impl<DB: Backend> Drop for InFlight<'_, DB> {
+    fn drop(&mut self) {
+        if !self.landed {
+            self.conn.hand_off(true);
+        }
+    }
+}
+
+enum Outcome<T> {
+    Done(Result<T, ::sqlx::Error>),
+    Cancelled,
+}
+
+impl<DB: Backend> GuardedConnection<DB> {
+    pub(super) fn new(
+        shared: Arc<Shared<DB>>,
+        scope: Scope,
+        unit: Tethered<()>,
+        conn: PoolConnection<DB>,
+        state: DB::ConnState,
+    ) -> Self {
+        GuardedConnection {
+            shared,
+            scope,
+            held: Some(Held { conn, state, unit }),
+        }
+    }
+
+    /// The scope the connection is held for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::Scope;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let scope = Scope::new();
+    /// let conn = db.acquire(&scope).await.unwrap();
+    /// assert_eq!(conn.scope().generation(), scope.generation());
+    /// # }
+    /// # }
+    /// ```
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// Runs a statement that returns no rows (or whose rows are not needed), registered with
+    /// `spec`. See [`fetch_all`](Self::fetch_all) for what happens on cancel.
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
+    /// conn.execute(ChildSpec::read_only("ddl"), sqlx::query("CREATE TABLE t (v)")).await.unwrap();
+    /// let done = conn
+    ///     .execute(ChildSpec::side_effecting("insert", "t-1"), sqlx::query("INSERT INTO t VALUES (1)"))
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(done.rows_affected(), 1);
+    /// # }
+    /// # }
+    /// ```
+    pub async fn execute<'q, E>(
+        &mut self,
+        spec: ChildSpec,
+        query: E,
+    ) -> Result<DB::QueryResult, Error>
+    where
+        E: 'q + Execute<'q, DB>,
+    {
+        self.guarded::<E, ExecuteOp>(spec, query).await
+    }
+
+    /// Runs a query and returns all its rows, as a child of the scope registered with `spec`.
+    ///
+    /// In order: if less than the minimum useful budget is left nothing happens; the statement
+    /// is registered and dispatched (refused after a cancel: nothing is sent); on PostgreSQL
+    /// `statement_timeout` is set to the remaining budget; then the statement runs. If the
+    /// scope is cancelled (or runs out of time) meanwhile, the call returns at once with the
+    /// cause and the statement is stopped on the server by a clean-up child of the scope; the
+    /// connection then leaves this guard (later calls fail with [`Error::is_abandoned`]).
+    ///
+    /// Receipts: `Succeeded`; `Failed` for a database error; `Cancelled` when the statement was
+    /// refused, or stopped while read-only, or stopped by the server's timeout;
+    /// `EffectUnknown` when a statement that may have an effect was cut off by the cancel.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::is_budget_exhausted`], [`Error::is_cancelled`] (and
+    ///   [`Error::is_deadline_exceeded`]), [`Error::is_closed`]: the scope refused or stopped
+    ///   the statement;
+    /// * [`Error::is_database`]: the database answered with an error;
+    /// * [`Error::is_abandoned`]: an earlier call on this connection was cut off.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops the statement like a cancel does: the statement is
+    /// interrupted on the server (its receipt is `Cancelled`, or `EffectUnknown` for a write)
+    /// and the connection goes to clean-up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// use sqlx::Row;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
+    /// let rows = conn
+    ///     .fetch_all(ChildSpec::read_only("series"), sqlx::query("SELECT 1 UNION ALL SELECT 2"))
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(rows.iter().map(|r| r.get::<i64, _>(0)).sum::<i64>(), 3);
+    /// # }
+    /// # }
+    /// ```
+    pub async fn fetch_all<'q, E>(
+        &mut self,
+        spec: ChildSpec,
+        query: E,
+    ) -> Result<Vec<DB::Row>, Error>
+    where
+        E: 'q + Execute<'q, DB>,
+    {
+        self.guarded::<E, FetchAll>(spec, query).await
+    }
+
+    /// Runs a query and returns its first row (an error if there is none). See
+    /// [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_all`](Self::fetch_all); no row is a database error (`RowNotFound`).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// use sqlx::Row;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
+    /// let row = conn.fetch_one(ChildSpec::read_only("one"), sqlx::query("SELECT 1")).await.unwrap();
+    /// assert_eq!(row.get::<i64, _>(0), 1);
+    /// # }
+    /// # }
+    /// ```
+    pub async fn fetch_one<'q, E>(&mut self, spec: ChildSpec, query: E) -> Result<DB::Row, Error>
+    where
+        E: 'q + Execute<'q, DB>,
+    {
+        self.guarded::<E, FetchOne>(spec, query).await
+    }
+
+    /// Runs a query and returns its first row, if any. See [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`fetch_all`](Self::fetch_all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
+    /// let row = conn
+    ///     .fetch_optional(ChildSpec::read_only("none"), sqlx::query("SELECT 1 WHERE 0"))
+    ///     .await
+    ///     .unwrap();
+    /// assert!(row.is_none());
+    /// # }
+    /// # }
+    /// ```
+    pub async fn fetch_optional<'q, E>(
+        &mut self,
+        spec: ChildSpec,
+        query: E,
+    ) -> Result<Option<DB::Row>, Error>
+    where
+        E: 'q + Execute<'q, DB>,
+    {
+        self.guarded::<E, FetchOptional>(spec, query).await
+    }
+
+    /// Releases the connection now, waiting for its reset (PostgreSQL:
+    /// `RESET statement_timeout`), and gives back the scope's guard. Dropping the connection
+    /// does the same in a background clean-up child of the scope.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes closes the connection instead of returning it
+    /// to the pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::{Lifecycle, Scope};
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let scope = Scope::new();
+    /// let conn = db.acquire(&scope).await.unwrap();
+    /// conn.release().await;
+    /// scope.close();
+    /// assert_eq!(scope.lifecycle(), Lifecycle::Completed);
+    /// # }
+    /// # }
+    /// ```
+    pub async fn release(mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let Held { conn, state, unit } = held;
+        match DB::release(&self.shared.state, conn, state, false) {
+            Release::Return(conn) => drop(conn),
+            Release::CleanUp(fut) => fut.await,
+        }
+        drop(unit);
+    }
+
+    /// The scope's part of every statement: budget check, registration, dispatch, arming, and
+    /// the race against the cancel.
+    async fn guarded<'q, E, O>(&mut self, spec: ChildSpec, query: E) -> Result<O::Output, Error>
+    where
+        E: 'q + Execute<'q, DB>,
+        O: Op<DB>,
+    {
+        if self.held.is_none() {
+            return Err(Error::abandoned());
+        }
+        // Nothing is sent below the minimum useful budget (and nothing is registered either).
+        check_budget(&self.scope, self.shared.min_useful)?;
+        let ticket = self.scope.register(spec)?;
+        // Invariant 2 of the crate: after this CAS succeeds a cancel reaches us through the
+        // scope; if the scope was cancelled first it fails and nothing is sent.
+        let mut dispatched = ticket.dispatch()?;
+        let scope = self.scope.clone();
+        let flight = InFlight {
+            conn: self,
+            landed: false,
+        };
+        let outcome = {
+            let Some(Held { conn, state, .. }) = flight.conn.held.as_mut() else {
+                // (Checked above, and nothing awaited since.)
+                return Err(Error::abandoned());
+            };
+            let dispatched = &mut dispatched;
+            let work = async {
+                // The budget as of now, after queueing: what the server may still spend.
+                DB::arm(&mut **conn, state, scope.remaining()).await?;
+                if let Some(handle) = DB::provider_handle(state) {
+                    dispatched.set_provider_handle(handle);
+                }
+                O::call(&mut **conn, query).await
+            };
+            tokio::select! {
+                biased;
+                () = scope.cancelled() => Outcome::Cancelled,
+                out = work => Outcome::Done(out),
+            }
+        };
+        match outcome {
+            Outcome::Done(Ok(out)) => {
+                flight.land();
+                dispatched.succeed();
+                Ok(out)
+            }
+            Outcome::Done(Err(e)) => {
+                flight.land();
+                if DB::is_query_canceled(&e) && out_of_budget(&scope) {
+                    // The server stopped it at the budget-derived timeout (it raced our own
+                    // timer): confirmed stopped, nothing committed.
+                    dispatched.finish(Receipt::Cancelled);
+                    Err(deadline(&scope))
+                } else {
+                    dispatched.fail();
+                    Err(Error::database(e))
+                }
+            }
+            Outcome::Cancelled => {
+                // Interrupt and hand the connection to clean-up first (while the ticket still
+                // holds the scope open), then record what we know: a read was stopped; a
+                // write's outcome is unknown, since it may have committed before the cancel
+                // reached the server.
+                drop(flight);
+                let receipt = cut_off_receipt(dispatched.spec());
+                dispatched.finish(receipt);
+                Err(cancelled(&scope))
+            }
+        }
+    }
+
+    /// Hands the connection on: to the pool as it is, or to a clean-up child of the scope.
+    /// `abandoned`: a statement was cut off, so it is interrupted first.
+    fn hand_off(&mut self, abandoned: bool) {
+        let Some(Held { conn, state, unit }) = self.held.take() else {
+            return;
+        };
+        if abandoned {
+            DB::interrupt(&state);
+        }
+        match DB::release(&self.shared.state, conn, state, abandoned) {
+            Release::Return(conn) => drop(conn),
+            Release::CleanUp(fut) => {
+                // The clean-up is a shielded child: it runs although the scope is cancelled,
+                // bounded by its own budget, and `quiesce` waits for it. It is started while
+                // `unit` still holds the scope open, so the shield cannot be refused for a
+                // quiet scope. Without a runtime (dropped at shutdown) the future is dropped,
+                // which closes the connection.
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    let _ = self.scope.shield(self.shared.cleanup_budget, fut);
+                }
+            }
+        }
+        drop(unit);
+    }
+}
+
+impl<DB: Backend> Drop for GuardedConnection<DB> {
+    fn drop(&mut self) {
+        self.hand_off(false);
+    }
+}
+
+impl<DB: Backend> fmt::Debug for GuardedConnection<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardedConnection")
+            .field("scope", &self.scope)
+            .field("state", &self.held.as_ref().map(|h| &h.state))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the scope is cancelled or its deadline has passed (its timer may not have fired).
+fn out_of_budget(scope: &Scope) -> bool {
+    scope.is_cancelled()
+        || scope
+            .deadline()
+            .is_some_and(|d| d <= tokio::time::Instant::now())
+}
+
+/// The error for a statement the server stopped at the budget: the scope's cause, or the
+/// deadline if the scope's timer has not fired yet.
+fn deadline(scope: &Scope) -> Error {
+    match scope.cause() {
+        Some(_) => cancelled(scope),
+        None => Error::scope(crate::Error::cancelled(crate::Cause::DeadlineExceeded)),
+    }
+}
+
+/// The receipt of a statement cut off after dispatch.
+fn cut_off_receipt(spec: &ChildSpec) -> Receipt {
+    match spec.effect_record() {
+        Some(rec) if spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
+        _ => Receipt::Cancelled,
+    }
+}

@@ -1,0 +1,285 @@
+//! Database calls that are well-behaved children of a [`Scope`]: they wait at most the budget,
+//! send nothing after a cancel, and *really stop* when the scope is cancelled.
+//!
+//! # Why
+//!
+//! Dropping a sqlx future stops the client, not the database. On PostgreSQL the backend goes
+//! on running the statement (and holding its locks) until it finishes; the dropped connection
+//! goes back to the pool mid-statement, where the pool's release check waits for that
+//! statement before anyone can use the connection again. On SQLite the connection's worker
+//! thread goes on stepping the statement, and every later command on that connection queues
+//! behind it. A request that gave up after 200 ms can keep a database busy for minutes.
+//!
+//! Here a database call is a child of its scope like any other:
+//!
+//! * **Acquiring** a pooled connection ([`GuardedPool::acquire`]) waits at most the scope's
+//!   remaining budget — queueing for a connection pays from the same budget — and the
+//!   connection is counted as a guard of the scope until it is released, so
+//!   [`Scope::quiesce`] waits for it.
+//! * **Every statement is registered and dispatched** through the scope
+//!   ([`Scope::register`], [`Ticket::dispatch`](crate::Ticket::dispatch)) with the
+//!   [`ChildSpec`] you give: nothing is sent after a cancel, nothing is sent when less than
+//!   the [minimum useful budget](GuardedPool::min_useful) is left, and every statement ends
+//!   with exactly one [`Receipt`](crate::Receipt).
+//! * **Writes report unknown outcomes.** A statement registered as
+//!   [`ChildSpec::side_effecting`] or [`ChildSpec::idempotent`] that is cancelled after it was
+//!   dispatched ends with [`Receipt::EffectUnknown`](crate::Receipt::EffectUnknown) (its
+//!   effect id, payload digest and, on PostgreSQL, the backend pid as provider handle), so the
+//!   [`Report`](crate::Report) lists it in
+//!   [`pending_effects`](crate::Report::pending_effects) for reconciliation. The call returns
+//!   at the cancel without waiting to learn whether the statement committed; read-only
+//!   statements end `Cancelled`.
+//! * **The server stops too.** When the scope is cancelled while a statement runs, the call
+//!   returns at once and a clean-up child ([`Scope::shield`], counted in the scope, bounded by
+//!   [`GuardedPool::cleanup_budget`]) stops the statement and then returns the connection to
+//!   the pool *only if it is clean*, otherwise closes it. Never is a connection returned
+//!   mid-statement. The same happens when the call's future is dropped.
+//!
+//! # PostgreSQL
+//!
+//! * **`statement_timeout` from the budget.** Right before each statement the connection runs
+//!   one small statement that sets the session's `statement_timeout` to the scope's remaining
+//!   budget (rounded up to a whole millisecond, never above the session's own default when
+//!   that is set) and reads the backend pid. So the *server* stops the statement at the
+//!   deadline on its own, even if this process dies or hangs. When the connection is released
+//!   `RESET statement_timeout` puts the session default back before it returns to the pool.
+//!
+//!   Why a session-level `SET` per statement, and not `SET LOCAL` in a transaction?
+//!   `SET LOCAL` only lasts inside a transaction block, so every statement would have to be
+//!   wrapped in `BEGIN … COMMIT` (three round trips instead of two), statements that cannot
+//!   run in a transaction block (`VACUUM`, `CREATE INDEX CONCURRENTLY`) would fail, and a
+//!   caller's own `BEGIN` would change meaning. A per-statement session `SET` costs one round
+//!   trip, is right whatever the transaction state, and is undone on release.
+//! * **Server-side cancel.** On cancel the clean-up child calls
+//!   `pg_cancel_backend(pid)` — repeated every 100 ms until the backend answers, because a
+//!   cancel that arrives before the statement started is ignored by the server — then drains
+//!   the connection to `ReadyForQuery`, rolls back a failed transaction, resets the timeout
+//!   and returns the connection to the pool. If that does not work within the clean-up budget
+//!   it calls `pg_terminate_backend(pid)` and closes the connection.
+//!
+//!   The cancel goes through one dedicated control connection per [`GuardedPool`], opened
+//!   with the pool's connect options on first use and kept: not through the pool, because a
+//!   pool that is exhausted by runaway statements is exactly when a cancel must still get
+//!   through. (sqlx 0.8 does not expose the secret key needed for the wire-protocol cancel
+//!   request, so the backend pid is read with `pg_backend_pid()`.) The database role must be
+//!   allowed to signal the backend: the same role, a superuser or `pg_signal_backend`.
+//!
+//! # SQLite
+//!
+//! Acquiring a connection installs a progress handler on it (through
+//! `SqliteConnection::lock_handle`) that SQLite calls every 1000 virtual-machine
+//! instructions; when the scope is cancelled the handler tells SQLite to stop, the statement
+//! fails with `SQLITE_INTERRUPT` (rolling back its changes) and the connection stays usable.
+//! The handler is removed by the clean-up child once the interrupted statement has ended; on
+//! a normal release it stays installed, inert. Installing it costs one round trip to the
+//! connection's worker thread per acquisition, the same as sqlx's own test-before-acquire
+//! ping: pools used only through [`GuardedPool`] can turn that ping off with
+//! `SqlitePoolOptions::test_before_acquire(false)`.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! # #[cfg(feature = "sqlx-sqlite")] {
+//! use std::time::Duration;
+//! use cancel_scope::integrations::sqlx::GuardedPool;
+//! use cancel_scope::{ChildSpec, Lifecycle, Scope};
+//! use sqlx::Row;
+//!
+//! let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+//! let request = Scope::with_timeout(Duration::from_secs(2));
+//!
+//! let mut conn = db.acquire(&request).await.unwrap();
+//! conn.execute(ChildSpec::read_only("ddl"), sqlx::query("CREATE TABLE t (v INTEGER)"))
+//!     .await
+//!     .unwrap();
+//! conn.execute(
+//!     ChildSpec::idempotent("insert-v", "t-v-1"),
+//!     sqlx::query("INSERT INTO t VALUES (?)").bind(1_i64),
+//! )
+//! .await
+//! .unwrap();
+//! let row = conn.fetch_one(ChildSpec::read_only("count"), sqlx::query("SELECT count(*) FROM t"))
+//!     .await
+//!     .unwrap();
+//! assert_eq!(row.get::<i64, _>(0), 1);
+//!
+//! // A statement that would run for minutes stops when the scope is cancelled.
+//! let stop = request.clone();
+//! tokio::spawn(async move {
+//!     tokio::time::sleep(Duration::from_millis(50)).await;
+//!     stop.cancel_with("user pressed stop");
+//! });
+//! let long = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
+//!             SELECT count(*) FROM c";
+//! let err = conn.fetch_one(ChildSpec::read_only("long"), sqlx::query(long)).await.err().unwrap();
+//! assert!(err.is_cancelled());
+//! drop(conn);
+//!
+//! let report = request.quiesce().await;
+//! assert_eq!(report.state(), Lifecycle::CancelledStable);
+//! assert_eq!((report.succeeded(), report.cancelled()), (3 + 1, 1)); // + the clean-up child
+//! # }
+//! # }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use ::sqlx::pool::PoolConnection;
+use ::sqlx::{Database, Execute, Pool};
+
+#[allow(unused_imports)] // (doc links)
+use crate::{ChildSpec, Scope};
+
+mod connection;
+mod error;
+mod pool;
+#[cfg(feature = "sqlx-postgres")]
+mod postgres;
+#[cfg(feature = "sqlx-sqlite")]
+mod sqlite;
+
+pub use connection::GuardedConnection;
+pub use error::Error;
+pub use pool::{GuardedPool, DEFAULT_CLEANUP_BUDGET};
+
+/// A boxed future, as sqlx's executors return them.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A database whose calls [`GuardedPool`] can guard: `sqlx::Postgres`
+/// (feature `sqlx-postgres`) and `sqlx::Sqlite` (feature `sqlx-sqlite`).
+///
+/// Sealed: its methods are the per-database halves of the guard and not meant to be called.
+///
+/// # Examples
+///
+/// ```
+/// # #[cfg(feature = "sqlx-sqlite")] {
+/// use cancel_scope::integrations::sqlx::Backend;
+/// fn guardable<DB: Backend>() {}
+/// guardable::<sqlx::Sqlite>();
+/// # }
+/// ```
+pub trait Backend: Database + sealed::Sealed {
+    /// Per-pool state (PostgreSQL: the control connection that sends cancels).
+    #[doc(hidden)]
+    type PoolState: std::fmt::Debug + Send + Sync + 'static;
+
+    /// Per-acquisition state (PostgreSQL: backend pid; SQLite: the interrupt flag).
+    #[doc(hidden)]
+    type ConnState: std::fmt::Debug + Send + Sync + 'static;
+
+    #[doc(hidden)]
+    fn pool_state(pool: &Pool<Self>) -> Self::PoolState;
+
+    /// Prepares a freshly acquired connection (SQLite: installs the progress handler).
+    #[doc(hidden)]
+    fn on_acquire(
+        conn: &mut PoolConnection<Self>,
+    ) -> impl Future<Output = Result<Self::ConnState, ::sqlx::Error>> + Send + '_;
+
+    /// Runs right before each statement, after its dispatch (PostgreSQL: sets
+    /// `statement_timeout` to `budget` and learns the backend pid). `budget` is `None` for an
+    /// unbounded scope.
+    #[doc(hidden)]
+    fn arm<'a>(
+        conn: &'a mut Self::Connection,
+        state: &'a mut Self::ConnState,
+        budget: Option<Duration>,
+    ) -> impl Future<Output = Result<(), ::sqlx::Error>> + Send + 'a;
+
+    /// Asks a running statement to stop, synchronously (SQLite: sets the interrupt flag).
+    #[doc(hidden)]
+    fn interrupt(state: &Self::ConnState);
+
+    /// The provider handle of an unknown effect (PostgreSQL: the backend pid).
+    #[doc(hidden)]
+    fn provider_handle(state: &Self::ConnState) -> Option<String>;
+
+    /// Whether `err` says the server stopped the statement because of its timeout or a cancel.
+    #[doc(hidden)]
+    fn is_query_canceled(err: &::sqlx::Error) -> bool;
+
+    /// What to do with the connection when it leaves the guard: `None` to drop it into the
+    /// pool as it is; otherwise a clean-up that returns it to the pool only when clean.
+    /// `abandoned`: a statement was cut off mid-flight.
+    #[doc(hidden)]
+    fn release(
+        pool: &std::sync::Arc<Self::PoolState>,
+        conn: PoolConnection<Self>,
+        state: Self::ConnState,
+        abandoned: bool,
+    ) -> Release<Self>;
+
+    #[doc(hidden)]
+    fn execute<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut Self::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::QueryResult, ::sqlx::Error>>;
+
+    #[doc(hidden)]
+    fn fetch_all<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut Self::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Vec<Self::Row>, ::sqlx::Error>>;
+
+    #[doc(hidden)]
+    fn fetch_one<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut Self::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Self::Row, ::sqlx::Error>>;
+
+    #[doc(hidden)]
+    fn fetch_optional<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut Self::Connection,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<Self::Row>, ::sqlx::Error>>;
+}
+
+/// What [`Backend::release`] decided.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub enum Release<DB: Database> {
+    /// Clean as it is: drop it into the pool.
+    Return(PoolConnection<DB>),
+    /// Needs this clean-up first (it returns or closes the connection itself).
+    CleanUp(BoxFuture<'static, ()>),
+}
+
+/// A pooled connection that is closed (not returned to the pool) if dropped before
+/// [`release`](CloseOnDrop::release): what clean-up futures hold, so that a clean-up cut
+/// short by its budget never leaves a connection mid-statement in the pool.
+pub(crate) struct CloseOnDrop<DB: Database>(Option<PoolConnection<DB>>);
+
+impl<DB: Database> CloseOnDrop<DB> {
+    pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
+        CloseOnDrop(Some(conn))
+    }
+
+    pub(crate) fn conn(&mut self) -> &mut PoolConnection<DB> {
+        self.0
+            .as_mut()
+            .expect("CloseOnDrop holds its connection until release or drop")
+    }
+
+    /// The connection is clean: back to the pool.
+    pub(crate) fn release(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl<DB: Database> Drop for CloseOnDrop<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            // Detach lets the pool open a replacement; dropping the raw connection closes its
+            // socket (PostgreSQL) or stops its worker after the current statement (SQLite).
+            drop(conn.detach());
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! One attempt: its budget, its child scope and ticket, its receipt; and the bookkeeping of a
+//! call that the sequential retry and the hedge share.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::budget::RetryBudget;
+use super::classify::{Classify, Decision};
+use super::ledger::{AttemptEnd, Ledger, Stop};
+use crate::budget::Split;
+use crate::child::{ChildSpec, Dispatched, Effect, Receipt, Ticket};
+use crate::error::Error;
+use crate::guard::Tethered;
+use crate::scope::{Note, Scope};
+
+/// What an attempt knows about itself; passed to the operation for every attempt.
+///
+/// Its [`scope`](Self::scope) is the attempt's own child scope (also [`Scope::current`] inside
+/// the attempt): pass it on to the call you make so that the call stops when the attempt's
+/// budget runs out or the request is cancelled.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+///
+/// let scope = Scope::with_timeout(Duration::from_millis(600));
+/// let retry = Retry::new(|_: &&str| Decision::EffectUnknown).max_attempts(2);
+/// let keys = retry
+///     .run(&scope, ChildSpec::idempotent("put-order", "order-42"), |attempt| async move {
+///         if attempt.number() == 1 {
+///             // An even share of the budget: 600 ms over 2 attempts.
+///             assert_eq!(attempt.scope().remaining(), Some(Duration::from_millis(300)));
+///             return Err("write timed out");
+///         }
+///         Ok(attempt.idempotency_key().map(str::to_owned))
+///     })
+///     .await
+///     .unwrap();
+/// assert_eq!(keys.as_deref(), Some("order-42")); // every attempt reuses the key
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Attempt {
+    number: u32,
+    endpoint: u32,
+    hedge: bool,
+    scope: Scope,
+    effect: Effect,
+}
+
+impl Attempt {
+    /// 1 for the first attempt.
+    ///
+    /// # Examples
+    ///
+    /// See [`Attempt`].
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// Which endpoint to use: 0 at first, one more after every [`Decision::SwitchEndpoint`]
+    /// (take it modulo the number of endpoints you have).
+    ///
+    /// [`Decision::SwitchEndpoint`]: super::Decision::SwitchEndpoint
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let nodes = ["10.0.0.1", "10.0.0.2"];
+    /// let used = Retry::new(|_: &()| Decision::SwitchEndpoint)
+    ///     .run(&Scope::new(), ChildSpec::read_only("db"), |a| async move {
+    ///         let node = nodes[a.endpoint() as usize % nodes.len()];
+    ///         if a.number() == 1 { Err(()) } else { Ok(node) }
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(used, "10.0.0.2");
+    /// # }
+    /// ```
+    pub fn endpoint(&self) -> u32 {
+        self.endpoint
+    }
+
+    /// Whether this attempt is a hedge (started while another attempt was in flight).
+    ///
+    /// # Examples
+    ///
+    /// See [`Hedge`](super::Hedge).
+    pub fn is_hedge(&self) -> bool {
+        self.hedge
+    }
+
+    /// The attempt's own scope: its deadline is the attempt's budget.
+    ///
+    /// # Examples
+    ///
+    /// See [`Attempt`].
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The idempotency key every attempt of the call reuses (`None` unless the work was
+    /// declared [`ChildSpec::idempotent`]).
+    ///
+    /// # Examples
+    ///
+    /// See [`Attempt`].
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.effect.key()
+    }
+
+    /// Time this attempt has left (`None`: unbounded).
+    ///
+    /// # Examples
+    ///
+    /// See [`Attempt`].
+    pub fn remaining(&self) -> Option<Duration> {
+        self.scope.remaining()
+    }
+}
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attempt")
+            .field("number", &self.number)
+            .field("endpoint", &self.endpoint)
+            .field("hedge", &self.hedge)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+/// The limits of a call, copied out of the policy.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_attempts: u32,
+    pub(crate) split: Split,
+    pub(crate) reserve: Duration,
+    pub(crate) min_useful: Duration,
+}
+
+/// The budget of the next attempt given what the scope will have left, or why none may start.
+///
+/// `None` inside `Ok`: an unbounded attempt (no deadline and no cap).
+pub(crate) fn attempt_budget(
+    limits: &Limits,
+    remaining: Option<Duration>,
+    attempts_left: u32,
+) -> Result<Option<Duration>, Stop> {
+    if attempts_left == 0 {
+        return Err(Stop::AttemptsExhausted);
+    }
+    let budget = match remaining {
+        None => match limits.split {
+            Split::Even { cap } | Split::Greedy { cap } => cap,
+        },
+        Some(rem) => {
+            if rem <= limits.reserve {
+                return Err(Stop::ReserveReached);
+            }
+            Some(limits.split.attempt(rem, attempts_left, limits.reserve))
+        }
+    };
+    match budget {
+        Some(b) if b.is_zero() || b < limits.min_useful => Err(Stop::BelowMinUseful),
+        b => Ok(b),
+    }
+}
+
+fn stop_of(e: &Error) -> Stop {
+    if let Some(c) = e.cause() {
+        Stop::Cancelled(c.clone())
+    } else if e.is_budget_exhausted() {
+        Stop::BelowMinUseful
+    } else {
+        Stop::Closed
+    }
+}
+
+/// A dispatched attempt: its scope, its ticket and its place in the ledger.
+pub(crate) struct Started {
+    pub(crate) scope: Scope,
+    pub(crate) dispatched: Dispatched,
+    pub(crate) index: usize,
+    pub(crate) attempt: Attempt,
+}
+
+/// How an attempt that did not simply succeed or fail ended, for its receipt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unknown {
+    /// It returned an error classified `EffectUnknown`.
+    Reported,
+    /// It was stopped (own deadline, the scope's cancel, a lost hedge) after dispatch.
+    Stopped,
+}
+
+/// What a finished attempt means for the call.
+pub(crate) enum Verdict<T> {
+    /// It succeeded with this value.
+    Success(T),
+    /// The call must stop.
+    Stop(Stop),
+    /// Another attempt may follow, as this decision says (limits permitting).
+    Again(Decision),
+}
+
+/// The bookkeeping of one call (sequential retry or hedge).
+pub(crate) struct Call<'s> {
+    pub(crate) scope: &'s Scope,
+    pub(crate) spec: ChildSpec,
+    dependency: Arc<str>,
+    pub(crate) limits: Limits,
+    retry_budget: Option<&'s RetryBudget>,
+    pub(crate) ledger: Ledger,
+    /// Idempotent attempts whose outcome is unknown: a later success with the same key settles
+    /// them (`Cancelled`: stopped, their effect accounted for by the key); otherwise they end
+    /// `EffectUnknown`. Dropped with the call, they record `EffectUnknown` themselves.
+    parked: Vec<Dispatched>,
+    /// Keeps the scope from reaching quiescence until the ledger is attached.
+    _hold: Option<Tethered<()>>,
+    /// When the last attempt was settled (saves a clock read when the call ends right then).
+    last_now: Option<Instant>,
+}
+
+impl<'s> Call<'s> {
+    /// Opens a call in `scope`. A call nested in an attempt of another call for the same
+    /// dependency is not the retry owner and makes one attempt; side-effecting work makes one.
+    pub(crate) fn open(
+        scope: &'s Scope,
+        spec: ChildSpec,
+        mut limits: Limits,
+        retry_budget: Option<&'s RetryBudget>,
+    ) -> Result<Call<'s>, (Stop, Arc<Ledger>)> {
+        let owner = !scope.has_mark(spec.name());
+        if !owner || matches!(spec.effect(), Effect::SideEffecting) {
+            limits.max_attempts = limits.max_attempts.min(1);
+        }
+        let last_start = scope.deadline().map(|d| {
+            let back = limits.reserve.saturating_add(limits.min_useful);
+            d.checked_sub(back).unwrap_or(d)
+        });
+        let now = Instant::now();
+        let ledger = Ledger::new(spec.clone(), owner, limits.max_attempts, last_start, now);
+        let hold = match scope.tether(()) {
+            Ok(h) => h,
+            Err(e) => {
+                let mut ledger = ledger;
+                let stop = stop_of(&e);
+                ledger.finish(stop.clone(), now);
+                return Err((stop, Arc::new(ledger)));
+            }
+        };
+        Ok(Call {
+            scope,
+            dependency: Arc::from(spec.name()),
+            spec,
+            limits,
+            retry_budget: retry_budget.filter(|_| owner),
+            ledger,
+            parked: Vec::new(),
+            _hold: Some(hold),
+            last_now: None,
+        })
+    }
+
+    pub(crate) fn started(&self) -> u32 {
+        self.ledger.started()
+    }
+
+    pub(crate) fn attempts_left(&self) -> u32 {
+        self.limits.max_attempts.saturating_sub(self.started())
+    }
+
+    /// Whether another attempt could start after waiting `wait` (the scope's cancel, the
+    /// attempt count, the reserve line, the minimum useful budget): checked before a backoff
+    /// sleep, so that a sleep after which nothing may start is not slept.
+    pub(crate) fn check_after(&self, wait: Duration) -> Result<(), Stop> {
+        if let Some(cause) = self.scope.cause() {
+            return Err(Stop::Cancelled(cause));
+        }
+        let remaining = self.scope.remaining().map(|r| r.saturating_sub(wait));
+        attempt_budget(&self.limits, remaining, self.attempts_left()).map(|_| ())
+    }
+
+    /// Starts the next attempt: budget from the ledger, retry budget for every attempt after
+    /// the first, a child scope, a registered ticket, and the dispatch CAS that fails if the
+    /// scope was cancelled since (invariant 2).
+    pub(crate) fn start(&mut self, hedge: bool, endpoint: u32) -> Result<Started, Stop> {
+        if let Some(cause) = self.scope.cause() {
+            return Err(Stop::Cancelled(cause));
+        }
+        let limits = self.limits;
+        let now = Instant::now();
+        let remaining = self
+            .scope
+            .deadline()
+            .map(|d| d.saturating_duration_since(now));
+        let budget = attempt_budget(&limits, remaining, self.attempts_left())?;
+        if self.started() > 0 {
+            if let Some(b) = self.retry_budget {
+                if !b.withdraw() {
+                    self.ledger.refused_by_budget += 1;
+                    return Err(Stop::RetryBudget);
+                }
+            }
+        } else if let Some(b) = self.retry_budget {
+            b.deposit();
+        }
+        let mut child = self
+            .scope
+            .child()
+            .name(self.dependency.clone())
+            .reserve(limits.reserve)
+            .min_useful(limits.min_useful)
+            .mark(self.dependency.clone());
+        if let Some(b) = budget {
+            child = child.cap(b);
+        }
+        let scope = child.build().map_err(|e| stop_of(&e))?;
+        let dispatched = scope
+            .register(self.spec.clone())
+            .and_then(Ticket::dispatch)
+            .map_err(|e| stop_of(&e))?;
+        let index = self.ledger.start(hedge, endpoint, budget, now);
+        let attempt = Attempt {
+            number: self.ledger.attempts[index].number,
+            endpoint,
+            hedge,
+            scope: scope.clone(),
+            effect: self.spec.effect().clone(),
+        };
+        Ok(Started {
+            scope,
+            dispatched,
+            index,
+            attempt,
+        })
+    }
+
+    /// Records an attempt's end in the ledger and gives it its receipt.
+    pub(crate) fn settle(
+        &mut self,
+        index: usize,
+        dispatched: Dispatched,
+        end: AttemptEnd,
+        unknown: Option<Unknown>,
+    ) {
+        let now = Instant::now();
+        self.last_now = Some(now);
+        self.ledger.end(index, end, now);
+        match (end, unknown) {
+            (AttemptEnd::Succeeded, _) => dispatched.succeed(),
+            (_, None) => dispatched.fail(),
+            (_, Some(how)) => match self.spec.effect() {
+                Effect::ReadOnly => match how {
+                    Unknown::Reported => dispatched.fail(),
+                    Unknown::Stopped => dispatched.finish(Receipt::Cancelled),
+                },
+                Effect::Idempotent { .. } => self.parked.push(dispatched),
+                // Side-effecting (and any effect class added later): unknown stays unknown.
+                _ => match self.spec.effect_record().cloned() {
+                    Some(rec) => dispatched.finish(Receipt::EffectUnknown(rec)),
+                    None => drop(dispatched),
+                },
+            },
+        }
+    }
+
+    /// Judges a finished attempt: gives it its receipt and its place in the ledger, and says
+    /// whether the call succeeded, must stop, or may try again (and how).
+    pub(crate) fn judge<T, E>(
+        &mut self,
+        index: usize,
+        dispatched: Dispatched,
+        out: Result<Result<T, E>, Error>,
+        classify: &impl Classify<E>,
+        on_timeout: Decision,
+    ) -> (Verdict<T>, Option<E>) {
+        let side_effecting = matches!(self.spec.effect(), Effect::SideEffecting);
+        match out {
+            Ok(Ok(value)) => {
+                self.settle(index, dispatched, AttemptEnd::Succeeded, None);
+                (Verdict::Success(value), None)
+            }
+            Ok(Err(e)) => {
+                let d = classify.classify(&e);
+                let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
+                self.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
+                let verdict = if d == Decision::Never {
+                    Verdict::Stop(Stop::NotRetryable)
+                } else if side_effecting && unknown.is_some() {
+                    Verdict::Stop(Stop::EffectUnknown)
+                } else if side_effecting {
+                    Verdict::Stop(Stop::NotIdempotent)
+                } else {
+                    Verdict::Again(d)
+                };
+                (verdict, Some(e))
+            }
+            Err(stopped) => {
+                if let Some(cause) = self.scope.cause() {
+                    // The request is over: the attempt was stopped and nothing else starts
+                    // (seed: 0 ms left -> cancel downstream and end).
+                    self.settle(
+                        index,
+                        dispatched,
+                        AttemptEnd::Stopped,
+                        Some(Unknown::Stopped),
+                    );
+                    return (Verdict::Stop(Stop::Cancelled(cause)), None);
+                }
+                let end = if stopped.is_deadline_exceeded() {
+                    AttemptEnd::TimedOut
+                } else {
+                    AttemptEnd::Stopped
+                };
+                self.settle(index, dispatched, end, Some(Unknown::Stopped));
+                let verdict = if side_effecting {
+                    Verdict::Stop(Stop::EffectUnknown)
+                } else if on_timeout == Decision::Never {
+                    Verdict::Stop(Stop::NotRetryable)
+                } else {
+                    Verdict::Again(on_timeout)
+                };
+                (verdict, None)
+            }
+        }
+    }
+
+    /// Ends the call: settles parked attempts, finishes the ledger and attaches it to the
+    /// scope's report (before the hold on the scope is released).
+    /// [`close`](Self::close) right after an attempt was settled: its end time is the call's.
+    pub(crate) fn close_now(mut self, stop: Stop) -> Arc<Ledger> {
+        let at = self.last_now.take();
+        self.close_at(stop, at)
+    }
+
+    pub(crate) fn close(self, stop: Stop) -> Arc<Ledger> {
+        self.close_at(stop, None)
+    }
+
+    fn close_at(self, stop: Stop, at: Option<Instant>) -> Arc<Ledger> {
+        let Call {
+            scope,
+            mut ledger,
+            parked,
+            _hold: hold,
+            ..
+        } = self;
+        let success = stop == Stop::Succeeded;
+        for d in parked {
+            if success {
+                d.finish(Receipt::Cancelled);
+            } else if let Some(rec) = d.spec().effect_record().cloned() {
+                d.finish(Receipt::EffectUnknown(rec));
+            }
+        }
+        ledger.finish(stop, at.unwrap_or_else(Instant::now));
+        let ledger = Arc::new(ledger);
+        scope.add_note(Note::new(ledger.clone()));
+        drop(hold);
+        ledger
+    }
+}

@@ -1,0 +1,189 @@
+//! The error of a retry, hedge or fan-out call.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::ledger::{Ledger, Stop};
+use crate::cause::Cause;
+
+/// A retry or hedge call that did not succeed: why it stopped, the last attempt's error (if an
+/// attempt returned one) and the call's [`Ledger`].
+///
+/// The `Display` text is for people and is not part of the API.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::{retry::{Decision, Retry, Stop}, ChildSpec, Scope};
+///
+/// let scope = Scope::with_timeout(Duration::from_millis(500));
+/// let retry = Retry::new(|_: &&str| Decision::Never);
+/// let err = retry
+///     .run(&scope, ChildSpec::read_only("users"), |_| async { Err::<(), _>("invalid argument") })
+///     .await
+///     .unwrap_err();
+/// assert_eq!(err.stop(), &Stop::NotRetryable);
+/// assert_eq!(err.last_error(), Some(&"invalid argument"));
+/// assert_eq!(err.ledger().started(), 1);
+/// # }
+/// ```
+pub struct RetryError<E> {
+    stop: Stop,
+    last: Option<E>,
+    ledger: Arc<Ledger>,
+}
+
+impl<E> RetryError<E> {
+    pub(crate) fn new(stop: Stop, last: Option<E>, ledger: Arc<Ledger>) -> Self {
+        RetryError { stop, last, ledger }
+    }
+
+    /// Why the call stopped.
+    ///
+    /// # Examples
+    ///
+    /// See [`RetryError`].
+    pub fn stop(&self) -> &Stop {
+        &self.stop
+    }
+
+    /// The error of the last attempt that returned one (`None` if no attempt did: none started,
+    /// or they timed out or were cancelled).
+    ///
+    /// # Examples
+    ///
+    /// See [`RetryError`].
+    pub fn last_error(&self) -> Option<&E> {
+        self.last.as_ref()
+    }
+
+    /// Takes the last attempt's error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// # use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let err = Retry::new(|_: &u8| Decision::Never)
+    ///     .run(&Scope::new(), ChildSpec::read_only("x"), |_| async { Err::<(), _>(7u8) })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.into_last_error(), Some(7));
+    /// # }
+    /// ```
+    pub fn into_last_error(self) -> Option<E> {
+        self.last
+    }
+
+    /// The call's ledger.
+    ///
+    /// # Examples
+    ///
+    /// See [`RetryError`].
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// Whether the scope was cancelled (for any cause).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::new();
+    /// scope.cancel();
+    /// let err = Retry::new(|_: &()| Decision::Backoff)
+    ///     .run(&scope, ChildSpec::read_only("x"), |_| async { Ok::<_, ()>(()) })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_cancelled());
+    /// assert_eq!(err.ledger().started(), 0); // nothing starts after a cancel
+    /// # }
+    /// ```
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self.stop, Stop::Cancelled(_))
+    }
+
+    /// Whether the call ran out of time: the scope's deadline, the reserve line, the minimum
+    /// useful budget, or a retry hint past the last start.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// # use std::time::Duration;
+    /// # use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::with_timeout(Duration::from_millis(100));
+    /// let err = Retry::new(|_: &()| Decision::Backoff)
+    ///     .min_useful(Duration::from_millis(300)) // the dependency's p95
+    ///     .run(&scope, ChildSpec::read_only("x"), |_| async { Ok::<_, ()>(()) })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_out_of_time());
+    /// # }
+    /// ```
+    pub fn is_out_of_time(&self) -> bool {
+        self.stop.is_out_of_time()
+    }
+
+    /// The cancel cause, when [`is_cancelled`](Self::is_cancelled).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::{retry::{Decision, Retry}, Cause, ChildSpec, Scope};
+    /// let scope = Scope::new();
+    /// scope.cancel_because(Cause::ClientGone);
+    /// let err = Retry::new(|_: &()| Decision::Backoff)
+    ///     .run(&scope, ChildSpec::read_only("x"), |_| async { Ok::<_, ()>(()) })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.cause(), Some(&Cause::ClientGone));
+    /// # }
+    /// ```
+    pub fn cause(&self) -> Option<&Cause> {
+        match &self.stop {
+            Stop::Cancelled(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for RetryError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryError")
+            .field("stop", &self.stop)
+            .field("last", &self.last)
+            .field("ledger", &self.ledger)
+            .finish()
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RetryError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} failed after {} attempt(s): {}",
+            self.ledger.dependency(),
+            self.ledger.started(),
+            self.stop
+        )?;
+        if let Some(e) = &self.last {
+            write!(f, "; last error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl<E> std::error::Error for RetryError<E>
+where
+    E: std::error::Error + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.last.as_ref().map(|e| e as _)
+    }
+}

@@ -1,0 +1,447 @@
+//! Hedged requests: a second attempt after a delay, the first success wins.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::attempt::{Call, Limits, Started, Unknown, Verdict};
+use super::classify::Classify;
+use super::error::RetryError;
+use super::ledger::{AttemptEnd, Ledger, Stop};
+use super::spawn::{Finished, InFlight};
+use super::{Attempt, Retry};
+use crate::budget::Split;
+use crate::child::ChildSpec;
+use crate::scope::Scope;
+use crate::sync::Mutex;
+
+/// When a hedge starts after the attempt before it.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use cancel_scope::retry::{HedgeDelay, Latencies};
+/// let fixed = HedgeDelay::Fixed(Duration::from_millis(40));
+/// let p95 = HedgeDelay::Percentile {
+///     latencies: Arc::new(Latencies::new(256)),
+///     percentile: 95,
+///     fallback: Duration::from_millis(40), // until enough latencies are known
+/// };
+/// # let _ = (fixed, p95);
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum HedgeDelay {
+    /// A fixed delay.
+    Fixed(Duration),
+    /// The dependency's observed latency percentile (successful attempts of hedge calls are
+    /// recorded into `latencies`; you may record more), or `fallback` while fewer than 10 are
+    /// known.
+    Percentile {
+        /// The observed latencies.
+        latencies: Arc<Latencies>,
+        /// Which percentile (0–100; larger values are taken as 100).
+        percentile: u8,
+        /// The delay while too few latencies are known.
+        fallback: Duration,
+    },
+}
+
+impl HedgeDelay {
+    fn delay(&self) -> Duration {
+        match self {
+            HedgeDelay::Fixed(d) => *d,
+            HedgeDelay::Percentile {
+                latencies,
+                percentile,
+                fallback,
+            } => {
+                if latencies.len() < 10 {
+                    *fallback
+                } else {
+                    latencies.percentile(*percentile).unwrap_or(*fallback)
+                }
+            }
+        }
+    }
+
+    fn record(&self, latency: Duration) {
+        if let HedgeDelay::Percentile { latencies, .. } = self {
+            latencies.record(latency);
+        }
+    }
+}
+
+/// The most recent latencies of a dependency (a bounded window), for percentile hedge delays.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::retry::Latencies;
+/// let l = Latencies::new(100);
+/// for ms in 1..=100 {
+///     l.record(Duration::from_millis(ms));
+/// }
+/// assert_eq!(l.percentile(95), Some(Duration::from_millis(95)));
+/// assert_eq!(l.percentile(50), Some(Duration::from_millis(50)));
+/// ```
+pub struct Latencies {
+    capacity: usize,
+    window: Mutex<VecDeque<Duration>>,
+}
+
+impl Latencies {
+    /// A window of the last `capacity` latencies (0 is taken as 1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::retry::Latencies;
+    /// assert!(Latencies::new(64).is_empty());
+    /// ```
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Latencies {
+            capacity,
+            window: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+        }
+    }
+
+    /// Records one latency (the oldest goes when the window is full).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::retry::Latencies;
+    /// let l = Latencies::new(1);
+    /// l.record(Duration::from_millis(5));
+    /// l.record(Duration::from_millis(7));
+    /// assert_eq!(l.percentile(100), Some(Duration::from_millis(7)));
+    /// ```
+    pub fn record(&self, latency: Duration) {
+        let mut w = self.window.lock();
+        if w.len() == self.capacity {
+            w.pop_front();
+        }
+        w.push_back(latency);
+    }
+
+    /// The `p`-th percentile (nearest rank) of the window, `None` if it is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::retry::Latencies;
+    /// assert_eq!(Latencies::new(8).percentile(99), None);
+    /// ```
+    pub fn percentile(&self, p: u8) -> Option<Duration> {
+        let mut v: Vec<Duration> = self.window.lock().iter().copied().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let p = usize::from(p.min(100));
+        // Nearest rank: ceil(p/100 * n), at least 1.
+        let rank = (p * v.len()).div_ceil(100).max(1);
+        v.get(rank - 1).copied()
+    }
+
+    /// How many latencies the window holds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::retry::Latencies;
+    /// let l = Latencies::new(8);
+    /// l.record(Duration::from_millis(1));
+    /// assert_eq!(l.len(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.window.lock().len()
+    }
+
+    /// Whether no latency was recorded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::retry::Latencies;
+    /// assert!(Latencies::new(8).is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for Latencies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Latencies")
+            .field("capacity", &self.capacity)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// Hedged calls: if an attempt has not answered after a delay, a second one starts (and a third
+/// after another delay, up to the policy's maximum attempts and the [`RetryBudget`]); the first
+/// success wins, the others are cancelled, and the call returns only after every loser has its
+/// receipt — no orphan attempt keeps loading the dependency.
+///
+/// Only read-only and idempotent work is hedged (every attempt reuses the idempotency key);
+/// side-effecting work makes a single attempt. Hedges overlap, so each may use what is left of
+/// the budget (the policy's cap and reserve still apply). An attempt that fails while none is in
+/// flight is followed at once by the next, as the classification allows.
+///
+/// [`RetryBudget`]: super::RetryBudget
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::retry::{Decision, HedgeDelay, Retry};
+/// use cancel_scope::{ChildSpec, Scope};
+///
+/// let ms = Duration::from_millis;
+/// let request = Scope::with_timeout(ms(1000));
+/// let hedge = Retry::new(|_: &()| Decision::Backoff)
+///     .max_attempts(2)
+///     .hedge(HedgeDelay::Fixed(ms(50)));
+/// let (winner, ledger) = hedge
+///     .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+///         // The first replica is stuck in a long GC pause; the hedge answers in 10 ms.
+///         let took = if a.is_hedge() { ms(10) } else { ms(900) };
+///         tokio::time::sleep(took).await;
+///         Ok::<_, ()>(a.number())
+///     })
+///     .await;
+/// assert_eq!(winner.unwrap(), 2);
+/// assert_eq!((ledger.started(), ledger.hedges(), ledger.peak_concurrent()), (2, 1, 2));
+/// assert_eq!(request.remaining(), Some(ms(940)));
+///
+/// request.close();
+/// let report = request.quiesce().await;
+/// assert_eq!((report.succeeded(), report.cancelled()), (1, 1)); // the loser has its receipt
+/// # }
+/// ```
+pub struct Hedge<C, B> {
+    retry: Retry<C, B>,
+    delay: HedgeDelay,
+}
+
+impl<C, B> Hedge<C, B> {
+    /// Hedging with `retry`'s limits, classification and budget, a hedge every `delay`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::retry::{Decision, Hedge, HedgeDelay, Retry};
+    /// let h = Hedge::new(Retry::new(|_: &()| Decision::Backoff), HedgeDelay::Fixed(Duration::from_millis(20)));
+    /// # let _ = h;
+    /// ```
+    pub fn new(retry: Retry<C, B>, delay: HedgeDelay) -> Self {
+        Hedge { retry, delay }
+    }
+
+    /// Runs `op` hedged in `scope`; see [`Hedge`].
+    ///
+    /// # Errors
+    ///
+    /// [`RetryError`]: no attempt succeeded (the reason, the last error, the ledger).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future cancels the attempts in flight; each records its receipt when it
+    /// has stopped. The ledger of a dropped call is not attached to the scope's report.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (attempts are tasks).
+    ///
+    /// # Examples
+    ///
+    /// See [`Hedge`].
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        scope: &Scope,
+        spec: ChildSpec,
+        op: F,
+    ) -> Result<T, RetryError<E>>
+    where
+        C: Classify<E>,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        self.run_with_ledger(scope, spec, op).await.0
+    }
+
+    /// [`run`](Self::run), also returning the call's [`Ledger`].
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Panics
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Examples
+    ///
+    /// See [`Hedge`].
+    pub async fn run_with_ledger<T, E, F, Fut>(
+        &self,
+        scope: &Scope,
+        spec: ChildSpec,
+        mut op: F,
+    ) -> (Result<T, RetryError<E>>, Arc<Ledger>)
+    where
+        C: Classify<E>,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let policy = &self.retry;
+        // Hedges overlap: each may use what is left, not a share of it.
+        let limits = Limits {
+            split: Split::Greedy {
+                cap: match policy.limits.split {
+                    Split::Even { cap } | Split::Greedy { cap } => cap,
+                },
+            },
+            ..policy.limits
+        };
+        let mut call = match Call::open(scope, spec, limits, policy.budget.as_deref()) {
+            Ok(call) => call,
+            Err((stop, ledger)) => {
+                return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
+            }
+        };
+        let mut inflight: InFlight<usize, Result<T, E>> = InFlight::new();
+        let mut last: Option<E> = None;
+        let mut winner: Option<T> = None;
+        let mut next_hedge: Option<Instant> = None;
+        let stop = 'call: {
+            // The first attempt (and, later, one after a failure with nothing in flight).
+            let mut start_now = true;
+            loop {
+                if start_now {
+                    start_now = false;
+                    let hedge = !inflight.is_empty();
+                    match call.start(hedge, 0) {
+                        Ok(Started {
+                            scope: s,
+                            dispatched,
+                            index,
+                            attempt,
+                        }) => {
+                            inflight.spawn(index, s, dispatched, op(attempt));
+                            next_hedge = (call.attempts_left() > 0)
+                                .then(|| Instant::now() + self.delay.delay());
+                        }
+                        // Nothing more may start: wait for what is in flight, if anything.
+                        Err(stop) if inflight.is_empty() => break 'call stop,
+                        Err(_) => next_hedge = None,
+                    }
+                }
+                tokio::select! {
+                    biased;
+                    cause = scope.cancelled_cause() => break 'call Stop::Cancelled(cause),
+                    (index, _, res) = inflight.next() => {
+                        let Ok(Finished { dispatched, out }) = res else {
+                            // Panicked (its receipt was recorded as the task unwound).
+                            call.ledger.end(index, AttemptEnd::Panicked, Instant::now());
+                            break 'call Stop::Panicked;
+                        };
+                        let (verdict, error) =
+                            call.judge(index, dispatched, out, &policy.classify, policy.on_timeout);
+                        if error.is_some() {
+                            last = error;
+                        }
+                        match verdict {
+                            Verdict::Success(value) => {
+                                let a = &call.ledger.attempts[index];
+                                if let Some(end) = a.ended_at {
+                                    self.delay.record(end - a.started_at);
+                                }
+                                winner = Some(value);
+                                break 'call Stop::Succeeded;
+                            }
+                            Verdict::Stop(stop) => break 'call stop,
+                            Verdict::Again(_) => {}
+                        }
+                        if inflight.is_empty() {
+                            if call.attempts_left() == 0 {
+                                break 'call Stop::AttemptsExhausted;
+                            }
+                            start_now = true;
+                        }
+                    }
+                    () = sleep_until(next_hedge), if next_hedge.is_some() => {
+                        start_now = true;
+                    }
+                }
+            }
+        };
+        // Losers (and attempts still running after a failure or a cancel) are cancelled and
+        // awaited: the call returns only once every attempt has its receipt.
+        inflight.cancel_all(if winner.is_some() {
+            "lost the hedge"
+        } else {
+            "hedged call ended"
+        });
+        while !inflight.is_empty() {
+            let (index, _, res) = inflight.next().await;
+            match res {
+                Ok(Finished {
+                    dispatched,
+                    out: Ok(Ok(_)),
+                }) => call.settle(index, dispatched, AttemptEnd::Succeeded, None),
+                Ok(Finished { dispatched, .. }) => call.settle(
+                    index,
+                    dispatched,
+                    AttemptEnd::Stopped,
+                    Some(Unknown::Stopped),
+                ),
+                Err(_) => call.ledger.end(index, AttemptEnd::Panicked, Instant::now()),
+            }
+        }
+        let ledger = call.close(stop.clone());
+        match winner {
+            Some(value) => (Ok(value), ledger),
+            None => (Err(RetryError::new(stop, last, ledger.clone())), ledger),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl<C, B: fmt::Debug> fmt::Debug for Hedge<C, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hedge")
+            .field("retry", &self.retry)
+            .field("delay", &self.delay)
+            .finish()
+    }
+}

@@ -1,0 +1,561 @@
+//! The retry ledger: what one call spent on its attempts, hedges and backoffs.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::classify::Decision;
+use crate::cause::Cause;
+use crate::child::ChildSpec;
+use crate::quiesce::Report;
+
+/// Why a retry or hedge call stopped starting attempts.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::retry::Stop;
+/// assert!(Stop::ReserveReached.is_out_of_time());
+/// assert!(!Stop::NotRetryable.is_out_of_time());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stop {
+    /// An attempt succeeded.
+    Succeeded,
+    /// The scope was cancelled (its deadline, an explicit cancel, the client leaving): the
+    /// attempt in flight was stopped and no other starts.
+    Cancelled(Cause),
+    /// The scope's registration watermark was closed: no new work may start.
+    Closed,
+    /// Every allowed attempt was made.
+    AttemptsExhausted,
+    /// The response-reserve line was reached: the time left belongs to the response, even if
+    /// attempts remain.
+    ReserveReached,
+    /// The next attempt would get less than the minimum useful budget.
+    BelowMinUseful,
+    /// The error was classified [`Decision::Never`].
+    NotRetryable,
+    /// Side-effecting work failed and is not retried.
+    NotIdempotent,
+    /// Side-effecting work ended with an unknown effect (timed out after dispatch, or an error
+    /// classified [`Decision::EffectUnknown`]): recorded for reconciliation, not retried.
+    EffectUnknown,
+    /// The dependency asked to come back later than the last moment an attempt may start.
+    RetryAfterTooLong(Duration),
+    /// The process-wide [`RetryBudget`](super::RetryBudget) refused the retry.
+    RetryBudget,
+    /// The backoff schedule ended.
+    BackoffExhausted,
+    /// An attempt panicked.
+    Panicked,
+}
+
+impl Stop {
+    /// Whether the call stopped because the budget ran out (its deadline, the reserve line, the
+    /// minimum useful budget or a too-late retry hint).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::{retry::Stop, Cause};
+    /// assert!(Stop::Cancelled(Cause::DeadlineExceeded).is_out_of_time());
+    /// assert!(!Stop::Cancelled(Cause::ClientGone).is_out_of_time());
+    /// ```
+    pub fn is_out_of_time(&self) -> bool {
+        match self {
+            Stop::Cancelled(c) => c.is_deadline_exceeded(),
+            Stop::ReserveReached | Stop::BelowMinUseful | Stop::RetryAfterTooLong(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stop::Succeeded => f.write_str("succeeded"),
+            Stop::Cancelled(c) => write!(f, "scope cancelled ({c})"),
+            Stop::Closed => f.write_str("scope closed"),
+            Stop::AttemptsExhausted => f.write_str("attempts exhausted"),
+            Stop::ReserveReached => f.write_str("response reserve reached"),
+            Stop::BelowMinUseful => f.write_str("less than the minimum useful budget left"),
+            Stop::NotRetryable => f.write_str("error not retryable"),
+            Stop::NotIdempotent => f.write_str("side-effecting work is not retried"),
+            Stop::EffectUnknown => f.write_str("effect unknown"),
+            Stop::RetryAfterTooLong(d) => write!(f, "retry-after {d:?} is past the last start"),
+            Stop::RetryBudget => f.write_str("retry budget exhausted"),
+            Stop::BackoffExhausted => f.write_str("backoff schedule ended"),
+            Stop::Panicked => f.write_str("attempt panicked"),
+        }
+    }
+}
+
+/// How one attempt ended.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::retry::{AttemptEnd, Decision};
+/// assert!(AttemptEnd::Succeeded.is_success());
+/// assert!(!AttemptEnd::Failed(Decision::Backoff).is_success());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttemptEnd {
+    /// It succeeded.
+    Succeeded,
+    /// It returned an error, classified so.
+    Failed(Decision),
+    /// Its own budget ran out.
+    TimedOut,
+    /// It was stopped: the scope was cancelled, or another attempt won the hedge.
+    Stopped,
+    /// It panicked.
+    Panicked,
+}
+
+impl AttemptEnd {
+    /// Whether the attempt succeeded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::retry::AttemptEnd;
+    /// assert!(!AttemptEnd::TimedOut.is_success());
+    /// ```
+    pub fn is_success(self) -> bool {
+        matches!(self, AttemptEnd::Succeeded)
+    }
+}
+
+/// One attempt in a [`Ledger`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::{retry::{AttemptEnd, Decision, Retry}, ChildSpec, Scope};
+/// let scope = Scope::with_timeout(Duration::from_secs(1));
+/// let retry = Retry::new(|_: &()| Decision::Never);
+/// let (_, ledger) = retry
+///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(1) })
+///     .await;
+/// let a = &ledger.attempts()[0];
+/// assert_eq!((a.number(), a.end()), (1, Some(AttemptEnd::Succeeded)));
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptRecord {
+    pub(crate) number: u32,
+    pub(crate) hedge: bool,
+    pub(crate) endpoint: u32,
+    pub(crate) started_at: Instant,
+    pub(crate) budget: Option<Duration>,
+    pub(crate) ended_at: Option<Instant>,
+    pub(crate) end: Option<AttemptEnd>,
+}
+
+impl AttemptRecord {
+    /// 1 for the first attempt.
+    ///
+    /// # Examples
+    ///
+    /// See [`AttemptRecord`].
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// Whether it was a hedge (started while another attempt was in flight).
+    ///
+    /// # Examples
+    ///
+    /// See [`Hedge`](super::Hedge).
+    pub fn is_hedge(&self) -> bool {
+        self.hedge
+    }
+
+    /// The endpoint index it was told to use (see [`Decision::SwitchEndpoint`]).
+    ///
+    /// # Examples
+    ///
+    /// See [`Attempt::endpoint`](super::Attempt::endpoint).
+    pub fn endpoint(&self) -> u32 {
+        self.endpoint
+    }
+
+    /// When it was dispatched.
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger::attempts`].
+    pub fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    /// The budget it was given (`None`: unbounded).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger::attempts`].
+    pub fn budget(&self) -> Option<Duration> {
+        self.budget
+    }
+
+    /// When it ended (`None` while in flight).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger::attempts`].
+    pub fn ended_at(&self) -> Option<Instant> {
+        self.ended_at
+    }
+
+    /// How it ended (`None` while in flight).
+    ///
+    /// # Examples
+    ///
+    /// See [`AttemptRecord`].
+    pub fn end(&self) -> Option<AttemptEnd> {
+        self.end
+    }
+}
+
+/// The ledger of one retry or hedge call: every attempt it started, what they cost and why it
+/// stopped. Returned with the result ([`Retry::run_with_ledger`](super::Retry::run_with_ledger),
+/// [`RetryError::ledger`](super::RetryError::ledger)) and attached to the report of the scope the
+/// call ran in ([`Report::retry_ledgers`]).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::{retry::{Decision, Retry, Stop}, ChildSpec, Scope};
+///
+/// let ms = Duration::from_millis;
+/// let scope = Scope::with_timeout(ms(1000));
+/// let retry = Retry::new(|_: &&str| Decision::RetryNow).max_attempts(3);
+/// let (result, ledger) = retry
+///     .run_with_ledger(&scope, ChildSpec::read_only("inventory"), |a| async move {
+///         if a.number() < 2 { Err("unavailable") } else { Ok("in stock") }
+///     })
+///     .await;
+/// assert_eq!(result.unwrap(), "in stock");
+/// assert_eq!((ledger.max_attempts(), ledger.started()), (3, 2));
+/// assert_eq!(ledger.stop(), Some(&Stop::Succeeded));
+/// assert_eq!(ledger.attempts()[0].budget(), Some(ms(333))); // an even split of 1000 ms
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ledger {
+    pub(crate) spec: ChildSpec,
+    pub(crate) owner: bool,
+    pub(crate) max_attempts: u32,
+    pub(crate) began: Instant,
+    pub(crate) elapsed: Duration,
+    pub(crate) last_start: Option<Instant>,
+    pub(crate) attempts: Vec<AttemptRecord>,
+    pub(crate) in_flight: u32,
+    pub(crate) peak_in_flight: u32,
+    pub(crate) refused_by_budget: u32,
+    pub(crate) stop: Option<Stop>,
+}
+
+impl Ledger {
+    pub(crate) fn new(
+        spec: ChildSpec,
+        owner: bool,
+        max_attempts: u32,
+        last_start: Option<Instant>,
+        began: Instant,
+    ) -> Self {
+        Ledger {
+            spec,
+            owner,
+            max_attempts,
+            began,
+            elapsed: Duration::ZERO,
+            last_start,
+            attempts: Vec::new(),
+            in_flight: 0,
+            peak_in_flight: 0,
+            refused_by_budget: 0,
+            stop: None,
+        }
+    }
+
+    /// Notes a dispatched attempt; returns its index.
+    pub(crate) fn start(
+        &mut self,
+        hedge: bool,
+        endpoint: u32,
+        budget: Option<Duration>,
+        at: Instant,
+    ) -> usize {
+        let number = u32::try_from(self.attempts.len() + 1).unwrap_or(u32::MAX);
+        self.attempts.push(AttemptRecord {
+            number,
+            hedge,
+            endpoint,
+            started_at: at,
+            budget,
+            ended_at: None,
+            end: None,
+        });
+        self.in_flight += 1;
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+        self.attempts.len() - 1
+    }
+
+    pub(crate) fn end(&mut self, index: usize, end: AttemptEnd, at: Instant) {
+        if let Some(a) = self.attempts.get_mut(index) {
+            if a.end.is_none() {
+                a.end = Some(end);
+                a.ended_at = Some(at);
+                self.in_flight -= 1;
+            }
+        }
+    }
+
+    pub(crate) fn finish(&mut self, stop: Stop, at: Instant) {
+        self.elapsed = at.saturating_duration_since(self.began);
+        self.stop = Some(stop);
+    }
+
+    /// The dependency (the name of the child spec the attempts were registered with).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger`]: `ledger.dependency() == "inventory"`.
+    pub fn dependency(&self) -> &str {
+        self.spec.name()
+    }
+
+    /// What every attempt was registered as (its effect class and idempotency key).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger`].
+    pub fn spec(&self) -> &ChildSpec {
+        &self.spec
+    }
+
+    /// Whether this call owned the retries of its dependency: `false` when it ran inside an
+    /// attempt of another retry for the same dependency, and so made one attempt only.
+    ///
+    /// # Examples
+    ///
+    /// See [`Retry`](super::Retry) ("one retry owner").
+    pub fn is_owner(&self) -> bool {
+        self.owner
+    }
+
+    /// The most attempts this call could make (1 for side-effecting work and for a call that is
+    /// not the owner).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger`].
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Attempts started (dispatched), hedges included.
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger`].
+    pub fn started(&self) -> u32 {
+        u32::try_from(self.attempts.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Hedges started.
+    ///
+    /// # Examples
+    ///
+    /// See [`Hedge`](super::Hedge).
+    pub fn hedges(&self) -> u32 {
+        let n = self.attempts.iter().filter(|a| a.hedge).count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// When the call began.
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger::elapsed`].
+    pub fn began(&self) -> Instant {
+        self.began
+    }
+
+    /// Time from the call's start to its end: attempts, backoff sleeps and waiting for losers,
+    /// all paid from the same budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::with_timeout(Duration::from_secs(1));
+    /// let (_, ledger) = Retry::new(|_: &()| Decision::Never)
+    ///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| async {
+    ///         tokio::time::sleep(Duration::from_millis(40)).await;
+    ///         Ok::<_, ()>(())
+    ///     })
+    ///     .await;
+    /// assert_eq!(ledger.elapsed(), Duration::from_millis(40));
+    /// # }
+    /// ```
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// The last moment an attempt may start: the deadline minus the response reserve minus the
+    /// minimum useful budget (`None` for a scope without deadline). Nothing starts after it,
+    /// and backoff sleeps that would end after it are not slept.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let ms = Duration::from_millis;
+    /// let scope = Scope::with_timeout(ms(1000));
+    /// let (_, ledger) = Retry::new(|_: &()| Decision::Never)
+    ///     .reserve(ms(100))
+    ///     .min_useful(ms(50))
+    ///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) })
+    ///     .await;
+    /// assert_eq!(ledger.last_start(), Some(scope.deadline().unwrap() - ms(150)));
+    /// # }
+    /// ```
+    pub fn last_start(&self) -> Option<Instant> {
+        self.last_start
+    }
+
+    /// Attempts in flight when this ledger was read (0 once the call returned: it waits for
+    /// every attempt).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger::peak_concurrent`].
+    pub fn concurrent(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// The most attempts that were in flight at once (1 without hedging).
+    ///
+    /// # Examples
+    ///
+    /// See [`Hedge`](super::Hedge).
+    pub fn peak_concurrent(&self) -> u32 {
+        self.peak_in_flight
+    }
+
+    /// Retries and hedges the process-wide [`RetryBudget`](super::RetryBudget) refused.
+    ///
+    /// # Examples
+    ///
+    /// See [`RetryBudget`](super::RetryBudget).
+    pub fn refused_by_budget(&self) -> u32 {
+        self.refused_by_budget
+    }
+
+    /// Why the call stopped (`None` only while it runs).
+    ///
+    /// # Examples
+    ///
+    /// See [`Ledger`].
+    pub fn stop(&self) -> Option<&Stop> {
+        self.stop.as_ref()
+    }
+
+    /// Every attempt, in start order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{retry::{AttemptEnd, Decision, Retry}, ChildSpec, Scope};
+    /// let ms = Duration::from_millis;
+    /// let scope = Scope::with_timeout(ms(900));
+    /// let (_, ledger) = Retry::new(|_: &()| Decision::RetryNow)
+    ///     .on_timeout(Decision::RetryNow)
+    ///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| std::future::pending::<Result<(), ()>>())
+    ///     .await;
+    /// let a = &ledger.attempts()[1];
+    /// assert_eq!(a.budget(), Some(ms(300)));
+    /// assert_eq!(a.started_at() + ms(300), a.ended_at().unwrap());
+    /// assert_eq!(a.end(), Some(AttemptEnd::TimedOut));
+    /// # }
+    /// ```
+    pub fn attempts(&self) -> &[AttemptRecord] {
+        &self.attempts
+    }
+}
+
+impl fmt::Display for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}/{} attempts ({} hedges, peak {} concurrent) in {:?}",
+            self.dependency(),
+            self.started(),
+            self.max_attempts,
+            self.hedges(),
+            self.peak_in_flight,
+            self.elapsed
+        )?;
+        if self.refused_by_budget > 0 {
+            write!(
+                f,
+                ", {} refused by the retry budget",
+                self.refused_by_budget
+            )?;
+        }
+        if !self.owner {
+            f.write_str(", nested (not the retry owner)")?;
+        }
+        if let Some(s) = &self.stop {
+            write!(f, "; stopped: {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The ledgers of the retry and hedge calls that ran in this scope, oldest first (the last
+    /// 64 at most).
+    ///
+    /// A call's ledger is attached to the scope it was given, before the call returns; it is
+    /// not copied to ancestors (a long-lived root would otherwise collect every request's).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::with_timeout(Duration::from_secs(1));
+    /// let retry = Retry::new(|_: &()| Decision::Backoff);
+    /// retry.run(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) }).await.unwrap();
+    /// scope.close();
+    /// let report = scope.quiesce().await;
+    /// assert_eq!(report.retry_ledgers().len(), 1);
+    /// assert_eq!(report.retry_ledgers()[0].dependency(), "db");
+    /// # }
+    /// ```
+    pub fn retry_ledgers(&self) -> Vec<&Ledger> {
+        self.notes()
+            .iter()
+            .filter_map(|n| n.get::<Ledger>())
+            .collect()
+    }
+}

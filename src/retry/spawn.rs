@@ -1,0 +1,98 @@
+//! Concurrent registered children (hedged attempts, fan-out branches): each runs as a tokio
+//! task under its own child scope and carries its [`Dispatched`] ticket, so that its receipt is
+//! recorded when the work has really stopped — whoever waits for it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::task::{JoinError, JoinHandle};
+
+use crate::child::Dispatched;
+use crate::error::Error;
+use crate::scope::Scope;
+
+/// What a child task hands back: its ticket (to receive a receipt) and what it returned, or
+/// the cancel that stopped it.
+pub(crate) struct Finished<T> {
+    pub(crate) dispatched: Dispatched,
+    pub(crate) out: Result<T, Error>,
+}
+
+/// A set of child tasks. Dropping it cancels the scopes of the children still running: they
+/// stop at their next `.await` and record their receipts (no orphan attempt or branch).
+pub(crate) struct InFlight<K, T> {
+    tasks: Vec<(K, Scope, JoinHandle<Finished<T>>)>,
+}
+
+impl<K, T: Send + 'static> InFlight<K, T> {
+    pub(crate) fn new() -> Self {
+        InFlight { tasks: Vec::new() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Runs `fut` in `scope` (already registered and dispatched there as `dispatched`).
+    #[track_caller]
+    pub(crate) fn spawn<F>(&mut self, key: K, scope: Scope, dispatched: Dispatched, fut: F)
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        let run = scope.run(fut);
+        let handle = tokio::spawn(async move {
+            let out = run.await;
+            Finished { dispatched, out }
+        });
+        self.tasks.push((key, scope, handle));
+    }
+
+    /// Cancels every child still running, with `reason`.
+    pub(crate) fn cancel_all(&self, reason: &'static str) {
+        for (_, scope, _) in &self.tasks {
+            scope.cancel_with(reason);
+        }
+    }
+
+    /// Waits for the next child to end (pending forever when there is none).
+    ///
+    /// Cancel safe: a child that has not ended stays in the set.
+    pub(crate) fn next(&mut self) -> Next<'_, K, T> {
+        Next { set: self }
+    }
+}
+
+/// The future of [`InFlight::next`].
+pub(crate) struct Next<'a, K, T> {
+    set: &'a mut InFlight<K, T>,
+}
+
+impl<K, T> Future for Next<'_, K, T> {
+    type Output = (K, Scope, Result<Finished<T>, JoinError>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // A handful of attempts or branches: polling each is cheaper than a JoinSet's
+        // bookkeeping and keeps the key with its handle.
+        let tasks = &mut self.set.tasks;
+        for i in 0..tasks.len() {
+            if let Poll::Ready(res) = Pin::new(&mut tasks[i].2).poll(cx) {
+                let (key, scope, _) = tasks.swap_remove(i);
+                return Poll::Ready((key, scope, res));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl<K, T> Drop for InFlight<K, T> {
+    fn drop(&mut self) {
+        for (_, scope, _) in &self.tasks {
+            scope.cancel_with("abandoned by its caller");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Fan-out: branches share the parent's budget; required branches fail the fan-out, optional
+//! ones are cut at an earlier sub-deadline and yield "absent"; a concurrency limit.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cancel_scope::fanout::FanOut;
+use cancel_scope::{Cause, Lifecycle, Scope};
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn answer<T>(after: Duration, value: T) -> Result<T, std::io::Error> {
+    tokio::time::sleep(after).await;
+    Ok(value)
+}
+
+/// Seed 001: a common deadline of 500 ms; price and stock required; recommendations and reviews
+/// optional, cut at 350 ms; 150 ms left for aggregation.
+#[tokio::test(start_paused = true)]
+async fn seed_001_aggregation_page() {
+    let t0 = Instant::now();
+    let request = Scope::with_timeout(ms(500));
+    let deadlines = Arc::new(Mutex::new(Vec::new()));
+    let mut fan = FanOut::new(&request).aggregate_reserve(ms(150));
+    let d = deadlines.clone();
+    let price = fan.required("price", move |s| {
+        d.lock()
+            .unwrap()
+            .push(("price", s.deadline().unwrap() - t0));
+        answer(ms(120), 1999_u32)
+    });
+    let d = deadlines.clone();
+    let stock = fan.required("stock", move |s| {
+        d.lock()
+            .unwrap()
+            .push(("stock", s.deadline().unwrap() - t0));
+        answer(ms(200), 7_u32)
+    });
+    let d = deadlines.clone();
+    let recs = fan.optional("recommendations", move |s| {
+        d.lock()
+            .unwrap()
+            .push(("recommendations", s.deadline().unwrap() - t0));
+        answer(ms(400), vec!["socks", "shoes"])
+    });
+    let d = deadlines.clone();
+    let reviews = fan.optional("reviews", move |s| {
+        d.lock()
+            .unwrap()
+            .push(("reviews", s.deadline().unwrap() - t0));
+        answer(ms(300), 4.5_f32)
+    });
+
+    let mut page = fan.join().await.unwrap();
+    assert_eq!(page.required(price), 1999);
+    assert_eq!(page.required(stock), 7);
+    assert_eq!(page.optional(recs), None);
+    assert_eq!(page.optional(reviews), Some(4.5));
+    assert_eq!(page.absent().collect::<Vec<_>>(), ["recommendations"]);
+
+    // Required branches share the common deadline; optional ones end at 350 ms.
+    let mut deadlines = deadlines.lock().unwrap().clone();
+    deadlines.sort();
+    assert_eq!(
+        deadlines,
+        [
+            ("price", ms(500)),
+            ("recommendations", ms(350)),
+            ("reviews", ms(350)),
+            ("stock", ms(500)),
+        ]
+    );
+    // The fan-out returned at the optional cut-off: the 150 ms aggregation reserve is intact.
+    assert_eq!(t0.elapsed(), ms(350));
+    assert_eq!(request.remaining(), Some(ms(150)));
+
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed);
+    assert_eq!((report.succeeded(), report.cancelled()), (3, 1));
+}
+
+/// When every branch answers early, the fan-out returns early: the optional sub-deadline is a
+/// limit, not a wait.
+#[tokio::test(start_paused = true)]
+async fn fast_branches_return_early() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request).aggregate_reserve(ms(150));
+    let a = fan.required("price", |_| answer(ms(30), 1));
+    let b = fan.optional("reviews", |_| answer(ms(40), 2));
+    let mut out = fan.join().await.unwrap();
+    assert_eq!((out.required(a), out.optional(b)), (1, Some(2)));
+    assert_eq!(request.remaining(), Some(ms(460)));
+}
+
+/// A required branch that fails cancels its siblings (which record their receipts) and fails
+/// the fan-out at once.
+#[tokio::test(start_paused = true)]
+async fn a_failed_required_branch_cancels_the_siblings() {
+    let request = Scope::with_timeout(ms(500));
+    let sibling_causes = Arc::new(Mutex::new(Vec::new()));
+    let mut fan = FanOut::new(&request).aggregate_reserve(ms(150));
+    let _price = fan.required("price", |_| async {
+        tokio::time::sleep(ms(100)).await;
+        Err::<u32, _>("pricing: invalid currency")
+    });
+    for name in ["stock", "reviews"] {
+        let causes = sibling_causes.clone();
+        let _ = fan.required(name, move |s| {
+            causes.lock().unwrap().push(s);
+            answer(ms(300), ())
+        });
+    }
+    let t0 = Instant::now();
+    let err = fan.join().await.unwrap_err();
+    assert_eq!(err.branch(), Some("price"));
+    assert_eq!(
+        err.to_string(),
+        "required branch price failed: pricing: invalid currency"
+    );
+    assert_eq!(t0.elapsed(), ms(100));
+    assert!(!request.is_cancelled()); // the request itself goes on (to answer the error)
+    let siblings = sibling_causes.lock().unwrap().clone();
+    assert_eq!(siblings.len(), 2);
+    for s in siblings {
+        assert_eq!(
+            s.cause().unwrap().reason(),
+            Some("a required branch failed")
+        );
+    }
+
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!((report.failed(), report.cancelled()), (1, 2));
+}
+
+/// A required branch that runs out of the common budget fails the fan-out with a deadline.
+#[tokio::test(start_paused = true)]
+async fn a_required_branch_out_of_time_is_a_deadline_failure() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request).reserve(ms(50));
+    let _ = fan.required("stock", |_| answer(ms(600), 7));
+    let t0 = Instant::now();
+    let err = fan.join().await.unwrap_err();
+    assert!(err.is_deadline_exceeded());
+    assert_eq!(err.branch(), Some("stock"));
+    // The response reserve is untouched.
+    assert_eq!(t0.elapsed(), ms(450));
+    assert_eq!(request.remaining(), Some(ms(50)));
+}
+
+/// An optional branch that fails is absent, not an error.
+#[tokio::test(start_paused = true)]
+async fn a_failed_optional_branch_is_absent() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request);
+    let price = fan.required("price", |_| answer(ms(10), 5));
+    let recs = fan.optional("recommendations", |_| async {
+        Err::<Vec<u8>, _>("model server down")
+    });
+    let mut out = fan.join().await.unwrap();
+    assert_eq!(out.required(price), 5);
+    assert_eq!(out.optional(recs), None);
+}
+
+/// The concurrency limit bounds the branches in flight; queued branches use what is left of the
+/// same budget, and an optional branch queued past its sub-deadline is absent without running.
+#[tokio::test(start_paused = true)]
+async fn the_concurrency_limit_bounds_branches_in_flight() {
+    let request = Scope::with_timeout(ms(500));
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut fan = FanOut::new(&request).limit(2).aggregate_reserve(ms(150));
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let (running, peak, started) = (running.clone(), peak.clone(), started.clone());
+        handles.push(fan.required("shard", move |_| async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(ms(100)).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(now)
+        }));
+    }
+    let s = started.clone();
+    let late = fan.optional("late-optional", move |_| {
+        s.fetch_add(1, Ordering::SeqCst);
+        answer(ms(1), ())
+    });
+    let t0 = Instant::now();
+    let mut out = fan.join().await.unwrap();
+    assert_eq!(peak.load(Ordering::SeqCst), 2);
+    for h in handles {
+        assert!(out.required(h) <= 2);
+    }
+    assert_eq!(t0.elapsed(), ms(201)); // two waves of two, then the optional one
+    assert_eq!(out.optional(late), Some(()));
+    assert_eq!(started.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_optional_branch_queued_past_its_cut_off_does_not_start() {
+    let request = Scope::with_timeout(ms(500));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut fan = FanOut::new(&request).limit(1).aggregate_reserve(ms(150));
+    let _ = fan.required("stock", |_| answer(ms(400), ()));
+    let r = ran.clone();
+    let recs = fan.optional("recommendations", move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        answer(ms(1), ())
+    });
+    let mut out = fan.join().await.unwrap();
+    assert_eq!(out.optional(recs), None);
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+/// The request's cancel (the client left) stops every branch and fails the fan-out with the
+/// cause.
+#[tokio::test(start_paused = true)]
+async fn the_scope_cancel_stops_every_branch() {
+    let request = Scope::with_timeout(ms(500));
+    let r = request.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(30)).await;
+        r.cancel_because(Cause::ClientGone);
+    });
+    let mut fan = FanOut::new(&request);
+    let _ = fan.required("a", |_| answer(ms(300), ()));
+    let _ = fan.optional("b", |_| answer(ms(300), ()));
+    let err = fan.join().await.unwrap_err();
+    assert!(err.is_cancelled());
+    assert_eq!(err.cause(), Some(&Cause::ClientGone));
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!(report.cancelled(), 2);
+}
+
+/// Finishing early returns no time: a branch's deadline is fixed when it starts.
+#[tokio::test(start_paused = true)]
+async fn finishing_one_branch_gives_no_time_to_the_others() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request);
+    let _ = fan.required("fast", |_| answer(ms(10), ()));
+    let slow = fan.required("slow", |s| async move {
+        tokio::time::sleep(ms(50)).await;
+        Ok::<_, std::io::Error>(s.remaining())
+    });
+    let mut out = fan.join().await.unwrap();
+    assert_eq!(out.required(slow), Some(ms(450)));
+}

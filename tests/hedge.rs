@@ -1,0 +1,302 @@
+//! Hedged requests: a second attempt after a delay, the first success wins, and the call
+//! returns only after the losers have their receipts.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Latencies, Retry, RetryBudget, Stop};
+use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[derive(Debug, PartialEq)]
+enum SearchError {
+    Overloaded,
+    BadQuery,
+}
+
+fn classify(e: &SearchError) -> Decision {
+    match e {
+        SearchError::Overloaded => Decision::Backoff,
+        SearchError::BadQuery => Decision::Never,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn losers_have_receipts_when_the_call_returns() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let t0 = Instant::now();
+    let (winner, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+            // The first two replicas stall; the third answers in 5 ms.
+            let took = if a.number() < 3 { ms(10_000) } else { ms(5) };
+            tokio::time::sleep(took).await;
+            Ok::<_, SearchError>(a.number())
+        })
+        .await;
+    assert_eq!(winner.unwrap(), 3);
+    assert_eq!(t0.elapsed(), ms(105));
+    assert_eq!(
+        (ledger.started(), ledger.hedges(), ledger.peak_concurrent()),
+        (3, 2, 3)
+    );
+    assert_eq!(ledger.concurrent(), 0);
+    let starts: Vec<_> = ledger
+        .attempts()
+        .iter()
+        .map(|a| a.started_at() - t0)
+        .collect();
+    assert_eq!(starts, [ms(0), ms(50), ms(100)]);
+    let ends: Vec<_> = ledger.attempts().iter().map(|a| a.end().unwrap()).collect();
+    assert_eq!(
+        ends,
+        [
+            AttemptEnd::Stopped,
+            AttemptEnd::Stopped,
+            AttemptEnd::Succeeded
+        ]
+    );
+
+    // No yield since the call returned: every attempt already has its receipt.
+    request.close();
+    assert_eq!(request.lifecycle(), Lifecycle::Completed);
+    let report = request.quiesce().await;
+    assert_eq!((report.succeeded(), report.cancelled()), (1, 2));
+    assert_eq!(report.retry_ledgers()[0].hedges(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fast_first_attempt_starts_no_hedge() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify).hedge(HedgeDelay::Fixed(ms(50)));
+    let (winner, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |_| async {
+            tokio::time::sleep(ms(20)).await;
+            Ok::<_, SearchError>("hit")
+        })
+        .await;
+    assert_eq!(winner.unwrap(), "hit");
+    assert_eq!(
+        (ledger.started(), ledger.hedges(), ledger.peak_concurrent()),
+        (1, 0, 1)
+    );
+}
+
+/// The delay is the dependency's observed p95.
+#[tokio::test(start_paused = true)]
+async fn percentile_delay_follows_observed_latency() {
+    let latencies = Arc::new(Latencies::new(100));
+    for n in 1..=100 {
+        latencies.record(ms(n));
+    }
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Percentile {
+            latencies: latencies.clone(),
+            percentile: 95,
+            fallback: ms(10),
+        });
+    let t0 = Instant::now();
+    let (winner, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+            tokio::time::sleep(if a.is_hedge() { ms(3) } else { ms(500) }).await;
+            Ok::<_, SearchError>(a.is_hedge())
+        })
+        .await;
+    assert!(winner.unwrap());
+    assert_eq!(ledger.attempts()[1].started_at() - t0, ms(95));
+    // The winner's latency joined the window.
+    assert_eq!(latencies.len(), 100);
+    assert_eq!(latencies.percentile(1), Some(ms(2))); // 1 ms fell out, 3 ms came in
+}
+
+/// Hedges draw from the process-wide retry budget; refused hedges are counted and the call goes
+/// on with the attempts it has.
+#[tokio::test(start_paused = true)]
+async fn hedges_are_limited_by_the_retry_budget() {
+    let budget = Arc::new(RetryBudget::new(0).burst(1));
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .budget(budget.clone())
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let (winner, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+            tokio::time::sleep(ms(200)).await;
+            Ok::<_, SearchError>(a.number())
+        })
+        .await;
+    assert_eq!(winner.unwrap(), 1);
+    assert_eq!(
+        (
+            ledger.started(),
+            ledger.hedges(),
+            ledger.refused_by_budget()
+        ),
+        (2, 1, 1)
+    );
+    assert_eq!((budget.retries(), budget.refused()), (1, 1));
+}
+
+/// Side-effecting work is never hedged.
+#[tokio::test(start_paused = true)]
+async fn side_effecting_work_is_not_hedged() {
+    let request = Scope::with_timeout(ms(1000));
+    let calls = AtomicU32::new(0);
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(10)));
+    let (res, ledger) = hedge
+        .run_with_ledger(
+            &request,
+            ChildSpec::side_effecting("send-mail", "mail-1"),
+            |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(ms(100)).await;
+                    Ok::<_, SearchError>(())
+                }
+            },
+        )
+        .await;
+    res.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!((ledger.max_attempts(), ledger.hedges()), (1, 0));
+}
+
+/// An error that retrying cannot fix fails the call at once and stops the other attempts.
+#[tokio::test(start_paused = true)]
+async fn a_non_retryable_error_fails_at_once_and_stops_the_others() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let t0 = Instant::now();
+    let err = hedge
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            if a.is_hedge() {
+                tokio::time::sleep(ms(5)).await;
+                Err(SearchError::BadQuery)
+            } else {
+                tokio::time::sleep(ms(900)).await;
+                Ok(())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::NotRetryable);
+    assert_eq!(err.last_error(), Some(&SearchError::BadQuery));
+    assert_eq!(t0.elapsed(), ms(55));
+    assert_eq!(err.ledger().attempts()[0].end(), Some(AttemptEnd::Stopped));
+    request.close();
+    assert_eq!(request.lifecycle(), Lifecycle::Completed);
+}
+
+/// A retryable failure with nothing else in flight starts the next attempt at once.
+#[tokio::test(start_paused = true)]
+async fn a_failure_with_nothing_in_flight_starts_the_next_attempt() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let t0 = Instant::now();
+    let (res, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+            tokio::time::sleep(ms(10)).await;
+            if a.number() == 1 {
+                Err(SearchError::Overloaded)
+            } else {
+                Ok(a.number())
+            }
+        })
+        .await;
+    assert_eq!(res.unwrap(), 2);
+    assert_eq!(t0.elapsed(), ms(20));
+    assert!(!ledger.attempts()[1].is_hedge());
+}
+
+/// Idempotent losers share the winner's key: their effect is accounted for, nothing to
+/// reconcile.
+#[tokio::test(start_paused = true)]
+async fn idempotent_losers_need_no_reconciliation() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let keys = std::sync::Mutex::new(Vec::new());
+    hedge
+        .run(
+            &request,
+            ChildSpec::idempotent("put-profile", "user-9:v3"),
+            |a| {
+                keys.lock()
+                    .unwrap()
+                    .push(a.idempotency_key().unwrap().to_owned());
+                async move {
+                    tokio::time::sleep(if a.is_hedge() { ms(10) } else { ms(500) }).await;
+                    Ok::<_, SearchError>(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(*keys.lock().unwrap(), ["user-9:v3", "user-9:v3"]);
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed);
+    assert_eq!(
+        (
+            report.succeeded(),
+            report.cancelled(),
+            report.effect_unknown()
+        ),
+        (1, 1, 0)
+    );
+}
+
+/// The request's cancel stops every attempt; the call returns with the cause.
+#[tokio::test(start_paused = true)]
+async fn the_scope_cancel_stops_every_attempt() {
+    let request = Scope::with_timeout(ms(80));
+    let hedge = Retry::new(classify)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(30)));
+    let err = hedge
+        .run(&request, ChildSpec::read_only("search"), |_| {
+            std::future::pending::<Result<(), SearchError>>()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::Cancelled(Cause::DeadlineExceeded));
+    assert_eq!(err.ledger().started(), 3);
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!(report.cancelled(), 3);
+}
+
+/// Dropping the hedged call (its caller gave up) cancels the attempts in flight; each still
+/// records its receipt.
+#[tokio::test(start_paused = true)]
+async fn dropping_the_call_leaves_no_orphan_attempt() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(10)));
+    let call = hedge.run(&request, ChildSpec::read_only("search"), |_| {
+        std::future::pending::<Result<(), SearchError>>()
+    });
+    assert!(tokio::time::timeout(ms(50), call).await.is_err());
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed);
+    assert_eq!(report.cancelled(), 2);
+    assert_eq!(report.orphan_work(), Duration::ZERO);
+}

@@ -1,0 +1,215 @@
+//! Lifecycle, stable quiescence, shield and detach.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cancel_scope::{ChildSpec, Lifecycle, Scope};
+use futures::FutureExt;
+
+#[tokio::test]
+async fn lifecycle_goes_accepted_running_cancelling_cancelled_stable() {
+    let s = Scope::new();
+    assert_eq!(s.lifecycle(), Lifecycle::Accepted);
+    let d = s
+        .register(ChildSpec::read_only("r"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    assert_eq!(s.lifecycle(), Lifecycle::Running);
+    s.cancel();
+    assert_eq!(s.lifecycle(), Lifecycle::Cancelling);
+    assert!(s.quiesce().now_or_never().is_none());
+    d.succeed();
+    assert_eq!(s.lifecycle(), Lifecycle::CancelledStable);
+    assert!(s.lifecycle().is_final());
+}
+
+#[tokio::test]
+async fn a_closed_scope_completes_once_running_work_finishes() {
+    let s = Scope::new();
+    let d = s
+        .register(ChildSpec::read_only("r"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    s.close();
+    assert_eq!(s.lifecycle(), Lifecycle::Running);
+    let mut q = s.quiesce();
+    assert!((&mut q).now_or_never().is_none());
+    d.succeed();
+    let r = q.await;
+    assert_eq!(r.state(), Lifecycle::Completed);
+    assert_eq!(r.cause(), None);
+    assert_eq!(r.cancel_to_quiet(), None);
+}
+
+#[tokio::test]
+async fn quiesce_without_close_waits() {
+    let s = Scope::new();
+    assert!(
+        s.quiesce().now_or_never().is_none(),
+        "an open scope is never quiet"
+    );
+    s.close();
+    assert!(s.quiesce().now_or_never().is_some());
+}
+
+#[tokio::test]
+async fn after_quiesce_nothing_starts_and_the_report_never_changes() {
+    let root = Scope::new();
+    let child = root.child().build().unwrap();
+    let t = child.register(ChildSpec::read_only("r")).unwrap();
+    root.cancel();
+    drop(t);
+    let report = root.quiesce().await;
+    assert!(root.spawn(async {}).is_err());
+    assert!(child.spawn(async {}).is_err());
+    assert!(child.register(ChildSpec::read_only("late")).is_err());
+    assert!(child.tether(()).is_err());
+    assert!(root.child().build().is_err());
+    assert!(root.shield(Duration::from_secs(1), async {}).is_err());
+    assert_eq!(root.quiesce().await, report);
+    assert_eq!(report.cancelled(), 1);
+}
+
+#[tokio::test]
+async fn a_close_reaches_child_scopes() {
+    let root = Scope::new();
+    let child = root.child().build().unwrap();
+    root.close();
+    assert!(child.is_closed());
+    assert!(child.spawn(async {}).unwrap_err().is_closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_only_child_that_ignores_cancel_is_quarantined_after_grace() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let stuck = s
+        .register(ChildSpec::read_only("stuck"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    s.cancel();
+    let start = tokio::time::Instant::now();
+    let report = s.quiesce().await;
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(report.quarantined(), 1);
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert!(stuck.is_quarantined());
+    stuck.succeed(); // ignored
+    assert_eq!(s.quiesce().await, report);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quarantined_side_effect_needs_reconciliation() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let stuck = s
+        .register(ChildSpec::side_effecting("pay", "p-1"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    s.cancel();
+    let report = s.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    assert_eq!(report.pending_effects()[0].effect_id(), "p-1");
+    drop(stuck);
+    assert_eq!(s.quiesce().await, report);
+}
+
+#[tokio::test(start_paused = true)]
+async fn orphan_work_and_cancel_to_quiet_are_measured_from_the_cancel() {
+    let s = Scope::new();
+    let a = s
+        .register(ChildSpec::read_only("a"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    let b = s
+        .register(ChildSpec::read_only("b"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    s.cancel();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    a.succeed();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    b.finish(cancel_scope::Receipt::Cancelled);
+    let r = s.quiesce().await;
+    assert_eq!(r.orphan_work(), Duration::from_millis(10 + 30));
+    assert_eq!(r.cancel_to_quiet(), Some(Duration::from_millis(30)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shielded_cleanup_runs_after_cancel_within_its_own_budget() {
+    let s = Scope::new();
+    let cleaned = Arc::new(AtomicUsize::new(0));
+    let c = cleaned.clone();
+    let task = s
+        .spawn(async move {
+            let me = Scope::current();
+            // Cleanup that must finish even if the request is cancelled meanwhile.
+            let cleanup = me
+                .shield(Duration::from_millis(50), async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    assert!(!Scope::current().is_cancelled());
+                    c.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+            std::future::pending::<()>().await;
+            drop(cleanup);
+        })
+        .unwrap();
+    tokio::task::yield_now().await;
+    s.cancel();
+    assert!(task.await.unwrap_err().is_cancelled());
+    let report = s.quiesce().await;
+    assert_eq!(
+        cleaned.load(Ordering::SeqCst),
+        1,
+        "quiesce waited for the shield"
+    );
+    assert_eq!((report.cancelled(), report.succeeded()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shield_is_bounded_by_its_budget() {
+    let s = Scope::new();
+    let _hold = s.tether(()).unwrap();
+    s.cancel();
+    let h = s
+        .shield(
+            Duration::from_millis(30),
+            tokio::time::sleep(Duration::from_secs(10)),
+        )
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    assert!(h.await.unwrap_err().is_deadline_exceeded());
+    assert_eq!(start.elapsed(), Duration::from_millis(30));
+}
+
+#[tokio::test(start_paused = true)]
+async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
+    let request = Scope::with_timeout(Duration::from_millis(100))
+        .child()
+        .name("checkout")
+        .build()
+        .unwrap();
+    let outbox = request.detach(Duration::from_secs(5));
+    assert_eq!(outbox.name(), Some("checkout"));
+    request.cancel();
+    assert!(!outbox.is_cancelled());
+    let start = tokio::time::Instant::now();
+    outbox.cancelled().await;
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    assert!(outbox.cause().unwrap().is_deadline_exceeded());
+}

@@ -1,0 +1,313 @@
+//! The retry decision table of the design notes (seed 001), one test per row, plus the other
+//! classifications: a retry-after hint, side-effecting work.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cancel_scope::budget::Split;
+use cancel_scope::retry::{AttemptEnd, Decision, Exponential, Retry, Stop};
+use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CallError {
+    Connect,
+    Unavailable,
+    InvalidArgument,
+    WriteTimeout,
+    Pushback(Duration),
+}
+
+fn classify(e: &CallError) -> Decision {
+    match e {
+        CallError::Connect => Decision::SwitchEndpoint,
+        CallError::Unavailable => Decision::Backoff,
+        CallError::InvalidArgument => Decision::Never,
+        CallError::WriteTimeout => Decision::EffectUnknown,
+        CallError::Pushback(d) => Decision::RetryAfter(*d),
+    }
+}
+
+/// 700 ms left, connection refused: one retry after the backoff, on another node.
+#[tokio::test(start_paused = true)]
+async fn row_700ms_connect_error_retries_once_after_backoff_on_another_endpoint() {
+    let request = Scope::with_timeout(ms(700));
+    let backoff = Exponential::new(ms(20), ms(200)).seed(1);
+    let expected_delay = backoff.into_iter().next().unwrap();
+    let retry = Retry::new(classify).backoff(backoff);
+
+    let (result, ledger) = retry
+        .run_with_ledger(
+            &request,
+            ChildSpec::read_only("inventory"),
+            |a| async move {
+                if a.endpoint() == 0 {
+                    return Err(CallError::Connect);
+                }
+                tokio::time::sleep(ms(50)).await;
+                Ok(a.endpoint())
+            },
+        )
+        .await;
+
+    assert_eq!(result.unwrap(), 1);
+    assert_eq!(ledger.started(), 2);
+    assert_eq!(ledger.stop(), Some(&Stop::Succeeded));
+    let [first, second] = ledger.attempts() else {
+        panic!("two attempts expected")
+    };
+    assert_eq!(
+        first.end(),
+        Some(AttemptEnd::Failed(Decision::SwitchEndpoint))
+    );
+    assert_eq!(second.endpoint(), 1);
+    // The backoff was slept, and paid from the same budget.
+    assert!(expected_delay >= ms(10) && expected_delay <= ms(20));
+    assert_eq!(
+        second.started_at() - first.ended_at().unwrap(),
+        expected_delay
+    );
+    assert_eq!(request.remaining(), Some(ms(700) - expected_delay - ms(50)));
+}
+
+/// 150 ms left and the dependency's p95 is 300 ms: no retry; the caller keeps its 150 ms to
+/// degrade or answer.
+#[tokio::test(start_paused = true)]
+async fn row_150ms_left_below_dependency_p95_does_not_retry() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(classify)
+        .split(Split::Greedy { cap: None })
+        .min_useful(ms(300)) // the dependency's p95
+        .backoff(vec![ms(10), ms(10)]);
+    let err = retry
+        .run(&request, ChildSpec::read_only("inventory"), |_| async {
+            tokio::time::sleep(ms(850)).await;
+            Err::<(), _>(CallError::Unavailable)
+        })
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.stop(), &Stop::BelowMinUseful);
+    assert!(err.is_out_of_time());
+    assert_eq!(err.ledger().started(), 1);
+    assert_eq!(err.last_error(), Some(&CallError::Unavailable));
+    // Not even the backoff was slept: nothing could have started after it.
+    assert_eq!(request.remaining(), Some(ms(150)));
+    assert_eq!(err.ledger().elapsed(), ms(850));
+}
+
+/// 500 ms left, invalid argument: fail at once.
+#[tokio::test(start_paused = true)]
+async fn row_500ms_invalid_argument_fails_at_once() {
+    let request = Scope::with_timeout(ms(500));
+    let retry = Retry::new(classify).max_attempts(5);
+    let err = retry
+        .run(&request, ChildSpec::read_only("inventory"), |_| async {
+            Err::<(), _>(CallError::InvalidArgument)
+        })
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.stop(), &Stop::NotRetryable);
+    assert_eq!(err.ledger().started(), 1);
+    assert_eq!(err.ledger().elapsed(), Duration::ZERO);
+    assert_eq!(request.remaining(), Some(ms(500)));
+    assert_eq!(err.into_last_error(), Some(CallError::InvalidArgument));
+}
+
+/// 600 ms left, the write timed out: retried with the same idempotency key; the key settles the
+/// first attempt's unknown outcome, so nothing needs reconciling.
+#[tokio::test(start_paused = true)]
+async fn row_600ms_write_timeout_retries_with_the_same_idempotency_key() {
+    let request = Scope::with_timeout(ms(600));
+    let seen_keys = Arc::new(Mutex::new(Vec::new()));
+    let retry = Retry::new(classify).max_attempts(2).backoff(vec![ms(0)]);
+
+    let (result, ledger) = retry
+        .run_with_ledger(
+            &request,
+            ChildSpec::idempotent("put-order", "order-42"),
+            |a| {
+                let seen_keys = seen_keys.clone();
+                async move {
+                    seen_keys
+                        .lock()
+                        .unwrap()
+                        .push(a.idempotency_key().unwrap().to_owned());
+                    if a.number() == 1 {
+                        std::future::pending::<()>().await; // the write hangs
+                    }
+                    tokio::time::sleep(ms(50)).await;
+                    Ok::<_, CallError>("created")
+                }
+            },
+        )
+        .await;
+
+    assert_eq!(result.unwrap(), "created");
+    assert_eq!(*seen_keys.lock().unwrap(), ["order-42", "order-42"]);
+    let budgets: Vec<_> = ledger.attempts().iter().map(|a| a.budget()).collect();
+    assert_eq!(budgets, [Some(ms(300)), Some(ms(300))]);
+    assert_eq!(ledger.attempts()[0].end(), Some(AttemptEnd::TimedOut));
+
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed);
+    assert_eq!(
+        (
+            report.succeeded(),
+            report.cancelled(),
+            report.effect_unknown()
+        ),
+        (1, 1, 0)
+    );
+}
+
+/// The same write, reported by the client as "timed out after sending", with no attempt that
+/// succeeds: the effect stays unknown and is reported for reconciliation under its key.
+#[tokio::test(start_paused = true)]
+async fn idempotent_write_with_unknown_outcome_and_no_success_needs_reconciliation() {
+    let request = Scope::with_timeout(ms(600));
+    let retry = Retry::new(classify).max_attempts(2).backoff(vec![ms(10)]);
+    let err = retry
+        .run(
+            &request,
+            ChildSpec::idempotent("put-order", "order-42"),
+            |_| async { Err::<(), _>(CallError::WriteTimeout) },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::AttemptsExhausted);
+    assert_eq!(err.ledger().started(), 2);
+
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    assert_eq!(report.effect_unknown(), 2);
+    assert!(report
+        .pending_effects()
+        .iter()
+        .all(|e| e.effect_id() == "order-42"));
+}
+
+/// 0 ms left: nothing starts.
+#[tokio::test(start_paused = true)]
+async fn row_0ms_left_starts_nothing() {
+    let request = Scope::with_timeout(ms(0));
+    let called = Arc::new(Mutex::new(0));
+    let c = called.clone();
+    let err = Retry::new(classify)
+        .run(&request, ChildSpec::read_only("inventory"), move |_| {
+            *c.lock().unwrap() += 1;
+            async { Ok::<_, CallError>(()) }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(*called.lock().unwrap(), 0);
+    assert_eq!(err.stop(), &Stop::Cancelled(Cause::DeadlineExceeded));
+    assert!(err.is_out_of_time());
+    assert_eq!(err.ledger().started(), 0);
+}
+
+/// The budget runs out while an attempt is in flight: the attempt is cancelled downstream and
+/// the call ends, although attempts remain.
+#[tokio::test(start_paused = true)]
+async fn row_0ms_reached_during_an_attempt_cancels_it_and_stops() {
+    let request = Scope::with_timeout(ms(200));
+    let attempt_scopes = Arc::new(Mutex::new(Vec::new()));
+    let retry = Retry::new(classify)
+        .max_attempts(3)
+        .split(Split::Greedy { cap: None });
+    let s = attempt_scopes.clone();
+    let err = retry
+        .run(&request, ChildSpec::read_only("inventory"), move |a| {
+            s.lock().unwrap().push(a.scope().clone());
+            std::future::pending::<Result<(), CallError>>()
+        })
+        .await
+        .unwrap_err();
+
+    assert_eq!(err.stop(), &Stop::Cancelled(Cause::DeadlineExceeded));
+    assert_eq!(err.ledger().started(), 1);
+    assert_eq!(err.ledger().attempts()[0].end(), Some(AttemptEnd::Stopped));
+    let attempt = attempt_scopes.lock().unwrap()[0].clone();
+    assert!(attempt.cause().unwrap().is_deadline_exceeded());
+    drop(attempt);
+
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!(report.cancelled(), 1);
+}
+
+/// A retry-after hint within the budget is waited for exactly; one past the last start fails
+/// fast, without sleeping.
+#[tokio::test(start_paused = true)]
+async fn retry_after_hint_is_honoured_or_fails_fast() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(classify).split(Split::Greedy { cap: Some(ms(200)) });
+    let (result, ledger) = retry
+        .run_with_ledger(&request, ChildSpec::read_only("quota"), |a| async move {
+            if a.number() == 1 {
+                Err(CallError::Pushback(ms(120)))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    result.unwrap();
+    assert_eq!(ledger.attempts()[1].started_at() - ledger.began(), ms(120));
+
+    let t0 = Instant::now();
+    let err = retry
+        .run(&request, ChildSpec::read_only("quota"), |_| async {
+            Err::<(), _>(CallError::Pushback(ms(5000)))
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::RetryAfterTooLong(ms(5000)));
+    assert!(err.is_out_of_time());
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+}
+
+/// Side-effecting work never retries; one that timed out after dispatch ends EffectUnknown.
+#[tokio::test(start_paused = true)]
+async fn side_effecting_work_never_retries_and_a_timeout_is_effect_unknown() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(classify)
+        .max_attempts(3)
+        .split(Split::Greedy { cap: Some(ms(300)) });
+
+    let err = retry
+        .run(
+            &request,
+            ChildSpec::side_effecting("charge-card", "payment-7"),
+            |_| std::future::pending::<Result<(), CallError>>(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::EffectUnknown);
+    assert_eq!(err.ledger().max_attempts(), 1);
+    assert_eq!(err.ledger().started(), 1);
+    assert_eq!(err.ledger().attempts()[0].end(), Some(AttemptEnd::TimedOut));
+
+    let err = retry
+        .run(
+            &request,
+            ChildSpec::side_effecting("charge-card", "payment-8"),
+            |_| async { Err::<(), _>(CallError::Unavailable) },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::NotIdempotent);
+    assert_eq!(err.ledger().started(), 1);
+
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    assert_eq!((report.effect_unknown(), report.failed()), (1, 1));
+    assert_eq!(report.pending_effects()[0].effect_id(), "payment-7");
+}

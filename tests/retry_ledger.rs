@@ -1,0 +1,262 @@
+//! The retry ledger: per-attempt budgets from the seed tables, the reserve line, backoff paid
+//! from the budget, cancel during a backoff, and the ledger in the scope's report.
+
+use std::time::Duration;
+
+use cancel_scope::budget::Split;
+use cancel_scope::retry::{AttemptEnd, Decision, Retry, Stop};
+use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[derive(Debug)]
+struct Unavailable;
+
+/// Seed 003: deadline 1000, reserve 100, cap 500. Queued until 120, the first attempt gets 500
+/// and fails after 400; a 180 ms backoff brings us to 700, where the second gets 200; at 900
+/// nothing may start, although an attempt is left.
+#[tokio::test(start_paused = true)]
+async fn seed_003_greedy_grants_500_then_200_then_nothing() {
+    let t0 = Instant::now();
+    let request = Scope::with_deadline(t0 + ms(1000));
+    tokio::time::sleep(ms(120)).await; // queueing, on the same clock
+
+    let retry = Retry::new(|_: &Unavailable| Decision::Backoff)
+        .max_attempts(3)
+        .split(Split::Greedy { cap: Some(ms(500)) })
+        .reserve(ms(100))
+        .backoff(std::iter::repeat(ms(180)));
+    let err = retry
+        .run(&request, ChildSpec::read_only("grant"), |a| async move {
+            if a.number() == 1 {
+                tokio::time::sleep(ms(400)).await;
+                Err::<(), _>(Unavailable)
+            } else {
+                std::future::pending().await // uses all it was granted
+            }
+        })
+        .await
+        .unwrap_err();
+
+    let ledger = err.ledger();
+    let plan: Vec<_> = ledger
+        .attempts()
+        .iter()
+        .map(|a| {
+            (
+                (a.started_at() - t0).as_millis(),
+                a.budget().unwrap().as_millis(),
+            )
+        })
+        .collect();
+    assert_eq!(plan, [(120, 500), (700, 200)]);
+    assert_eq!(ledger.attempts()[1].ended_at(), Some(t0 + ms(900)));
+    assert_eq!(ledger.attempts()[1].end(), Some(AttemptEnd::TimedOut));
+    assert_eq!(err.stop(), &Stop::ReserveReached);
+    assert_eq!(ledger.last_start(), Some(t0 + ms(900)));
+    assert_eq!(ledger.max_attempts(), 3);
+    // The call returned at the reserve line: the response keeps its 100 ms.
+    assert_eq!(Instant::now() - t0, ms(900));
+    assert_eq!(request.remaining(), Some(ms(100)));
+    assert!(!request.is_cancelled());
+}
+
+async fn even_split_plan(total: Duration) -> (Vec<u128>, Stop, Duration) {
+    let t0 = Instant::now();
+    let request = Scope::with_timeout(total);
+    let retry = Retry::new(|_: &Unavailable| Decision::Backoff)
+        .max_attempts(3)
+        .split(Split::Even { cap: Some(ms(300)) })
+        .backoff(std::iter::repeat(Duration::ZERO));
+    let err = retry
+        .run(&request, ChildSpec::read_only("libraryd"), |_| {
+            std::future::pending::<Result<(), Unavailable>>()
+        })
+        .await
+        .unwrap_err();
+    let budgets = err
+        .ledger()
+        .attempts()
+        .iter()
+        .map(|a| a.budget().unwrap().as_millis())
+        .collect();
+    (budgets, err.stop().clone(), t0.elapsed())
+}
+
+/// Seed 004: 800 ms over 3 attempts with a 300 ms hop cap gives 266 / 267 / 267 (together
+/// exactly the budget); with 10 s the cap holds: 300 each.
+#[tokio::test(start_paused = true)]
+async fn seed_004_even_split_266_267_267_and_capped_300() {
+    let (budgets, stop, took) = even_split_plan(ms(800)).await;
+    assert_eq!(budgets, [266, 267, 267]);
+    assert_eq!(stop, Stop::Cancelled(Cause::DeadlineExceeded));
+    assert_eq!(took, ms(800));
+
+    let (budgets, stop, took) = even_split_plan(Duration::from_secs(10)).await;
+    assert_eq!(budgets, [300, 300, 300]);
+    assert_eq!(stop, Stop::AttemptsExhausted);
+    assert_eq!(took, ms(900));
+}
+
+/// No attempt's deadline is later than the request's deadline minus the reserve, and each
+/// attempt's child scope carries exactly its ledger budget.
+#[tokio::test(start_paused = true)]
+async fn attempt_deadlines_never_pass_the_reserve_line() {
+    let request = Scope::with_timeout(ms(1000));
+    let line = request.deadline().unwrap() - ms(100);
+    let retry = Retry::new(|_: &Unavailable| Decision::RetryNow)
+        .max_attempts(4)
+        .split(Split::Greedy { cap: None })
+        .reserve(ms(100));
+    let deadlines = std::sync::Mutex::new(Vec::new());
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |a| {
+            deadlines
+                .lock()
+                .unwrap()
+                .push((a.scope().deadline().unwrap(), a.remaining()));
+            async {
+                tokio::time::sleep(ms(200)).await;
+                Err::<(), _>(Unavailable)
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::AttemptsExhausted);
+    let deadlines = deadlines.into_inner().unwrap();
+    assert_eq!(deadlines.len(), 4);
+    for ((deadline, remaining), rec) in deadlines.iter().zip(err.ledger().attempts()) {
+        assert!(*deadline <= line);
+        assert_eq!(*remaining, rec.budget());
+    }
+}
+
+/// A backoff sleep pays from the budget and is cut short by the scope's cancel; nothing starts
+/// after the cancel.
+#[tokio::test(start_paused = true)]
+async fn cancel_during_backoff_stops_at_once() {
+    let request = Scope::with_timeout(ms(1000));
+    let canceller = request.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(50)).await;
+        canceller.cancel_with("client closed the page");
+    });
+    let retry = Retry::new(|_: &Unavailable| Decision::Backoff).backoff(vec![ms(200), ms(200)]);
+    let t0 = Instant::now();
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(Unavailable)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(t0.elapsed(), ms(50));
+    assert_eq!(
+        err.cause(),
+        Some(&Cause::cancelled("client closed the page"))
+    );
+    assert_eq!(err.ledger().started(), 1);
+    assert_eq!(err.ledger().elapsed(), ms(50));
+}
+
+/// When the backoff schedule ends, the retries end.
+#[tokio::test(start_paused = true)]
+async fn an_exhausted_backoff_schedule_ends_the_retries() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(|_: &Unavailable| Decision::Backoff)
+        .max_attempts(10)
+        .backoff(vec![ms(5)]);
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(Unavailable)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::BackoffExhausted);
+    assert_eq!(err.ledger().started(), 2);
+}
+
+/// A closed scope takes no new attempts: the call stops with `Closed`.
+#[tokio::test(start_paused = true)]
+async fn a_closed_scope_starts_no_attempt() {
+    let request = Scope::new();
+    request.close();
+    let err = Retry::new(|_: &Unavailable| Decision::Backoff)
+        .run(&request, ChildSpec::read_only("db"), |_| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::Closed);
+    assert_eq!(err.ledger().started(), 0);
+}
+
+/// Every call's ledger appears in the report of the scope it ran in, with what it spent.
+#[tokio::test(start_paused = true)]
+async fn ledgers_appear_in_the_scope_report() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(|_: &Unavailable| Decision::RetryNow).max_attempts(2);
+    retry
+        .run(&request, ChildSpec::read_only("users"), |a| async move {
+            tokio::time::sleep(ms(10)).await;
+            if a.number() == 1 {
+                Err(Unavailable)
+            } else {
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+    let _ = retry
+        .run(&request, ChildSpec::read_only("orders"), |_| async {
+            Err::<(), _>(Unavailable)
+        })
+        .await;
+
+    // The ledger is attached before the call returns: a quiesce racing the call still sees it.
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed);
+    let ledgers = report.retry_ledgers();
+    assert_eq!(ledgers.len(), 2);
+    let users = ledgers[0];
+    assert_eq!(users.dependency(), "users");
+    assert_eq!((users.max_attempts(), users.started()), (2, 2));
+    assert_eq!((users.concurrent(), users.peak_concurrent()), (0, 1));
+    assert_eq!(users.elapsed(), ms(20));
+    assert_eq!(users.stop(), Some(&Stop::Succeeded));
+    assert_eq!(users.last_start(), request.deadline());
+    assert_eq!(ledgers[1].stop(), Some(&Stop::AttemptsExhausted));
+    assert_eq!(
+        ledgers[1].to_string(),
+        "orders: 2/2 attempts (0 hedges, peak 1 concurrent) in 0ns; stopped: attempts exhausted"
+    );
+    // Four attempts, four receipts.
+    assert_eq!((report.succeeded(), report.failed()), (1, 3));
+}
+
+/// A quiesce started while a retry sleeps in its backoff waits for the call to end, and the
+/// report then holds its ledger.
+#[tokio::test(start_paused = true)]
+async fn quiesce_waits_for_a_retry_in_backoff() {
+    let request = Scope::with_timeout(ms(1000));
+    let r = request.clone();
+    let call = tokio::spawn(async move {
+        Retry::new(|_: &Unavailable| Decision::Backoff)
+            .max_attempts(2)
+            .backoff(vec![ms(100)])
+            .run(&r, ChildSpec::read_only("db"), |_| async {
+                Err::<(), _>(Unavailable)
+            })
+            .await
+            .unwrap_err()
+    });
+    tokio::time::sleep(ms(10)).await; // the call is in its backoff now
+    request.close();
+    let report = request.quiesce().await;
+    let err = call.await.unwrap();
+    // The closed watermark refused the second attempt.
+    assert_eq!(err.stop(), &Stop::Closed);
+    assert_eq!(report.retry_ledgers().len(), 1);
+    assert_eq!(report.retry_ledgers()[0].stop(), Some(&Stop::Closed));
+}

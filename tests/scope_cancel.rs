@@ -1,0 +1,204 @@
+//! Cancellation: causes, first cause wins, downward only, cancelled(), on_cancel, generation.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cancel_scope::{Cause, Scope};
+use futures::FutureExt;
+
+#[test]
+fn cancel_reaches_every_descendant_with_the_origin_cause() {
+    let root = Scope::new();
+    let a = root.child().build().unwrap();
+    let b = a.child().build().unwrap();
+    let c = b.child().build().unwrap();
+    root.cancel_with("shutdown");
+    for s in [&a, &b, &c] {
+        assert!(s.is_cancelled());
+        assert_eq!(
+            s.cause(),
+            Some(Cause::ParentCancelled(Arc::new(Cause::cancelled(
+                "shutdown"
+            ))))
+        );
+    }
+    assert_eq!(root.cause(), Some(Cause::cancelled("shutdown")));
+}
+
+#[test]
+fn cancelling_a_child_touches_neither_parent_nor_siblings() {
+    let root = Scope::new();
+    let a = root.child().build().unwrap();
+    let b = root.child().build().unwrap();
+    let a1 = a.child().build().unwrap();
+    a.cancel();
+    assert!(a.is_cancelled() && a1.is_cancelled());
+    assert!(!root.is_cancelled());
+    assert!(!b.is_cancelled());
+    assert!(root.child().build().is_ok());
+}
+
+#[test]
+fn first_cause_wins_and_cancel_is_idempotent() {
+    let s = Scope::new();
+    let child = s.child().build().unwrap();
+    assert!(s.cancel_because(Cause::ClientGone));
+    assert!(!s.cancel_because(Cause::DeadlineExceeded));
+    s.cancel();
+    s.cancel_with("later");
+    assert_eq!(s.cause(), Some(Cause::ClientGone));
+    // A child cancelled after its parent keeps the inherited cause.
+    assert!(!child.cancel_because(Cause::cancelled("own")));
+    assert!(child.cause().unwrap().is_client_gone());
+}
+
+#[test]
+fn a_child_cancelled_first_keeps_its_own_cause() {
+    let root = Scope::new();
+    let child = root.child().build().unwrap();
+    child.cancel_with("mine");
+    root.cancel_because(Cause::ClientGone);
+    assert_eq!(child.cause(), Some(Cause::cancelled("mine")));
+}
+
+#[test]
+fn no_child_can_be_created_under_a_cancelled_or_closed_scope() {
+    let s = Scope::new();
+    s.cancel_because(Cause::ClientGone);
+    let err = s.child().build().unwrap_err();
+    assert!(err.is_cancelled() && err.is_client_gone());
+
+    let closed = Scope::new();
+    closed.close();
+    let err = closed.child().build().unwrap_err();
+    assert!(err.is_closed() && !err.is_cancelled());
+    assert!(!closed.is_cancelled());
+}
+
+#[test]
+fn cancel_bumps_the_generation_once() {
+    let s = Scope::new();
+    let child = s.child().build().unwrap();
+    assert_eq!((s.generation(), child.generation()), (0, 0));
+    s.cancel();
+    s.cancel();
+    assert_eq!((s.generation(), child.generation()), (1, 1));
+    // Children start at their parent's generation.
+    let other = Scope::new();
+    assert_eq!(other.child().build().unwrap().generation(), 0);
+}
+
+#[tokio::test]
+async fn cancelled_wakes_every_waiter() {
+    let s = Scope::new();
+    let woken = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (s, woken) = (s.clone(), woken.clone());
+        tasks.push(tokio::spawn(async move {
+            s.cancelled().await;
+            woken.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(woken.load(Ordering::SeqCst), 0);
+    s.child().build().unwrap().child().build().unwrap();
+    s.cancel();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(woken.load(Ordering::SeqCst), 100);
+}
+
+#[tokio::test]
+async fn a_parent_cancel_wakes_waiters_of_descendants() {
+    let root = Scope::new();
+    let leaf = root.child().build().unwrap().child().build().unwrap();
+    let waiter = tokio::spawn({
+        let leaf = leaf.clone();
+        async move {
+            leaf.cancelled().await;
+            leaf.cause()
+        }
+    });
+    tokio::task::yield_now().await;
+    root.cancel_because(Cause::DeadlineExceeded);
+    assert!(waiter.await.unwrap().unwrap().is_deadline_exceeded());
+}
+
+#[test]
+fn cancelled_future_is_cancel_safe() {
+    let s = Scope::new();
+    // Poll once (registers a waker), then drop: nothing is left behind.
+    let mut f = s.cancelled();
+    assert!((&mut f).now_or_never().is_none());
+    drop(f);
+    let mut g = s.cancelled();
+    assert!((&mut g).now_or_never().is_none());
+    s.cancel();
+    assert!(g.now_or_never().is_some());
+    // A new call after the cancel completes at once.
+    assert!(s.cancelled().now_or_never().is_some());
+}
+
+#[test]
+fn on_cancel_runs_once_with_the_cause_and_stop_prevents_it() {
+    let s = Scope::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let kept = s.on_cancel(move |cause| {
+        assert!(cause.is_client_gone());
+        r.fetch_add(1, Ordering::SeqCst);
+    });
+    let stopped = s.on_cancel(|_| panic!("stopped callbacks never run"));
+    assert!(stopped.stop());
+    let dropped = s.on_cancel(|_| panic!("dropped guards unregister"));
+    drop(dropped);
+
+    s.cancel_because(Cause::ClientGone);
+    s.cancel();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(!kept.stop(), "it already ran");
+
+    // Registering after the cancel runs at once.
+    let r = runs.clone();
+    let late = s.on_cancel(move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(!late.stop());
+}
+
+#[test]
+fn on_cancel_of_a_descendant_runs_on_parent_cancel() {
+    let root = Scope::new();
+    let child = root.child().build().unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let _g = child.on_cancel(move |c| {
+        assert!(matches!(c, Cause::ParentCancelled(_)));
+        r.fetch_add(1, Ordering::SeqCst);
+    });
+    root.cancel();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn concurrent_cancels_from_many_threads_agree_on_one_cause() {
+    for _ in 0..200 {
+        let root = Scope::new();
+        let leaf = root.child().build().unwrap().child().build().unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let root = root.clone();
+                std::thread::spawn(move || root.cancel_with(format!("t{i}")))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let cause = root.cause().unwrap();
+        assert_eq!(leaf.cause().unwrap().origin(), &cause);
+        assert_eq!(root.generation(), 1);
+    }
+}

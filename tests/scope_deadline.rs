@@ -1,0 +1,193 @@
+//! Deadlines: they fire by themselves, children never outlive their parent's budget, and a
+//! child that would get too little fails fast.
+
+use std::time::Duration;
+
+use cancel_scope::{Cause, Scope};
+use tokio::time::{advance, Instant};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_cancels_the_scope_and_descendants_without_anyone_polling() {
+    let start = Instant::now();
+    let root = Scope::with_timeout(ms(100));
+    let child = root.child().build().unwrap();
+    let grandchild = child.child().build().unwrap();
+    advance(ms(99)).await;
+    assert!(!root.is_cancelled());
+    advance(ms(1)).await;
+    // Let the timer task run: an unrelated sleep of zero yields to it.
+    tokio::task::yield_now().await;
+    assert!(
+        root.is_cancelled(),
+        "deadline fired at {:?}",
+        start.elapsed()
+    );
+    assert_eq!(root.cause(), Some(Cause::DeadlineExceeded));
+    assert!(child.cause().unwrap().is_deadline_exceeded());
+    assert!(grandchild.cause().unwrap().is_deadline_exceeded());
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_resolves_exactly_at_the_deadline() {
+    let start = Instant::now();
+    let s = Scope::with_timeout(ms(250));
+    s.cancelled().await;
+    assert_eq!(start.elapsed(), ms(250));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tighter_child_deadline_fires_first_and_leaves_the_parent_alone() {
+    let start = Instant::now();
+    let parent = Scope::with_timeout(ms(1000));
+    let child = parent.child().timeout(ms(30)).build().unwrap();
+    child.cancelled().await;
+    assert_eq!(start.elapsed(), ms(30));
+    assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
+    assert!(!parent.is_cancelled());
+    parent.cancelled().await;
+    assert_eq!(start.elapsed(), ms(1000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn child_deadline_is_min_of_parent_minus_reserve_cap_timeout_and_operation() {
+    let parent = Scope::with_timeout(ms(1000));
+    advance(ms(150)).await; // queueing and handler time pay from the budget
+    let c = parent.child().reserve(ms(100)).build().unwrap();
+    assert_eq!(c.remaining(), Some(ms(750)));
+    let c = parent.child().cap(ms(300)).build().unwrap();
+    assert_eq!(c.remaining(), Some(ms(300)));
+    let c = parent
+        .child()
+        .timeout(ms(200))
+        .cap(ms(300))
+        .build()
+        .unwrap();
+    assert_eq!(c.remaining(), Some(ms(200)));
+    let c = parent
+        .child()
+        .deadline(Instant::now() + ms(40))
+        .build()
+        .unwrap();
+    assert_eq!(c.remaining(), Some(ms(40)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_option_makes_a_child_outlive_its_parent() {
+    let parent = Scope::with_timeout(ms(100));
+    let far = Instant::now() + Duration::from_secs(3600);
+    let c = parent
+        .child()
+        .timeout(Duration::from_secs(60))
+        .cap(Duration::MAX)
+        .deadline(far)
+        .build()
+        .unwrap();
+    assert_eq!(c.deadline(), parent.deadline());
+    let grandchild = c.child().timeout(Duration::MAX).build().unwrap();
+    assert_eq!(grandchild.deadline(), parent.deadline());
+}
+
+#[tokio::test(start_paused = true)]
+async fn too_little_budget_fails_fast() {
+    let parent = Scope::with_timeout(ms(100));
+    advance(ms(60)).await;
+    let err = parent
+        .child()
+        .reserve(ms(10))
+        .min_useful(ms(50))
+        .build()
+        .unwrap_err();
+    assert!(err.is_budget_exhausted());
+    let shortfall = err.budget().unwrap();
+    assert_eq!(
+        (shortfall.available(), shortfall.needed()),
+        (ms(30), ms(50))
+    );
+    // Nothing was linked under the parent.
+    assert_eq!(parent.__live_children(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_passed_deadline_that_has_not_fired_yet_still_refuses_children() {
+    let parent = Scope::with_timeout(ms(10));
+    // Jump past the deadline without yielding to the timer task.
+    advance(ms(20)).await;
+    let err = parent.child().build();
+    assert!(err.is_err(), "remaining budget is zero");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unbounded_scopes_have_no_deadline_until_a_child_sets_one() {
+    let root = Scope::new();
+    assert_eq!(root.remaining(), None);
+    let c = root.child().build().unwrap();
+    assert_eq!(c.deadline(), None);
+    let t = root.child().timeout(ms(5)).build().unwrap();
+    assert_eq!(t.remaining(), Some(ms(5)));
+    t.cancelled().await;
+    assert!(!root.is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_in_the_past_gives_a_cancelled_scope() {
+    let s = Scope::with_deadline(Instant::now() - ms(1));
+    assert!(s.is_cancelled());
+    assert_eq!(s.cause(), Some(Cause::DeadlineExceeded));
+    let s = Scope::with_timeout(Duration::ZERO);
+    assert!(s.is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn huge_timeouts_saturate_instead_of_overflowing() {
+    let s = Scope::with_timeout(Duration::MAX);
+    assert!(s.remaining().unwrap() > Duration::from_secs(86_400 * 365));
+    let c = s.child().timeout(Duration::MAX).build().unwrap();
+    assert!(c.deadline() <= s.deadline());
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_children_with_deadlines_each_fire_at_their_own_time() {
+    let start = Instant::now();
+    let root = Scope::with_timeout(Duration::from_secs(10));
+    let children: Vec<_> = (1..=50u64)
+        .rev()
+        .map(|i| root.child().timeout(ms(i * 10)).build().unwrap())
+        .collect();
+    for (i, c) in children.iter().enumerate().rev() {
+        c.cancelled().await;
+        let expected = ms((50 - i as u64) * 10);
+        assert_eq!(start.elapsed(), expected);
+        assert_eq!(c.cause(), Some(Cause::DeadlineExceeded));
+    }
+    assert!(!root.is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_scope_disarms_its_timer() {
+    let root = Scope::new();
+    for _ in 0..1000 {
+        let c = root
+            .child()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        drop(c);
+    }
+    assert_eq!(root.__live_children(), 0);
+    // A later deadline still fires.
+    let c = root.child().timeout(ms(5)).build().unwrap();
+    c.cancelled().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_before_the_deadline_keeps_the_explicit_cause() {
+    let s = Scope::with_timeout(ms(50));
+    s.cancel_with("early");
+    advance(ms(100)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(s.cause(), Some(Cause::cancelled("early")));
+}

@@ -1,0 +1,116 @@
+//! Tasks spawned in a scope: refused after cancel, stopped at the next await, receipted.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cancel_scope::{Lifecycle, Scope};
+
+#[tokio::test]
+async fn spawn_after_cancel_is_refused_without_running_the_future() {
+    let s = Scope::new();
+    s.cancel();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let err = s
+        .spawn(async move { r.store(true, Ordering::SeqCst) })
+        .unwrap_err();
+    assert!(err.is_cancelled());
+    tokio::task::yield_now().await;
+    assert!(!ran.load(Ordering::SeqCst));
+    let closed = Scope::new();
+    closed.close();
+    assert!(closed.spawn(async {}).unwrap_err().is_closed());
+    assert!(closed.spawn_blocking(|| ()).unwrap_err().is_closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_stops_the_task_at_its_next_await_and_records_cancelled() {
+    let s = Scope::new();
+    let reached_end = Arc::new(AtomicBool::new(false));
+    let flag = reached_end.clone();
+    let h = s
+        .spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            flag.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    s.cancel_with("client left");
+    let err = h.await.unwrap_err();
+    assert_eq!(err.cause().unwrap().reason(), Some("client left"));
+    assert!(!reached_end.load(Ordering::SeqCst));
+    let r = s.quiesce().await;
+    assert_eq!((r.cancelled(), r.succeeded()), (1, 0));
+    assert_eq!(r.state(), Lifecycle::CancelledStable);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_stops_tasks_with_deadline_exceeded() {
+    let s = Scope::with_timeout(Duration::from_millis(100));
+    let h = s
+        .spawn(tokio::time::sleep(Duration::from_millis(350)))
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    assert!(h.await.unwrap_err().is_deadline_exceeded());
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn a_panicking_task_records_failed_and_the_handle_says_so() {
+    let s = Scope::new();
+    let h = s.spawn(async { panic!("boom") }).unwrap();
+    assert!(h.await.unwrap_err().is_panic());
+    s.close();
+    let r = s.quiesce().await;
+    assert_eq!((r.failed(), r.total()), (1, 1));
+}
+
+#[tokio::test]
+async fn an_aborted_task_records_cancelled() {
+    let s = Scope::new();
+    let h = s.spawn(std::future::pending::<()>()).unwrap();
+    h.abort();
+    assert!(h.await.unwrap_err().is_cancelled());
+    s.close();
+    assert_eq!(s.quiesce().await.cancelled(), 1);
+}
+
+#[tokio::test]
+async fn spawn_blocking_yields_the_output_and_succeeds() {
+    let s = Scope::new();
+    let h = s
+        .spawn_blocking(|| Scope::current().is_cancelled())
+        .unwrap();
+    assert!(!h.await.unwrap());
+    s.close();
+    assert_eq!(s.quiesce().await.succeeded(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let h = s
+        .spawn_blocking(move || {
+            started_tx.send(()).unwrap();
+            release_rx.recv().unwrap(); // ignores the cancel until released
+            "late"
+        })
+        .unwrap();
+    started_rx.await.unwrap();
+    s.cancel();
+    let report = s.quiesce().await;
+    assert_eq!(report.quarantined(), 1);
+    assert_eq!(report.quarantined_children()[0].name(), "blocking");
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    // The late outcome is ignored: the report does not change.
+    release_tx.send(()).unwrap();
+    assert_eq!(h.await.unwrap(), "late");
+    assert_eq!(s.quiesce().await, report);
+}

@@ -1,0 +1,6 @@
+//! Helpers shared by integration tests.
+
+#![allow(dead_code)]
+
+#[cfg(feature = "sqlx-postgres")]
+pub mod postgres;
