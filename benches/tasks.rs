@@ -42,9 +42,12 @@ fn spawn_many_then_quiesce(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let scope = Scope::new();
             for _ in 0..TASKS {
-                let _ = scope
-                    .spawn(async { tokio::task::yield_now().await })
-                    .unwrap();
+                // The handle is not needed: quiesce waits for every task.
+                drop(
+                    scope
+                        .spawn(async { tokio::task::yield_now().await })
+                        .unwrap(),
+                );
             }
             scope.close();
             scope.quiesce().await.succeeded()
