@@ -63,9 +63,9 @@ struct Inner {
 impl Inner {
     /// Records `receipt` unless quarantine got there first (invariant 5).
     fn finish(&mut self, receipt: Receipt) {
-        if !self.cell.finish_as(TicketState::Done) {
+        let Some(was) = self.cell.finish_as(TicketState::Done) else {
             return;
-        }
+        };
         let kind = receipt.kind();
         let record = match receipt {
             Receipt::EffectUnknown(rec) => {
@@ -73,9 +73,13 @@ impl Inner {
                 spec.replace_record(rec);
                 Some(spec)
             }
+            // Listed like a quarantine decided by the scope (and counted as an unknown effect
+            // when the child may have had one).
+            Receipt::Quarantined => Some(self.spec.clone()),
             _ => None,
         };
-        tree::record_receipt(&self.scope.node, &self.cell, kind, record, now_stamp);
+        let ran = was == TicketState::Dispatched;
+        tree::record_receipt(&self.scope.node, &self.cell, kind, record, ran, now_stamp);
     }
 
     fn default_receipt(&self) -> Receipt {
@@ -288,7 +292,12 @@ impl Dispatched {
     /// d.succeed();
     /// ```
     pub fn set_provider_handle(&mut self, handle: impl Into<std::sync::Arc<str>>) {
-        self.inner.spec.set_provider_handle(handle.into());
+        let handle = handle.into();
+        self.inner.spec.set_provider_handle(handle.clone());
+        // Also where a quarantine reads it.
+        self.inner
+            .cell
+            .update_info(|spec| spec.set_provider_handle(handle));
     }
 
     /// The scope the child belongs to.

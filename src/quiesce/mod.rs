@@ -385,10 +385,14 @@ impl Future for Quiesce {
                 return Poll::Pending;
             }
             // Cancelled but not quiet: children get the grace period, counted from the cancel.
-            let sleep = this.grace.get_or_insert_with(|| {
-                let at = instant_of(this.scope.node.cancelled_at()) + this.scope.node.ext.grace;
-                Box::pin(tokio::time::sleep_until(at))
-            });
+            let cancelled_at = instant_of(this.scope.node.cancelled_at());
+            let Some(at) = cancelled_at.checked_add(this.scope.node.ext.grace) else {
+                // A grace period too long to represent never ends: wait for the receipts.
+                return Poll::Pending;
+            };
+            let sleep = this
+                .grace
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -470,7 +474,7 @@ impl Scope {
                     .with_records(|r| r.quarantined.iter().any(|c| c.effect().may_have_effect()));
             if needs {
                 Lifecycle::NeedsReconciliation
-            } else if st.is_cancelled() {
+            } else if st.is_cancelled() && !st.is_late_cancel() {
                 Lifecycle::CancelledStable
             } else {
                 Lifecycle::Completed
@@ -508,7 +512,8 @@ impl Scope {
                 .collect();
             (effects, r.quarantined.clone())
         });
-        let cause = self.cause();
+        // A cancel that came after the scope was quiet changed nothing it reports (inv. 6).
+        let cause = self.cause().filter(|_| !node.state().is_late_cancel());
         let cancel_to_quiet = cause.as_ref().map(|_| {
             let at = node.cancelled_at();
             nanos(node.last_stamp().saturating_sub(at))

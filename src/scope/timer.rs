@@ -48,6 +48,9 @@ impl Timers {
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
     #[track_caller]
     pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
+        // Before any state changes: outside a runtime this panics and leaves nothing behind.
+        let handle = tokio::runtime::Handle::try_current()
+            .expect("a scope with a deadline must be created inside a tokio runtime");
         let mut st = this.state.lock();
         st.seq += 1;
         let seq = st.seq;
@@ -57,8 +60,6 @@ impl Timers {
             st.running = true;
             st.armed = Some(deadline);
             drop(st);
-            let handle = tokio::runtime::Handle::try_current()
-                .expect("a scope with a deadline must be created inside a tokio runtime");
             handle.spawn(drive(this.clone()));
         } else if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
@@ -125,15 +126,47 @@ impl Timers {
     }
 }
 
+/// Marks the driver stopped if its task ends abnormally (a panic, its runtime shutting down),
+/// so that the next deadline starts a new one. A normal exit is marked by `Timers::due`, under
+/// the lock, and must not be touched afterwards: a new driver may already run.
+struct Running {
+    timers: Arc<Timers>,
+    stopped: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let mut st = self.timers.state.lock();
+            st.running = false;
+            st.armed = None;
+        }
+    }
+}
+
 async fn drive(timers: Arc<Timers>) {
+    let mut running = Running {
+        timers: timers.clone(),
+        stopped: false,
+    };
     loop {
         let now = Instant::now();
         let (fired, next) = timers.due(now);
         let stamp = stamp_of(now);
         for node in fired {
-            tree::cancel(&node, Cause::DeadlineExceeded, stamp);
+            // A panicking `on_cancel` callback is the user's bug, but it must not stop the
+            // other deadlines of this tree: the cancel itself has completed (callbacks run
+            // after the walk), so the panic is contained here and dropped.
+            let cancel = std::panic::AssertUnwindSafe(|| {
+                tree::cancel(&node, Cause::DeadlineExceeded, stamp);
+            });
+            let _ = std::panic::catch_unwind(cancel);
         }
-        let Some(next) = next else { return };
+        let Some(next) = next else {
+            // `due` already marked the driver stopped, under the lock.
+            running.stopped = true;
+            return;
+        };
         tokio::select! {
             biased;
             _ = timers.wake.notified() => {}

@@ -15,7 +15,8 @@
 //! | 32     | `CLOSED`: the registration watermark is closed (by `close` or `cancel`) |
 //! | 33     | `CANCELLED` |
 //! | 34     | `STARTED`: a unit was ever taken in this subtree (lifecycle `Accepted -> Running`) |
-//! | 35..64 | generation: bumped by cancel, in the same atomic step that sets `CANCELLED` |
+//! | 35     | `LATE_CANCEL`: the cancel came after the node was already quiet (its report ignores it) |
+//! | 36..64 | generation: bumped by cancel, in the same atomic step that sets `CANCELLED` |
 //!
 //! # Invariants
 //!
@@ -68,7 +69,8 @@ const ACTIVE_MASK: u64 = (1 << 32) - 1;
 const CLOSED: u64 = 1 << 32;
 const CANCELLED: u64 = 1 << 33;
 const STARTED: u64 = 1 << 34;
-const GEN_SHIFT: u32 = 35;
+const LATE_CANCEL: u64 = 1 << 35;
+const GEN_SHIFT: u32 = 36;
 const GEN_ONE: u64 = 1 << GEN_SHIFT;
 
 /// Number of registry shards per node: children of one parent created on different threads
@@ -91,6 +93,11 @@ impl State {
     }
     pub(crate) fn is_started(self) -> bool {
         self.0 & STARTED != 0
+    }
+    /// Cancelled after it had become quiet: the cancel changed nothing that ran, and the
+    /// quiescence report keeps saying what it said (invariant 6).
+    pub(crate) fn is_late_cancel(self) -> bool {
+        self.0 & LATE_CANCEL != 0
     }
     pub(crate) fn generation(self) -> u64 {
         self.0 >> GEN_SHIFT
@@ -361,7 +368,19 @@ pub(crate) fn new_child<X, R>(
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
-    let mut children = parent.registry.get_or_init().shards[shard].children.lock();
+    let registry = match parent.registry.get() {
+        Some(r) => r,
+        // The first child creates the registry under the parent's `inner` lock, which cancel
+        // and close also take before they look for a registry: either they see it (and walk
+        // it), or this creation comes after them and sees their bit below. (Without the lock,
+        // "init registry, load state" against "write state, load registry" is the
+        // store-buffering pattern, which acquire/release alone allows to miss both ways.)
+        None => {
+            let _inner = parent.inner.lock();
+            parent.registry.get_or_init()
+        }
+    };
+    let mut children = registry.shards[shard].children.lock();
     let state = parent.state();
     if state.is_closed() {
         drop(children);
@@ -433,25 +452,31 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
     let mut due = Due::default();
-    let (did, cause) = mark_cancelled(node, cause, stamp, &mut due);
-    due.run();
-    let mut work = vec![(node.clone(), cause)];
+    let (did, cause, walk) = mark_cancelled(node, cause, stamp, &mut due);
+    due.wake();
+    let mut work = Vec::new();
+    if walk {
+        work.push((node.clone(), cause));
+    }
     while let Some((n, cause)) = work.pop() {
         let child_cause = cause.for_child();
         for shard in n.shards() {
             let children = shard.children.lock();
             for (_, child) in children.iter() {
                 // Lock order: this shard, then the child's `inner` (never the reverse).
-                let (_, cause) = mark_cancelled(child, child_cause.clone(), stamp, &mut due);
-                if child.registry.get().is_some() {
+                let (_, cause, walk) = mark_cancelled(child, child_cause.clone(), stamp, &mut due);
+                if walk {
                     // Only nodes that ever had children are walked (leaves cost no `Arc`).
                     work.push((child.clone(), cause));
                 }
             }
         }
-        // Wakers and callbacks run with no lock held.
-        due.run();
+        // Wakers run with no lock held.
+        due.wake();
     }
+    // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
+    // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
+    due.run_callbacks();
     did
 }
 
@@ -463,47 +488,70 @@ struct Due {
 }
 
 impl Due {
-    fn run(&mut self) {
+    fn wake(&mut self) {
         for w in self.wakers.drain(..) {
             w.wake();
         }
+    }
+
+    fn run_callbacks(&mut self) {
+        let mut panic = None;
         for (cb, cause) in self.callbacks.drain(..) {
-            cb(&cause);
+            let run = std::panic::AssertUnwindSafe(move || cb(&cause));
+            if let Err(p) = std::panic::catch_unwind(run) {
+                panic.get_or_insert(p);
+            }
+        }
+        if let Some(p) = panic {
+            std::panic::resume_unwind(p);
         }
     }
 }
 
-/// Cancels one node (not its children) unless it already is; returns whether this call did it
-/// and the cause that holds for the node (for its children to inherit).
-fn mark_cancelled<X, R>(n: &Node<X, R>, cause: Cause, stamp: u64, due: &mut Due) -> (bool, Cause) {
+/// Cancels one node (not its children) unless it already is. Returns whether this call did it,
+/// the cause that holds for the node (for its children to inherit), and whether the node has a
+/// registry to walk (read under `inner`, see `new_child`).
+fn mark_cancelled<X, R>(
+    n: &Node<X, R>,
+    cause: Cause,
+    stamp: u64,
+    due: &mut Due,
+) -> (bool, Cause, bool) {
     let mut inner = n.inner.lock();
+    let walk = n.registry.get().is_some();
     if let Some(existing) = &inner.cause {
         // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
         // be walking below, so the caller walks too; its wakers and callbacks are its own.
-        return (false, existing.clone());
+        return (false, existing.clone(), walk);
     }
     inner.cause = Some(cause.clone());
     inner.cancelled_at = stamp;
     // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
     // publishes the cause to `is_cancelled` readers; Acquire orders this after every dispatch
-    // CAS that came before it.
+    // CAS that came before it. A node that was already quiet records that the cancel came
+    // late, so its report does not change (invariant 6).
     let prev = State(
         n.state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+                let late = if State(s).is_quiet() { LATE_CANCEL } else { 0 };
+                Some((s | CLOSED | CANCELLED | late).wrapping_add(GEN_ONE))
             })
             .unwrap_or_else(|s| s),
     );
-    if inner.lists.is_some() {
-        let (wakers, callbacks) = inner.drain(Wait::Cancel);
-        due.wakers.extend(wakers);
+    if let Some(lists) = inner.lists.as_mut() {
+        due.wakers.extend(lists.cancel_waiters.drain());
         due.callbacks
-            .extend(callbacks.into_iter().map(|cb| (cb, cause.clone())));
+            .extend(lists.callbacks.drain().map(|cb| (cb, cause.clone())));
         if prev.active() == 0 {
-            due.wakers.extend(inner.drain(Wait::Quiet).0);
+            due.wakers.extend(lists.quiet_waiters.drain());
+        } else {
+            // Not quiet yet, but a waiting `quiesce()` must learn of the cancel to start its
+            // grace period: wake it without draining (it stays registered).
+            due.wakers
+                .extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
         }
     }
-    (true, cause)
+    (true, cause, walk)
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
@@ -520,7 +568,12 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
         if prev.active() == 0 {
             wake_quiet(&n);
         }
-        for shard in n.shards() {
+        // Under `inner`: pairs with the registry's creation in `new_child`.
+        let registry = {
+            let _inner = n.inner.lock();
+            n.registry.get()
+        };
+        for shard in registry.into_iter().flat_map(|r| r.shards.iter()) {
             let children = shard.children.lock();
             work.extend(children.iter().map(|(_, c)| c.clone()));
         }
@@ -676,9 +729,10 @@ pub(crate) fn record_receipt<X, R: Clone>(
     cell: &TicketCell<R>,
     kind: Kind,
     record: Option<R>,
+    ran: bool,
     clock: impl Fn() -> u64,
 ) {
-    count_receipt(node, kind, record, &clock);
+    count_receipt(node, kind, record, ran, &clock);
     node.in_flight.lock().try_remove(cell.key());
     release_unit(node);
 }
@@ -690,6 +744,7 @@ fn count_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
     record: Option<R>,
+    ran: bool,
     clock: &dyn Fn() -> u64,
 ) {
     let mut stamp = None;
@@ -700,10 +755,13 @@ fn count_receipt<X, R: Clone>(
         if cur.state().is_cancelled() {
             let stamp = *stamp.get_or_insert_with(clock);
             counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
-            let at = cur.cancelled_at();
-            counts
-                .orphan_nanos
-                .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
+            if ran {
+                // Orphan work: only a child that was dispatched can have run on.
+                let at = cur.cancelled_at();
+                counts
+                    .orphan_nanos
+                    .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
+            }
         }
         if let Some(r) = &record {
             let mut recs = cur.records.lock();
@@ -745,8 +803,9 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
         let cells: Vec<Arc<TicketCell<R>>> =
             n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
         for cell in cells {
-            if cell.finish_as(TicketState::Quarantined) {
-                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), &|| stamp);
+            if let Some(was) = cell.finish_as(TicketState::Quarantined) {
+                let ran = was == TicketState::Dispatched;
+                count_receipt(&n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
                 n.in_flight.lock().try_remove(cell.key());
                 release_unit(&n);
                 n_quarantined += 1;
@@ -800,18 +859,26 @@ pub(crate) fn poll_wait<X, R>(
     let mut inner = node.inner.lock();
     // Re-check under the lock: the waking side changes the state before it takes this lock.
     if reached(node.state()) {
-        if let Some(k) = key.slot.take() {
-            waiters(&mut inner, which).try_remove(k);
-        }
+        let removed = key
+            .slot
+            .take()
+            .and_then(|k| waiters(&mut inner, which).try_remove(k));
+        drop(inner);
+        // Wakers are dropped with no lock held (dropping one may drop a task's output).
+        drop(removed);
         key.waker = None;
         return true;
     }
     let slab = waiters(&mut inner, which);
-    match key.slot.and_then(|k| slab.get_mut(k)) {
-        Some(w) => w.clone_from(waker),
-        None => key.slot = Some(slab.insert(waker.clone())),
-    }
+    let replaced = match key.slot.and_then(|k| slab.get_mut(k)) {
+        Some(w) => Some(std::mem::replace(w, waker.clone())),
+        None => {
+            key.slot = Some(slab.insert(waker.clone()));
+            None
+        }
+    };
     drop(inner);
+    drop(replaced);
     key.waker = Some(waker.clone());
     false
 }
@@ -833,7 +900,9 @@ pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut Wait
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become
         // permanent, and `poll_wait` never registers once it holds. So removing is safe.
-        waiters(&mut inner, which).try_remove(k);
+        let removed = waiters(&mut inner, which).try_remove(k);
+        drop(inner);
+        drop(removed);
     }
 }
 
@@ -853,12 +922,10 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
 /// Unregisters an `on_cancel` callback. Returns `true` if it was still registered (so it will
 /// never run).
 pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
-    node.inner
-        .lock()
-        .lists()
-        .callbacks
-        .try_remove(key)
-        .is_some()
+    // The closure is dropped after the lock is released: it may own tickets, guards or scopes
+    // of this node whose drop takes the lock again.
+    let removed = node.inner.lock().lists().callbacks.try_remove(key);
+    removed.is_some()
 }
 
 #[cfg(test)]

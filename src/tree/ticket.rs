@@ -1,6 +1,6 @@
 //! The shared cell of one registered child: its state and its identity.
 
-use crate::sync::{AtomicU8, Ordering};
+use crate::sync::{AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +33,9 @@ pub(crate) struct TicketCell<R> {
     state: AtomicU8,
     key: usize,
     generation: u64,
-    info: R,
+    /// What the child is; its owner may add to it after dispatch (a provider handle), so
+    /// that a quarantine reports what the owner knew.
+    info: Mutex<R>,
 }
 
 impl<R> TicketCell<R> {
@@ -42,7 +44,7 @@ impl<R> TicketCell<R> {
             state: AtomicU8::new(TicketState::Prepared as u8),
             key,
             generation,
-            info,
+            info: Mutex::new(info),
         }
     }
 
@@ -55,8 +57,17 @@ impl<R> TicketCell<R> {
         self.generation
     }
 
-    pub(crate) fn info(&self) -> &R {
-        &self.info
+    /// A copy of what the child is.
+    pub(crate) fn info(&self) -> R
+    where
+        R: Clone,
+    {
+        self.info.lock().clone()
+    }
+
+    /// Updates what the child is (the owner learned more after dispatch).
+    pub(crate) fn update_info(&self, f: impl FnOnce(&mut R)) {
+        f(&mut self.info.lock());
     }
 
     pub(crate) fn state(&self) -> TicketState {
@@ -77,12 +88,12 @@ impl<R> TicketCell<R> {
     }
 
     /// Moves a ticket without receipt to `target` (`Done` or `Quarantined`). Exactly one caller
-    /// ever gets `true` (invariant 5).
-    pub(crate) fn finish_as(&self, target: TicketState) -> bool {
+    /// ever gets `Some` (invariant 5), with the state it moved from (did it run?).
+    pub(crate) fn finish_as(&self, target: TicketState) -> Option<TicketState> {
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
             if cur >= TicketState::Done as u8 {
-                return false;
+                return None;
             }
             match self.state.compare_exchange(
                 cur,
@@ -90,7 +101,7 @@ impl<R> TicketCell<R> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return true,
+                Ok(_) => return Some(TicketState::from_u8(cur)),
                 Err(actual) => cur = actual,
             }
         }
