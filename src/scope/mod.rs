@@ -245,6 +245,28 @@ impl Scope {
         ext.timer_key.store(key, Ordering::Relaxed);
     }
 
+    /// If this scope's deadline has passed at `now`, cancels it with
+    /// [`Cause::DeadlineExceeded`] now rather than when its timer task gets to run, and returns
+    /// `true`.
+    ///
+    /// The cancel goes to the topmost scope on the way up whose deadline has passed as well
+    /// (the one whose timer would fire first), so causes are the same as the timer's. Deadlines
+    /// never grow down the tree, so the walk stops at the first ancestor still in time.
+    pub(crate) fn expire_if_due(&self, now: Instant) -> bool {
+        if self.deadline().is_none_or(|d| d > now) {
+            return false;
+        }
+        let mut top = &self.node;
+        while let Some(p) = top.parent() {
+            if p.ext.deadline.is_none_or(|d| d > now) {
+                break;
+            }
+            top = p;
+        }
+        tree::cancel(top, Cause::DeadlineExceeded, stamp_of(now));
+        true
+    }
+
     /// Starts building a child scope (see [`ChildBuilder`]).
     ///
     /// # Examples

@@ -329,6 +329,11 @@ impl<X, R> Node<X, R> {
         }
     }
 
+    /// The parent node (`None` for a root).
+    pub(crate) fn parent(&self) -> Option<&Arc<Node<X, R>>> {
+        self.parent.as_ref()
+    }
+
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
         self.shards().map(|s| s.children.lock().len()).sum()
@@ -336,7 +341,10 @@ impl<X, R> Node<X, R> {
 
     /// The registry shards, if the node ever had a child.
     fn shards(&self) -> impl Iterator<Item = &Shard<X, R>> {
-        self.registry.get().into_iter().flat_map(|r| r.shards.iter())
+        self.registry
+            .get()
+            .into_iter()
+            .flat_map(|r| r.shards.iter())
     }
 }
 
@@ -805,7 +813,12 @@ pub(crate) fn on_cancel<X, R>(node: &Node<X, R>, f: Callback) -> Option<usize> {
 /// Unregisters an `on_cancel` callback. Returns `true` if it was still registered (so it will
 /// never run).
 pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
-    node.inner.lock().lists().callbacks.try_remove(key).is_some()
+    node.inner
+        .lock()
+        .lists()
+        .callbacks
+        .try_remove(key)
+        .is_some()
 }
 
 #[cfg(test)]
