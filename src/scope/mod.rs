@@ -330,6 +330,10 @@ impl Scope {
     /// Idempotent: the first cause wins. Returns once every descendant is cancelled, so no work
     /// of this subtree can be dispatched after `cancel` returns.
     ///
+    /// A scope that has already completed ([`close`](Scope::close)d and quiet:
+    /// [`Lifecycle::Completed`](crate::Lifecycle::Completed), a final state) has nothing left
+    /// to stop: cancelling it, or its deadline passing, leaves it and its report as they are.
+    ///
     /// # Examples
     ///
     /// ```
@@ -358,7 +362,8 @@ impl Scope {
     }
 
     /// Cancels with any cause, e.g. [`Cause::ClientGone`] from a server that saw its client
-    /// disconnect. Returns `true` if this call cancelled the scope (`false`: it already was).
+    /// disconnect. Returns `true` if this call cancelled the scope (`false`: it already was,
+    /// or it had already completed — see [`Scope::cancel`]).
     ///
     /// A [`Cause::ParentCancelled`] passed here is recorded as it is.
     ///

@@ -37,7 +37,9 @@
 //! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
-//!    counted before their unit is released, no counter changes after quiet is observed.
+//!    counted before their unit is released, no counter changes after quiet is observed. A
+//!    cancel that finds a node quiet without a cancel leaves it (and its quiet subtree) as it
+//!    is: `Completed` is final.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
 //!    sharded registry at creation and removed when its last handle drops and it has no linked
 //!    children left (a link counts as a handle of the parent, so a scope whose handles are gone
@@ -425,7 +427,9 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
     }
 }
 
-/// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
+/// Cancels `node` and every descendant. Returns whether this call did it (first cause wins;
+/// a node that already completed — quiet without a cancel — is left as it is, with its
+/// subtree).
 ///
 /// Every call returns only once every descendant is cancelled, also one that lost the race
 /// for the first cause: a node found already cancelled is still walked, with its own cause,
@@ -439,37 +443,48 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
     let mut first = true;
     let mut did = false;
     while let Some((n, cause)) = work.pop() {
-        let (cause, set, wakers, callbacks) = {
+        let reached = {
             let mut inner = n.inner.lock();
             if let Some(existing) = &inner.cause {
                 // Invariant 1: someone else cancelled it; its cause wins here and below. It
                 // may still be walking below, so walk too (see above); its wakers and
                 // callbacks are its own to run.
-                (existing.clone(), false, Vec::new(), Vec::new())
+                Some((existing.clone(), false, Vec::new(), Vec::new()))
             } else {
-                inner.cause = Some(cause.clone());
-                inner.cancelled_at = stamp;
                 // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
                 // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
-                // every dispatch CAS that came before it.
-                let prev = State(
-                    n.state
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                            Some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
-                        })
-                        .unwrap_or_else(|s| s),
-                );
-                let (mut wakers, callbacks) = inner.drain(Wait::Cancel);
-                if prev.active() == 0 {
-                    wakers.extend(inner.drain(Wait::Quiet).0);
-                }
-                (cause, true, wakers, callbacks)
+                // every dispatch CAS that came before it. (The cause is written under `inner`,
+                // which every reader of it takes after seeing CANCELLED.)
+                //
+                // Invariant 6: a node that is already quiet (closed without a cancel, no units
+                // left) has completed, and `Completed` is final: a later cancel (its deadline
+                // passing, or anyone's) finds nothing to stop and must not turn it into
+                // `CancelledStable` and change its report. Its whole subtree is quiet too (a
+                // child with units holds one of its parent's), so it is not walked.
+                let updated = n
+                    .state
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                        (!State(s).is_quiet())
+                            .then(|| (s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+                    });
+                updated.ok().map(|prev| {
+                    inner.cause = Some(cause.clone());
+                    inner.cancelled_at = stamp;
+                    let (mut wakers, callbacks) = inner.drain(Wait::Cancel);
+                    if State(prev).active() == 0 {
+                        wakers.extend(inner.drain(Wait::Quiet).0);
+                    }
+                    (cause, true, wakers, callbacks)
+                })
             }
         };
         if first {
-            did = set;
+            did = reached.as_ref().is_some_and(|r| r.1);
             first = false;
         }
+        let Some((cause, _, wakers, callbacks)) = reached else {
+            continue;
+        };
         for w in wakers {
             w.wake();
         }
