@@ -18,8 +18,12 @@ fn is_cancelled(c: &mut Criterion) {
     let scope = Scope::new();
     let token = CancellationToken::new();
     let flag = AtomicBool::new(false);
-    g.bench_function("cancel_scope", |b| b.iter(|| black_box(&scope).is_cancelled()));
-    g.bench_function("tokio_util", |b| b.iter(|| black_box(&token).is_cancelled()));
+    g.bench_function("cancel_scope", |b| {
+        b.iter(|| black_box(&scope).is_cancelled())
+    });
+    g.bench_function("tokio_util", |b| {
+        b.iter(|| black_box(&token).is_cancelled())
+    });
     g.bench_function("atomic_bool", |b| {
         b.iter(|| black_box(&flag).load(Ordering::Acquire))
     });
@@ -33,7 +37,9 @@ fn child_create_drop(c: &mut Criterion) {
     g.bench_function("cancel_scope", |b| {
         b.iter(|| drop(black_box(scope.child().build().unwrap())))
     });
-    g.bench_function("tokio_util", |b| b.iter(|| drop(black_box(token.child_token()))));
+    g.bench_function("tokio_util", |b| {
+        b.iter(|| drop(black_box(token.child_token())))
+    });
     g.finish();
 }
 
@@ -50,7 +56,11 @@ fn child_with_deadline(c: &mut Criterion) {
     g.bench_function("cancel_scope", |b| {
         b.iter(|| {
             drop(black_box(
-                scope.child().timeout(Duration::from_secs(30)).build().unwrap(),
+                scope
+                    .child()
+                    .timeout(Duration::from_secs(30))
+                    .build()
+                    .unwrap(),
             ))
         })
     });
@@ -165,7 +175,7 @@ fn cancel_observed_by_waiters(c: &mut Criterion) {
             tasks.push(tokio::spawn(async move {
                 let mut fut = std::pin::pin!(fut);
                 // Poll once so the waiter is registered, then count it as ready.
-                futures::poll!(fut.as_mut());
+                let _ = futures::poll!(fut.as_mut());
                 ready.fetch_add(1, Ordering::SeqCst);
                 fut.await;
             }));

@@ -58,7 +58,8 @@
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
 //! | [`retry`] | retries and hedges within one budget, with a ledger per call |
 //! | [`fanout`] | parallel required and optional branches sharing one budget |
-//! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs |
+//! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs; admission and egress |
+//! | `integrations` | database, tower and reqwest adapters (behind features) |
 //!
 //! # Feature flags
 //!
@@ -69,6 +70,11 @@
 //! | `sqlx-postgres` | `integrations::sqlx` for PostgreSQL: budget-derived `statement_timeout`, server-side cancel |
 //! | `sqlx-sqlite` | `integrations::sqlx` for SQLite (bundled): statements interrupted on cancel |
 //! | `sqlx` | both of the above |
+//! | `tower` | `integrations::tower`: `Admit` (server) and `Propagate` (client) middleware for axum, tonic and hyper (adds `tower-layer`, `tower-service`, `http`, `http-body`) |
+//! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
+//!
+//! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
+//! crate's own loopback tests.
 
 #![warn(
     missing_docs,
@@ -85,7 +91,12 @@ mod child;
 mod error;
 pub mod fanout;
 mod guard;
-#[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
+#[cfg(any(
+    feature = "sqlx-postgres",
+    feature = "sqlx-sqlite",
+    feature = "tower",
+    feature = "reqwest"
+))]
 pub mod integrations;
 mod quiesce;
 pub mod retry;

@@ -180,7 +180,7 @@ impl EffectRecord {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChildSpec {
-    name: Arc<str>,
+    name: Name,
     effect: Effect,
     record: Option<EffectRecord>,
 }
@@ -196,7 +196,7 @@ impl ChildSpec {
     /// ```
     pub fn read_only(name: impl Into<Arc<str>>) -> Self {
         ChildSpec {
-            name: name.into(),
+            name: Name::Shared(name.into()),
             effect: Effect::ReadOnly,
             record: None,
         }
@@ -214,7 +214,7 @@ impl ChildSpec {
     pub fn idempotent(name: impl Into<Arc<str>>, key: impl Into<Arc<str>>) -> Self {
         let key: Arc<str> = key.into();
         ChildSpec {
-            name: name.into(),
+            name: Name::Shared(name.into()),
             effect: Effect::Idempotent { key: key.clone() },
             record: Some(EffectRecord::new(key)),
         }
@@ -231,7 +231,7 @@ impl ChildSpec {
     /// ```
     pub fn side_effecting(name: impl Into<Arc<str>>, effect_id: impl Into<Arc<str>>) -> Self {
         ChildSpec {
-            name: name.into(),
+            name: Name::Shared(name.into()),
             effect: Effect::SideEffecting,
             record: Some(EffectRecord::new(effect_id)),
         }
@@ -260,7 +260,16 @@ impl ChildSpec {
     /// assert_eq!(ChildSpec::read_only("n").name(), "n");
     /// ```
     pub fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
+    }
+
+    /// Read-only work with a name that costs nothing to clone (the crate's own tasks).
+    pub(crate) const fn read_only_static(name: &'static str) -> Self {
+        ChildSpec {
+            name: Name::Static(name),
+            effect: Effect::ReadOnly,
+            record: None,
+        }
     }
 
     /// The child's effect kind.
@@ -293,6 +302,37 @@ impl ChildSpec {
 
     pub(crate) fn set_provider_handle(&mut self, handle: Arc<str>) {
         self.record = self.record.take().map(|r| r.provider_handle(handle));
+    }
+}
+
+/// A child's name: static for the crate's own children (no reference count to touch on the
+/// spawn path), shared otherwise.
+#[derive(Clone)]
+enum Name {
+    Static(&'static str),
+    Shared(Arc<str>),
+}
+
+impl Name {
+    fn as_str(&self) -> &str {
+        match self {
+            Name::Static(s) => s,
+            Name::Shared(s) => s,
+        }
+    }
+}
+
+impl PartialEq for Name {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Name {}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 

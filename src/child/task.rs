@@ -104,7 +104,7 @@ impl TaskReceipt {
 }
 
 fn task_spec() -> ChildSpec {
-    ChildSpec::read_only("task")
+    ChildSpec::read_only_static("task")
 }
 
 impl Scope {
@@ -183,7 +183,7 @@ impl Scope {
         T: Send + 'static,
     {
         let dispatched = self
-            .register(ChildSpec::read_only("blocking"))?
+            .register(ChildSpec::read_only_static("blocking"))?
             .dispatch()?;
         let scope = self.clone();
         let inner = tokio::task::spawn_blocking(move || {
@@ -230,7 +230,7 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let dispatched = self.register_shielded(ChildSpec::read_only("shield"))?;
+        let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
         let shielded = Scope::root(
             Some(crate::scope::deadline_after(
                 tokio::time::Instant::now(),

@@ -75,7 +75,7 @@ impl Inner {
             }
             _ => None,
         };
-        tree::record_receipt(&self.scope.node, &self.cell, kind, record, now_stamp());
+        tree::record_receipt(&self.scope.node, &self.cell, kind, record, now_stamp);
     }
 
     fn default_receipt(&self) -> Receipt {

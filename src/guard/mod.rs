@@ -25,7 +25,7 @@ impl Unit {
 
 impl Drop for Unit {
     fn drop(&mut self) {
-        tree::release_guard(&self.0.node, now_stamp());
+        tree::release_guard(&self.0.node, now_stamp);
     }
 }
 

@@ -119,11 +119,24 @@ impl<F: Future> Future for Run<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        // Cancel first: a cancelled scope never polls its work again (invariant 2).
-        if let Poll::Ready(cause) = this.cancelled.poll_cancelled(cx) {
+        // A cancelled scope never polls its work again (invariant 2): one load decides.
+        if this.cancelled.scope.is_cancelled() {
+            let cause = this
+                .cancelled
+                .scope
+                .cause()
+                .unwrap_or(Cause::Cancelled { reason: None });
             return Poll::Ready(Err(Error::cancelled(cause)));
         }
-        this.fut.poll(cx).map(Ok)
+        if let Poll::Ready(out) = this.fut.poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        // Pending: only now register for the cancel (work that finishes on its first poll
+        // never touches the waiter list). A cancel that came meanwhile is seen here.
+        match this.cancelled.poll_cancelled(cx) {
+            Poll::Ready(cause) => Poll::Ready(Err(Error::cancelled(cause))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 

@@ -22,6 +22,9 @@ pub(crate) use timer::Timers;
 /// The tree node behind a [`Scope`].
 pub(crate) type Core = Node<ScopeExt, ChildSpec>;
 
+/// Request-wide data of a root scope, inherited by its descendants (see `ScopeExt::context`).
+pub(crate) type Context = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
 /// How long [`Scope::quiesce`](crate::Scope::quiesce) waits after a cancel before it
 /// quarantines children that have not stopped.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
@@ -34,6 +37,9 @@ pub(crate) struct ScopeExt {
     pub(crate) deadline: Option<Instant>,
     pub(crate) name: Option<std::sync::Arc<str>>,
     pub(crate) grace: Duration,
+    /// Request-wide data set on a root (by `wire` admission: operation id, priority, egress
+    /// defaults) and shared by every descendant. Opaque to the core.
+    pub(crate) context: Option<Context>,
     /// The timers of this tree (shared with every descendant), if any scope of it has a
     /// deadline.
     timers: Option<Arc<Timers>>,
@@ -213,10 +219,21 @@ impl Scope {
 
     #[track_caller]
     pub(crate) fn root(deadline: Option<Instant>, name: Option<std::sync::Arc<str>>) -> Scope {
+        Scope::root_with_context(deadline, name, None)
+    }
+
+    /// A root carrying request-wide `context`, which every descendant shares.
+    #[track_caller]
+    pub(crate) fn root_with_context(
+        deadline: Option<Instant>,
+        name: Option<std::sync::Arc<str>>,
+        context: Option<Context>,
+    ) -> Scope {
         let node = tree::new_root(ScopeExt {
             deadline,
             name,
             grace: DEFAULT_GRACE,
+            context,
             timers: deadline.map(|_| Arc::new(Timers::default())),
             timer_key: AtomicUsize::new(NO_TIMER),
             marks: None,
@@ -588,6 +605,11 @@ impl Scope {
         std::future::poll_fn(|cx| c.poll_cancelled(cx)).await
     }
 
+    /// The request-wide context of this scope's root, if it was given one.
+    pub(crate) fn context(&self) -> Option<&Context> {
+        self.node.ext.context.as_ref()
+    }
+
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
         CURRENT.sync_scope(self.clone(), f)
     }
@@ -735,6 +757,7 @@ impl ScopeExt {
                 deadline,
                 name,
                 grace: grace.unwrap_or(parent.grace),
+                context: parent.context.clone(),
                 timers,
                 timer_key: AtomicUsize::new(NO_TIMER),
                 marks: match mark {

@@ -48,10 +48,12 @@
 //!
 //! # Lock order (deadlock safety)
 //!
-//! No code path holds two locks of different nodes at once, except the registry walk in
-//! [`quarantine_subtree`] and [`cancel`], which hold one registry shard of the parent while only
-//! cloning `Arc`s out of it. Callbacks and wakers are always invoked after every lock is
-//! released, so user code never runs under a tree lock.
+//! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
+//! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
+//! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
+//! take no other lock), so no cycle can form. [`quarantine_subtree`] and `close` hold a shard
+//! only while cloning `Arc`s out of it. Callbacks and wakers are always invoked after every
+//! lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
 
@@ -439,69 +441,96 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
 ///
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
+    let mut due = Due::default();
+    let Some((did, cause)) = mark_cancelled(node, cause, stamp, &mut due) else {
+        return false; // completed: nothing to stop here or below
+    };
+    due.run();
     let mut work = vec![(node.clone(), cause)];
-    let mut first = true;
-    let mut did = false;
     while let Some((n, cause)) = work.pop() {
-        let reached = {
-            let mut inner = n.inner.lock();
-            if let Some(existing) = &inner.cause {
-                // Invariant 1: someone else cancelled it; its cause wins here and below. It
-                // may still be walking below, so walk too (see above); its wakers and
-                // callbacks are its own to run.
-                Some((existing.clone(), false, Vec::new(), Vec::new()))
-            } else {
-                // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel:
-                // Release publishes the cause to `is_cancelled` readers; Acquire orders this after
-                // every dispatch CAS that came before it. (The cause is written under `inner`,
-                // which every reader of it takes after seeing CANCELLED.)
-                //
-                // Invariant 6: a node that is already quiet (closed without a cancel, no units
-                // left) has completed, and `Completed` is final: a later cancel (its deadline
-                // passing, or anyone's) finds nothing to stop and must not turn it into
-                // `CancelledStable` and change its report. Its whole subtree is quiet too (a
-                // child with units holds one of its parent's), so it is not walked.
-                let updated = n
-                    .state
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                        (!State(s).is_quiet())
-                            .then(|| (s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
-                    });
-                updated.ok().map(|prev| {
-                    inner.cause = Some(cause.clone());
-                    inner.cancelled_at = stamp;
-                    let (mut wakers, callbacks) = inner.drain(Wait::Cancel);
-                    if State(prev).active() == 0 {
-                        wakers.extend(inner.drain(Wait::Quiet).0);
-                    }
-                    (cause, true, wakers, callbacks)
-                })
-            }
-        };
-        if first {
-            did = reached.as_ref().is_some_and(|r| r.1);
-            first = false;
-        }
-        let Some((cause, _, wakers, callbacks)) = reached else {
-            continue;
-        };
-        for w in wakers {
-            w.wake();
-        }
-        for cb in callbacks {
-            cb(&cause);
-        }
         let child_cause = cause.for_child();
         for shard in n.shards() {
             let children = shard.children.lock();
-            work.extend(
-                children
-                    .iter()
-                    .map(|(_, c)| (c.clone(), child_cause.clone())),
-            );
+            for (_, child) in children.iter() {
+                // Lock order: this shard, then the child's `inner` (never the reverse).
+                let Some((_, cause)) = mark_cancelled(child, child_cause.clone(), stamp, &mut due)
+                else {
+                    continue; // completed, with its subtree
+                };
+                if child.registry.get().is_some() {
+                    // Only nodes that ever had children are walked (leaves cost no `Arc`).
+                    work.push((child.clone(), cause));
+                }
+            }
         }
+        // Wakers and callbacks run with no lock held.
+        due.run();
     }
     did
+}
+
+/// Wakers and callbacks collected under locks, run after they are released.
+#[derive(Default)]
+struct Due {
+    wakers: Vec<Waker>,
+    callbacks: Vec<(Callback, Cause)>,
+}
+
+impl Due {
+    fn run(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+        for (cb, cause) in self.callbacks.drain(..) {
+            cb(&cause);
+        }
+    }
+}
+
+/// Cancels one node (not its children) unless it already is; returns whether this call did it
+/// and the cause that holds for the node (for its children to inherit), or `None` if the node
+/// has completed (its subtree then has nothing to cancel either).
+fn mark_cancelled<X, R>(
+    n: &Node<X, R>,
+    cause: Cause,
+    stamp: u64,
+    due: &mut Due,
+) -> Option<(bool, Cause)> {
+    let mut inner = n.inner.lock();
+    if let Some(existing) = &inner.cause {
+        // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
+        // be walking below, so the caller walks too; its wakers and callbacks are its own.
+        return Some((false, existing.clone()));
+    }
+    // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
+    // publishes the cause to `is_cancelled` readers; Acquire orders this after every dispatch
+    // CAS that came before it. (The cause is written just after, still under `inner`, which
+    // every reader of it takes after seeing CANCELLED.)
+    //
+    // Invariant 6: a node that is already quiet (closed without a cancel, no units left) has
+    // completed, and `Completed` is final: a later cancel (its deadline passing, or anyone's)
+    // finds nothing to stop and must not turn it into `CancelledStable` and change its report.
+    // Its whole subtree is quiet too (a child with units holds one of its parent's). Checking
+    // in the same RMW orders a concurrent last release either before (completed) or after.
+    let prev = State(
+        n.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (!State(s).is_quiet()).then(|| (s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+            })
+            .ok()?,
+    );
+    inner.cause = Some(cause.clone());
+    inner.cancelled_at = stamp;
+    if inner.lists.is_some() {
+        let (wakers, callbacks) = inner.drain(Wait::Cancel);
+        due.wakers.extend(wakers);
+        due.callbacks
+            .extend(callbacks.into_iter().map(|cb| (cb, cause.clone())));
+        if prev.active() == 0 {
+            due.wakers.extend(inner.drain(Wait::Quiet).0);
+        }
+    }
+    Some((true, cause))
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
@@ -674,20 +703,30 @@ pub(crate) fn record_receipt<X, R: Clone>(
     cell: &TicketCell<R>,
     kind: Kind,
     record: Option<R>,
-    stamp: u64,
+    clock: impl Fn() -> u64,
 ) {
-    count_receipt(node, kind, record, stamp);
+    count_receipt(node, kind, record, &clock);
     node.in_flight.lock().try_remove(cell.key());
     release_unit(node);
 }
 
-fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, stamp: u64) {
+/// Counts a receipt in `node` and its ancestors. The clock is read only if one of them is
+/// cancelled: the stamps serve "time from cancel to quiet" and orphan work, which only
+/// receipts after a cancel contribute to.
+fn count_receipt<X, R: Clone>(
+    node: &Node<X, R>,
+    kind: Kind,
+    record: Option<R>,
+    clock: &dyn Fn() -> u64,
+) {
+    let mut stamp = None;
     let mut n = Some(node);
     while let Some(cur) = n {
         let counts = cur.counts.get_or_init();
         counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
-        counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
         if cur.state().is_cancelled() {
+            let stamp = *stamp.get_or_insert_with(clock);
+            counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
             let at = cur.cancelled_at();
             counts
                 .orphan_nanos
@@ -707,13 +746,17 @@ fn count_receipt<X, R: Clone>(node: &Node<X, R>, kind: Kind, record: Option<R>, 
 }
 
 /// Notes the release of a guard (for "time to quiet"), then releases its unit.
-pub(crate) fn release_guard<X, R>(node: &Node<X, R>, stamp: u64) {
+pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
+    let mut stamp = None;
     let mut n = Some(node);
     while let Some(cur) = n {
-        cur.counts
-            .get_or_init()
-            .last_stamp
-            .fetch_max(stamp, Ordering::AcqRel);
+        if cur.state().is_cancelled() {
+            let stamp = *stamp.get_or_insert_with(&clock);
+            cur.counts
+                .get_or_init()
+                .last_stamp
+                .fetch_max(stamp, Ordering::AcqRel);
+        }
         n = cur.parent.as_deref();
     }
     release_unit(node);
@@ -730,7 +773,7 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
             n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
         for cell in cells {
             if cell.finish_as(TicketState::Quarantined) {
-                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), stamp);
+                count_receipt(&n, Kind::Quarantined, Some(cell.info().clone()), &|| stamp);
                 n.in_flight.lock().try_remove(cell.key());
                 release_unit(&n);
                 n_quarantined += 1;
@@ -746,7 +789,12 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
 
 /// A registered waiter: its key in one of the node's waiter slabs.
 #[derive(Debug, Default)]
-pub(crate) struct WaiterKey(Option<usize>);
+pub(crate) struct WaiterKey {
+    slot: Option<usize>,
+    /// A copy of the waker in `slot`: a poll with a waker that `will_wake` the same task needs
+    /// no lock (the registered one is still in the list until the waking side drains it).
+    waker: Option<Waker>,
+}
 
 /// Which waiter list.
 #[derive(Clone, Copy, Debug)]
@@ -772,23 +820,26 @@ pub(crate) fn poll_wait<X, R>(
         forget_waiter(node, which, key);
         return true;
     }
+    if key.slot.is_some() && key.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        // Registered with an equivalent waker: the waking side will wake it.
+        return false;
+    }
     let mut inner = node.inner.lock();
     // Re-check under the lock: the waking side changes the state before it takes this lock.
     if reached(node.state()) {
-        if let Some(k) = key.0.take() {
+        if let Some(k) = key.slot.take() {
             waiters(&mut inner, which).try_remove(k);
         }
+        key.waker = None;
         return true;
     }
     let slab = waiters(&mut inner, which);
-    match key.0.and_then(|k| slab.get_mut(k)) {
-        Some(w) => {
-            if !w.will_wake(waker) {
-                w.clone_from(waker);
-            }
-        }
-        None => key.0 = Some(slab.insert(waker.clone())),
+    match key.slot.and_then(|k| slab.get_mut(k)) {
+        Some(w) => w.clone_from(waker),
+        None => key.slot = Some(slab.insert(waker.clone())),
     }
+    drop(inner);
+    key.waker = Some(waker.clone());
     false
 }
 
@@ -803,7 +854,8 @@ fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
 /// Removes a registered waiter (future dropped before completion). Cancel safety of the public
 /// futures rests on this: dropping one leaves nothing behind.
 pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut WaiterKey) {
-    if let Some(k) = key.0.take() {
+    key.waker = None;
+    if let Some(k) = key.slot.take() {
         let mut inner = node.inner.lock();
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become

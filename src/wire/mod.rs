@@ -58,10 +58,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod admission;
+mod egress;
 pub mod envoy;
 pub mod grpc_timeout;
+mod operation;
+mod policy;
 pub mod service_budget;
 
+pub use admission::{Admission, AdmissionError, BudgetSource, Incoming, PrioritySource};
+pub use egress::{EgressPolicy, Outgoing};
 pub use envoy::EnvoyTimeoutError;
 pub use grpc_timeout::GrpcTimeoutError;
+pub use operation::Operation;
+pub use policy::{EndpointPolicy, OnBadInput, OverCap, Trust};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};

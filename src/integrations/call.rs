@@ -1,0 +1,43 @@
+//! One outgoing call, prepared the same way by every client integration.
+
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use super::headers;
+use crate::scope::deadline_after;
+use crate::wire::EgressPolicy;
+use crate::{ChildSpec, Dispatched, Error, Scope};
+
+/// A call that may now be sent.
+pub(crate) struct Prepared {
+    /// The call's own scope (its deadline is the call's timeout).
+    pub(crate) call: Scope,
+    pub(crate) dispatched: Dispatched,
+    /// When the budget the callee was told runs out.
+    pub(crate) announced: Option<Instant>,
+}
+
+/// Cuts the call's scope from `parent` by `egress` (or the parent's operation's), registers
+/// it as `spec`, writes its budget into `headers` and dispatches it. After `Ok` the request may
+/// be sent; after `Err` it must not be.
+pub(crate) fn prepare(
+    parent: &Scope,
+    egress: Option<EgressPolicy>,
+    spec: ChildSpec,
+    headers: &mut HeaderMap,
+) -> Result<Prepared, Error> {
+    let egress = egress.unwrap_or_else(|| EgressPolicy::for_scope(parent));
+    let call = egress.call_scope(parent)?;
+    let ticket = call.register(spec)?;
+    let out = egress.outgoing(&call)?;
+    headers::insert(headers, &out);
+    let announced = out.remaining().map(|r| deadline_after(Instant::now(), r));
+    // Last: the compare-and-swap that fails if the call's scope was cancelled since it was
+    // registered (invariant 2).
+    let dispatched = ticket.dispatch()?;
+    Ok(Prepared {
+        call,
+        dispatched,
+        announced,
+    })
+}

@@ -1,0 +1,530 @@
+//! reqwest calls made in a child scope: budget headers injected, response body bounded.
+//!
+//! ```text
+//! let res = client.get(url).scoped().send().await?;   // a child of Scope::current()
+//! let body = res.text().await?;                        // bounded by the same deadline
+//! ```
+//!
+//! [`RequestBuilderExt::scoped`] turns a `reqwest::RequestBuilder` into a [`ScopedRequest`].
+//! Sending it does what the tower client layer
+//! (`integrations::tower::Propagate`, feature `tower`) does for tower clients:
+//!
+//! 1. a child of the scope is cut by the [`EgressPolicy`] (explicit, or that of the scope's
+//!    [`Operation`](crate::wire::Operation)); too little budget fails fast and nothing is sent;
+//! 2. the call is registered as a child of it and dispatched right before it is sent, so that
+//!    it is never sent after a cancel;
+//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and
+//!    reqwest's own timeout is set to the child's budget;
+//! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
+//!    deadline passes or its scope is cancelled, with a [`CallError`].
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), cancel_scope::integrations::CallError> {
+//! use std::time::Duration;
+//! use cancel_scope::integrations::reqwest::RequestBuilderExt;
+//! use cancel_scope::wire::EgressPolicy;
+//! use cancel_scope::Scope;
+//!
+//! let client = reqwest::Client::new();
+//! let request = Scope::with_timeout(Duration::from_millis(500));
+//! let body = request
+//!     .run(async {
+//!         let res = client
+//!             .get("http://127.0.0.1:8080/inventory")
+//!             .scoped()
+//!             .egress(EgressPolicy::new().reserve(Duration::from_millis(50)))
+//!             .send()
+//!             .await?;
+//!         res.text().await
+//!     })
+//!     .await??;
+//! # let _ = body; Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
+use reqwest::{RequestBuilder, Response, StatusCode};
+use tokio::time::Instant;
+
+use super::{call, CallError};
+use crate::wire::EgressPolicy;
+use crate::{ChildSpec, Dispatched, Scope};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest::RequestBuilder {}
+}
+
+/// Sends reqwest requests in a child scope. Implemented for `reqwest::RequestBuilder`.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+/// use cancel_scope::Scope;
+///
+/// let scope = Scope::new();
+/// let request = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&scope);
+/// # let _ = request;
+/// ```
+pub trait RequestBuilderExt: sealed::Sealed + Sized {
+    /// The request as a call in a child of [`Scope::current`] (sending fails with
+    /// [`CallError::is_no_scope`] if there is none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped();
+    /// assert!(req.send().await.unwrap_err().is_no_scope()); // not inside a scope
+    /// # }
+    /// ```
+    fn scoped(self) -> ScopedRequest;
+
+    /// The request as a call in a child of `scope`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// let scope = Scope::new();
+    /// scope.cancel();
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&scope);
+    /// assert!(req.send().await.unwrap_err().is_cancelled()); // nothing was sent
+    /// # }
+    /// ```
+    fn scoped_in(self, scope: &Scope) -> ScopedRequest;
+
+    /// Shorthand for `self.scoped().send()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// let scope = Scope::with_timeout(Duration::ZERO); // already out of time
+    /// let err = scope
+    ///     .run(async { reqwest::Client::new().get("http://127.0.0.1:1/").send_scoped().await })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_deadline_exceeded());
+    /// # }
+    /// ```
+    fn send_scoped(self) -> impl Future<Output = Result<ScopedResponse, CallError>> + Send {
+        self.scoped().send()
+    }
+}
+
+impl RequestBuilderExt for RequestBuilder {
+    fn scoped(self) -> ScopedRequest {
+        ScopedRequest {
+            builder: self,
+            parent: Scope::try_current(),
+            egress: None,
+            spec: None,
+        }
+    }
+
+    fn scoped_in(self, scope: &Scope) -> ScopedRequest {
+        ScopedRequest {
+            builder: self,
+            parent: Some(scope.clone()),
+            egress: None,
+            spec: None,
+        }
+    }
+}
+
+/// A reqwest request about to be sent as a call in a child scope. Made by
+/// [`RequestBuilderExt::scoped`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+/// use cancel_scope::wire::EgressPolicy;
+/// use cancel_scope::{ChildSpec, Scope};
+///
+/// let scope = Scope::new();
+/// let request = reqwest::Client::new()
+///     .post("http://127.0.0.1:1/payments")
+///     .scoped_in(&scope)
+///     .egress(EgressPolicy::new().cap(Duration::from_secs(2)))
+///     .spec(ChildSpec::idempotent("pay", "payment-42"));
+/// # let _ = request;
+/// ```
+#[must_use = "a scoped request does nothing until sent"]
+pub struct ScopedRequest {
+    builder: RequestBuilder,
+    parent: Option<Scope>,
+    egress: Option<EgressPolicy>,
+    spec: Option<ChildSpec>,
+}
+
+impl ScopedRequest {
+    /// Uses `egress` instead of the scope's operation's egress policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// use cancel_scope::Scope;
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
+    ///     .egress(EgressPolicy::new().transport_pad(Duration::from_millis(5)));
+    /// # let _ = req;
+    /// ```
+    pub fn egress(mut self, egress: EgressPolicy) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// Registers the call as `spec` (default: read-only, named `"call"`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
+    ///     .spec(ChildSpec::read_only("inventory"));
+    /// # let _ = req;
+    /// ```
+    pub fn spec(mut self, spec: ChildSpec) -> Self {
+        self.spec = Some(spec);
+        self
+    }
+
+    /// Sends the request and waits for the response head, within the call's budget.
+    ///
+    /// # Errors
+    ///
+    /// A [`CallError`]: no scope, too little budget (nothing sent), the scope was cancelled
+    /// (nothing sent, or the call stopped), the deadline passed, or the transport failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the call; its receipt is `Cancelled` (or `EffectUnknown`
+    /// for an effectful call that was dispatched).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// use cancel_scope::Scope;
+    ///
+    /// let scope = Scope::with_timeout(Duration::from_millis(30));
+    /// let err = reqwest::Client::new()
+    ///     .get("http://127.0.0.1:1/")
+    ///     .scoped_in(&scope)
+    ///     .egress(EgressPolicy::new().min_useful(Duration::from_millis(50)))
+    ///     .send()
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_budget_exhausted()); // failed fast: nothing was sent
+    /// # }
+    /// ```
+    pub async fn send(self) -> Result<ScopedResponse, CallError> {
+        let parent = self.parent.ok_or_else(CallError::no_scope)?;
+        let spec = self.spec.unwrap_or_else(|| ChildSpec::read_only("call"));
+        let mut budget = HeaderMap::new();
+        let prepared = call::prepare(&parent, self.egress, spec, &mut budget)?;
+        // Dispatched: from here on the request may be sent (and nothing below can fail).
+        let mut builder = self.builder.headers(budget);
+        if let Some(left) = prepared.call.remaining() {
+            builder = builder.timeout(left);
+        }
+        let mut call_state = Call {
+            scope: prepared.call,
+            dispatched: Some(prepared.dispatched),
+            announced: prepared.announced,
+        };
+        let sent = builder.send();
+        let res = tokio::select! {
+            biased;
+            () = call_state.scope.cancelled() => return Err(call_state.stopped()),
+            res = sent => res,
+        };
+        match res {
+            Ok(inner) => Ok(ScopedResponse {
+                inner,
+                call: call_state,
+            }),
+            Err(e) => Err(call_state.failed(e)),
+        }
+    }
+}
+
+impl fmt::Debug for ScopedRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedRequest")
+            .field("builder", &self.builder)
+            .field("parent", &self.parent)
+            .field("egress", &self.egress)
+            .field("spec", &self.spec)
+            .finish()
+    }
+}
+
+/// One call in flight.
+struct Call {
+    scope: Scope,
+    dispatched: Option<Dispatched>,
+    announced: Option<Instant>,
+}
+
+impl Call {
+    /// The scope stopped the call; the receipt is left to `Dispatched`'s drop (`Cancelled`,
+    /// or `EffectUnknown` for effectful calls).
+    fn stopped(&mut self) -> CallError {
+        self.dispatched = None;
+        let cause = self
+            .scope
+            .cause()
+            .unwrap_or(crate::Cause::Cancelled { reason: None });
+        CallError::cancelled(cause)
+    }
+
+    /// The transport failed, or reqwest's own timer (the call's budget) fired.
+    fn failed(&mut self, e: reqwest::Error) -> CallError {
+        if self.scope.is_cancelled() {
+            return self.stopped();
+        }
+        let expired = self.announced.is_some_and(|a| Instant::now() >= a);
+        if e.is_timeout() || expired {
+            // Stopped by the deadline, not failed: the receipt is left to `Dispatched`'s
+            // drop (`Cancelled`, or `EffectUnknown` for effectful calls).
+            self.dispatched = None;
+            return CallError::transport_after_deadline(e);
+        }
+        if let Some(d) = self.dispatched.take() {
+            // Effectful work may have had its effect: `EffectUnknown`, by the drop.
+            if !d.spec().effect().may_have_effect() {
+                d.fail();
+            }
+        }
+        CallError::transport(e)
+    }
+
+    fn succeed(&mut self) {
+        if let Some(d) = self.dispatched.take() {
+            d.succeed();
+        }
+    }
+
+    fn finish<T>(&mut self, res: reqwest::Result<T>) -> Result<T, CallError> {
+        match res {
+            Ok(v) => {
+                self.succeed();
+                Ok(v)
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+}
+
+/// The response of a [`ScopedRequest`]: reading its body is bounded by the call's deadline
+/// and stopped by a cancel of its scope.
+///
+/// The call's receipt is recorded when the body has been read (`Succeeded`), when reading it
+/// fails, or when the response is dropped unread (`Cancelled`, or `EffectUnknown` for an
+/// effectful call).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse)
+/// # -> Result<(), cancel_scope::integrations::CallError> {
+/// if res.status().is_success() {
+///     let body = res.text().await?;
+///     # let _ = body;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct ScopedResponse {
+    inner: Response,
+    call: Call,
+}
+
+impl ScopedResponse {
+    /// The status code.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// assert!(res.status().is_success());
+    /// # }
+    /// ```
+    pub fn status(&self) -> StatusCode {
+        self.inner.status()
+    }
+
+    /// The response headers.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let kind = res.headers().get("content-type");
+    /// # let _ = kind;
+    /// # }
+    /// ```
+    pub fn headers(&self) -> &HeaderMap {
+        self.inner.headers()
+    }
+
+    /// The call's scope (a child of the scope the request was sent in).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let left = res.scope().remaining();
+    /// # let _ = left;
+    /// # }
+    /// ```
+    pub fn scope(&self) -> &Scope {
+        &self.call.scope
+    }
+
+    /// What is left of the call's budget for reading the body.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// assert!(res.remaining().unwrap() > std::time::Duration::ZERO);
+    /// # }
+    /// ```
+    pub fn remaining(&self) -> Option<Duration> {
+        self.call.scope.remaining()
+    }
+
+    /// Reads the whole body.
+    ///
+    /// # Errors
+    ///
+    /// A [`CallError`] when the deadline passes or the scope is cancelled first, or when
+    /// reading fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse)
+    /// # -> Result<(), cancel_scope::integrations::CallError> {
+    /// let body = res.bytes().await?;
+    /// # let _ = body; Ok(()) }
+    /// ```
+    pub async fn bytes(mut self) -> Result<Bytes, CallError> {
+        let read = self.inner.bytes();
+        let res = tokio::select! {
+            biased;
+            () = self.call.scope.cancelled() => return Err(self.call.stopped()),
+            res = read => res,
+        };
+        self.call.finish(res)
+    }
+
+    /// Reads the whole body as text (see `reqwest::Response::text`).
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse)
+    /// # -> Result<(), cancel_scope::integrations::CallError> {
+    /// let text = res.text().await?;
+    /// # let _ = text; Ok(()) }
+    /// ```
+    pub async fn text(mut self) -> Result<String, CallError> {
+        let read = self.inner.text();
+        let res = tokio::select! {
+            biased;
+            () = self.call.scope.cancelled() => return Err(self.call.stopped()),
+            res = read => res,
+        };
+        self.call.finish(res)
+    }
+
+    /// Reads the next chunk of the body (`None` at its end).
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes).
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as `reqwest::Response::chunk`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(mut res: cancel_scope::integrations::reqwest::ScopedResponse)
+    /// # -> Result<(), cancel_scope::integrations::CallError> {
+    /// while let Some(chunk) = res.chunk().await? {
+    ///     println!("{} bytes", chunk.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, CallError> {
+        let res = tokio::select! {
+            biased;
+            () = self.call.scope.cancelled() => return Err(self.call.stopped()),
+            res = self.inner.chunk() => res,
+        };
+        match res {
+            Ok(None) => {
+                self.call.succeed();
+                Ok(None)
+            }
+            Ok(Some(chunk)) => Ok(Some(chunk)),
+            Err(e) => Err(self.call.failed(e)),
+        }
+    }
+
+    /// The plain reqwest response, for reading it some other way. The call's receipt is
+    /// recorded as `Succeeded` now; the body is still bounded by reqwest's timeout (the
+    /// call's budget), but no longer by a cancel of the scope.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let res: reqwest::Response = res.into_inner();
+    /// # let _ = res;
+    /// # }
+    /// ```
+    pub fn into_inner(mut self) -> Response {
+        self.call.succeed();
+        self.inner
+    }
+}
+
+impl fmt::Debug for ScopedResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedResponse")
+            .field("status", &self.inner.status())
+            .field("scope", &self.call.scope)
+            .finish_non_exhaustive()
+    }
+}

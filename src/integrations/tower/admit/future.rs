@@ -1,0 +1,167 @@
+//! The response future of [`Admit`](super::Admit).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::{Response, StatusCode};
+use pin_project_lite::pin_project;
+
+use super::service::ReportFn;
+use crate::integrations::tower::headers::{self, GrpcCode};
+use crate::wire::{Admission, AdmissionError};
+use crate::Run;
+use crate::{Cause, Scope};
+
+/// What happens to a request's scope when its response future ends or is dropped.
+pub(super) struct Finish {
+    scope: Scope,
+    admission: Admission,
+    on_report: Option<ReportFn>,
+}
+
+impl Finish {
+    pub(super) fn new(scope: Scope, admission: Admission, on_report: Option<ReportFn>) -> Self {
+        Finish {
+            scope,
+            admission,
+            on_report,
+        }
+    }
+
+    /// Closes the scope (no new work; running work goes on until done or the deadline) and
+    /// reports once it is quiet.
+    fn done(self) {
+        self.scope.close();
+        let Some(report) = self.on_report else { return };
+        let (scope, admission) = (self.scope, self.admission);
+        // Inside a server there is always a runtime; without one there is nobody to wait.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let r = scope.quiesce().await;
+                report(&admission, &r);
+            });
+        }
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateReplace]
+    enum State<F: Future, B> {
+        Running { #[pin] run: Run<F> },
+        Answer { response: Option<Response<B>> },
+        Done,
+    }
+}
+
+pin_project! {
+    /// The response future of [`Admit`](super::Admit): the handler's future run in the
+    /// request's scope, or the answer the layer gives for the scope.
+    ///
+    /// Dropping it before it completes cancels the request's scope with
+    /// [`Cause::ClientGone`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it is how a server says the client went away: the scope is cancelled.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<F: Future, B> {
+        #[pin]
+        state: State<F, B>,
+        finish: Option<Finish>,
+        grpc: bool,
+    }
+
+    impl<F: Future, B> PinnedDrop for ResponseFuture<F, B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(finish) = this.finish.take() {
+                // Dropped before it answered: the client is gone (invariant 1: the first
+                // cause wins, so a deadline that already fired stays the cause).
+                finish.scope.cancel_because(Cause::ClientGone);
+                finish.done();
+            }
+        }
+    }
+}
+
+impl<F: Future, B: Default> ResponseFuture<F, B> {
+    pub(super) fn rejected(e: &AdmissionError, grpc: bool) -> Self {
+        let msg = e.to_string();
+        let response = match (grpc, e.is_exhausted()) {
+            (true, true) => headers::grpc_response(GrpcCode::DeadlineExceeded, &msg, B::default()),
+            (true, false) => headers::grpc_response(GrpcCode::InvalidArgument, &msg, B::default()),
+            (false, true) => headers::http_response(StatusCode::GATEWAY_TIMEOUT, B::default()),
+            (false, false) => headers::http_response(StatusCode::BAD_REQUEST, B::default()),
+        };
+        ResponseFuture {
+            state: State::Answer {
+                response: Some(response),
+            },
+            finish: None,
+            grpc,
+        }
+    }
+
+    pub(super) fn admitted(run: Run<F>, finish: Finish, grpc: bool) -> Self {
+        ResponseFuture {
+            state: State::Running { run },
+            finish: Some(finish),
+            grpc,
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Default,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let out = match this.state.as_mut().project() {
+            StateProj::Answer { response } => match response.take() {
+                Some(r) => Ok(r),
+                None => panic!("ResponseFuture polled after completion"),
+            },
+            StateProj::Done => panic!("ResponseFuture polled after completion"),
+            StateProj::Running { run } => match run.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(out)) => out,
+                Poll::Ready(Err(stopped)) => {
+                    let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
+                    Ok(stopped_response(&cause, *this.grpc))
+                }
+            },
+        };
+        // Drop the handler's future before reporting: its work is over.
+        this.state.project_replace(State::Done);
+        if let Some(finish) = this.finish.take() {
+            finish.done();
+        }
+        Poll::Ready(out)
+    }
+}
+
+/// The answer for a request whose scope stopped before the handler answered.
+fn stopped_response<B: Default>(cause: &Cause, grpc: bool) -> Response<B> {
+    if grpc {
+        let code = headers::grpc_code_of(cause);
+        headers::grpc_response(code, &cause.to_string(), B::default())
+    } else {
+        headers::http_response(headers::http_status_of(cause), B::default())
+    }
+}
+
+impl<F: Future, B> fmt::Debug for ResponseFuture<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("grpc", &self.grpc)
+            .field("admitted", &self.finish.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,71 @@
+//! Server middleware: admit every request into its own root scope.
+//!
+//! # Why a layer and not a timeout
+//!
+//! A server-side timeout (tonic's `grpc-timeout` handling, `tower::timeout`) stops the handler
+//! but tells the handler nothing: it cannot see how much time is left, cannot pass the rest on
+//! to its own dependencies, and work it spawned runs on. Here the handler runs with the
+//! request's [`Scope`](crate::Scope) as [`Scope::current`](crate::Scope::current): every
+//! child, task and outgoing call made under it shares the one deadline and is cancelled with
+//! it, and the layer waits for all of it to be quiet before it reports.
+//!
+//! See [the module docs](super) for the status mapping.
+//!
+//! # When the request's scope ends
+//!
+//! The scope is *closed* (no new work) as soon as the handler returns its response head;
+//! work the handler spawned into it runs on until it finishes or the deadline passes, and the
+//! report waits for it. The response *body* is not tracked: a streaming body produced after
+//! the head is bounded by nothing this layer does, and a client that disconnects while it
+//! streams is not reported as [`ClientGone`](crate::Cause::ClientGone). Requests that panic
+//! in the handler are recorded as `ClientGone` (the future is dropped while unwinding).
+//!
+//! Put a response reserve in the policy when a server in front of the layer also enforces
+//! `grpc-timeout` (tonic's server does, and answers `CANCELLED`): with a reserve the layer's
+//! deadline comes first and the caller gets `DEADLINE_EXCEEDED`.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower_layer::Layer;
+//! use tower_service::Service;
+//! use cancel_scope::integrations::tower::AdmitLayer;
+//! use cancel_scope::wire::EndpointPolicy;
+//! use cancel_scope::Scope;
+//!
+//! let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+//! let handler = tower_service_fn(|_req: Request<()>| async {
+//!     // The handler sees what is left of the caller's 250 ms.
+//!     let left = Scope::current().remaining().unwrap();
+//!     Ok::<_, std::convert::Infallible>(Response::new(format!("{}", left.as_millis())))
+//! });
+//! let mut svc = AdmitLayer::new(policy).layer(handler);
+//!
+//! let req = Request::builder().header("grpc-timeout", "250m").body(()).unwrap();
+//! let res = svc.call(req).await.unwrap();
+//! assert_eq!(res.into_body(), "250");
+//!
+//! let bad = Request::builder().header("grpc-timeout", "1 hour").body(()).unwrap();
+//! assert_eq!(svc.call(bad).await.unwrap().status(), 400);
+//! # }
+//! # // A minimal `service_fn` (tower's lives in the `tower` crate).
+//! # fn tower_service_fn<F>(f: F) -> Fn_<F> { Fn_(f) }
+//! # #[derive(Clone)] struct Fn_<F>(F);
+//! # impl<F: FnMut(R) -> Fut, R, Fut: std::future::Future<Output = Result<T, E>>, T, E>
+//! #     tower_service::Service<R> for Fn_<F> {
+//! #     type Response = T; type Error = E; type Future = Fut;
+//! #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>)
+//! #         -> std::task::Poll<Result<(), E>> { std::task::Poll::Ready(Ok(())) }
+//! #     fn call(&mut self, r: R) -> Fut { (self.0)(r) }
+//! # }
+//! ```
+
+pub mod future;
+mod layer;
+mod service;
+
+pub use layer::AdmitLayer;
+pub use service::{Admit, Ingress};

@@ -1,0 +1,210 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::future::{Finish, ResponseFuture};
+use super::layer::AdmitLayer;
+use crate::integrations::tower::headers;
+use crate::wire::{Admission, EndpointPolicy};
+use crate::Report;
+
+pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
+
+/// When a request arrived, if an outer layer (or the accept loop) knows better than
+/// [`Admit`], which otherwise takes the moment it is called. Put it in the request's
+/// extensions; the time since then counts as queued and is taken off the budget.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use cancel_scope::integrations::tower::Ingress;
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(Ingress(tokio::time::Instant::now()));
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ingress(pub Instant);
+
+/// Admits every request into its own root scope (see [the module docs](super)).
+///
+/// The handler runs with the request's scope as [`Scope::current`](crate::Scope::current);
+/// the request's extensions also carry the [`Scope`](crate::Scope) and the [`Admission`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::integrations::tower::Admit;
+/// use cancel_scope::wire::EndpointPolicy;
+///
+/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+/// let svc = Admit::new((), policy);
+/// assert_eq!(svc.policy().max_budget(), Duration::from_secs(2));
+/// ```
+#[derive(Clone)]
+pub struct Admit<S> {
+    inner: S,
+    policy: EndpointPolicy,
+    on_report: Option<ReportFn>,
+}
+
+impl<S> Admit<S> {
+    /// Wraps `inner`, admitting its requests under `policy`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::Admit;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let svc = Admit::new((), EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// # let _ = svc;
+    /// ```
+    pub const fn new(inner: S, policy: EndpointPolicy) -> Self {
+        Admit {
+            inner,
+            policy,
+            on_report: None,
+        }
+    }
+
+    pub(super) fn from_parts(
+        inner: S,
+        policy: EndpointPolicy,
+        on_report: Option<ReportFn>,
+    ) -> Self {
+        Admit {
+            inner,
+            policy,
+            on_report,
+        }
+    }
+
+    /// A layer for this middleware ([`AdmitLayer::new`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::Admit;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let layer = Admit::<()>::layer(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// # let _ = layer;
+    /// ```
+    pub const fn layer(policy: EndpointPolicy) -> AdmitLayer {
+        AdmitLayer::new(policy)
+    }
+
+    /// The policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::Admit;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO);
+    /// assert_eq!(*Admit::new((), p).policy(), p);
+    /// ```
+    pub fn policy(&self) -> &EndpointPolicy {
+        &self.policy
+    }
+
+    /// The inner service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::Admit;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let svc = Admit::new(7, EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// assert_eq!(*svc.get_ref(), 7);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::Admit;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let mut svc = Admit::new(7, EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// *svc.get_mut() += 1;
+    /// assert_eq!(svc.into_inner(), 8);
+    /// ```
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::Admit;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let svc = Admit::new(7, EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// assert_eq!(svc.into_inner(), 7);
+    /// ```
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let ingress = req
+            .extensions()
+            .get::<Ingress>()
+            .map_or_else(Instant::now, |i| i.0);
+        let grpc = headers::is_grpc(req.headers());
+        let admitted = self.policy.admit(headers::incoming(req.headers()), ingress);
+        let (scope, admission) = match admitted {
+            Ok(a) => a,
+            Err(e) => return ResponseFuture::rejected(&e, grpc),
+        };
+        req.extensions_mut().insert(scope.clone());
+        req.extensions_mut().insert(admission.clone());
+        // `call` itself may already run handler code: make the scope current for it too.
+        let fut = scope.sync_scope(|| self.inner.call(req));
+        let run = scope.run(fut);
+        ResponseFuture::admitted(
+            run,
+            Finish::new(scope, admission, self.on_report.clone()),
+            grpc,
+        )
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Admit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admit")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .field("on_report", &self.on_report.is_some())
+            .finish()
+    }
+}

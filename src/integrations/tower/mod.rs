@@ -1,0 +1,51 @@
+//! Tower middleware: admit incoming requests into scopes, propagate budgets on outgoing calls.
+//!
+//! Works with anything built on `tower` and `http` 1: axum, tonic servers and channels, hyper
+//! clients.
+//!
+//! * [`Admit`] / [`AdmitLayer`] (server): admits every request under an
+//!   [`EndpointPolicy`](crate::wire::EndpointPolicy), runs the handler with the request's
+//!   root scope as [`Scope::current`](crate::Scope::current) (also in the request extensions,
+//!   with the [`Admission`](crate::wire::Admission) record), and answers for the scope:
+//!
+//!   | what happened | HTTP | gRPC (`content-type: application/grpc*`) |
+//!   |---|---|---|
+//!   | a budget header is malformed, repeated, or over a rejecting cap | 400 | `INVALID_ARGUMENT` (3) |
+//!   | too little budget left on arrival | 504 | `DEADLINE_EXCEEDED` (4) |
+//!   | the deadline passed before the handler answered | 504 | `DEADLINE_EXCEEDED` (4), not `CANCELLED` |
+//!   | the scope was cancelled by the server | 503 | `UNAVAILABLE` (14) |
+//!
+//!   gRPC answers are trailers-only responses (HTTP 200 with `grpc-status` in the headers).
+//!   When the response future is dropped (client disconnect, HTTP/2 reset) the scope is
+//!   cancelled with [`Cause::ClientGone`](crate::Cause::ClientGone). Afterwards the scope is
+//!   closed, and once it is quiet its [`Report`](crate::Report) goes to the optional
+//!   [`on_report`](AdmitLayer::on_report) callback.
+//!
+//! * [`Propagate`] / [`PropagateLayer`] (client): every call gets a child of the current scope
+//!   (or of a [`Scope`](crate::Scope) in the request's extensions) cut by an
+//!   [`EgressPolicy`](crate::wire::EgressPolicy), is registered and dispatched as a child of
+//!   it (so that nothing is sent after a cancel), carries `grpc-timeout` and `service-budget`,
+//!   and is stopped — response body included — when the child's budget ends.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use cancel_scope::integrations::tower::{AdmitLayer, PropagateLayer};
+//! use cancel_scope::wire::{EgressPolicy, EndpointPolicy};
+//!
+//! let ms = Duration::from_millis;
+//! let server = AdmitLayer::new(EndpointPolicy::new(ms(2000), ms(1000)).reserve(ms(20)))
+//!     .on_report(|admission, report| {
+//!         println!("{}: {report}", admission.operation_id());
+//!     });
+//! let client = PropagateLayer::new().egress(EgressPolicy::new().transport_pad(ms(5)));
+//! # let _ = (server, client);
+//! ```
+
+pub mod admit;
+mod headers;
+pub mod propagate;
+
+pub use admit::{Admit, AdmitLayer, Ingress};
+pub use propagate::{Propagate, PropagateLayer};

@@ -1,0 +1,258 @@
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use crate::integrations::tower::headers;
+use crate::integrations::CallError;
+use crate::{Cancelled, Dispatched, Scope};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One call in flight: its scope, its receipt, and what it told the callee.
+pub(super) struct Tracking {
+    /// Keeps the call's scope (and its deadline timer) alive until the body is done.
+    _call: Scope,
+    cancelled: Cancelled,
+    dispatched: Option<Dispatched>,
+    grpc: bool,
+    /// When the budget the callee was told runs out.
+    announced: Option<Instant>,
+}
+
+impl Tracking {
+    pub(super) fn new(
+        call: Scope,
+        dispatched: Dispatched,
+        grpc: bool,
+        announced: Option<Instant>,
+    ) -> Self {
+        Tracking {
+            cancelled: call.cancelled(),
+            _call: call,
+            dispatched: Some(dispatched),
+            grpc,
+            announced,
+        }
+    }
+
+    pub(super) fn grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// Whether the budget the callee was told has run out.
+    pub(super) fn expired(&self) -> bool {
+        self.announced.is_some_and(|a| Instant::now() >= a)
+    }
+
+    /// Ready with the cause once the call's scope is cancelled.
+    pub(super) fn poll_stopped(&mut self, cx: &mut Context<'_>) -> Poll<crate::Cause> {
+        self.cancelled.poll_cancelled(cx)
+    }
+
+    /// The exchange completed.
+    pub(super) fn succeed(&mut self) {
+        if let Some(d) = self.dispatched.take() {
+            d.succeed();
+        }
+    }
+
+    /// The transport failed: `Failed` for read-only work; effectful work may have had its
+    /// effect, so its receipt is left to `Dispatched`'s drop (`EffectUnknown`).
+    pub(super) fn transport_failed(&mut self) {
+        if let Some(d) = self.dispatched.take() {
+            if !d.spec().effect().may_have_effect() {
+                d.fail();
+            }
+        }
+    }
+
+    /// The error for a transport failure `e`.
+    pub(super) fn transport_error(&mut self, e: impl Into<BoxError>) -> CallError {
+        if self.expired() {
+            // Stopped by the deadline, not failed: `Cancelled` (or `EffectUnknown`) by the
+            // drop.
+            self.dispatched = None;
+            CallError::transport_after_deadline(e)
+        } else {
+            self.transport_failed();
+            CallError::transport(e)
+        }
+    }
+
+    /// Rewrites a CANCELLED status that arrived after the budget ran out.
+    pub(super) fn fix_status(&self, headers: &mut HeaderMap) {
+        if self.grpc && self.expired() {
+            headers::fix_expired_status(headers);
+        }
+    }
+}
+
+pin_project! {
+    /// The response body of a call made through [`Propagate`](super::Propagate): the
+    /// transport's body, stopped when the call's scope ends.
+    ///
+    /// When the call's deadline passes (or its scope is cancelled) mid-body, a gRPC body ends
+    /// with `grpc-status` trailers (`DEADLINE_EXCEEDED` / `CANCELLED`), any other body with a
+    /// [`CallError`]. The call's receipt is recorded when the body has been read to its end
+    /// (`Succeeded`), when it fails, or when it is dropped before its end (`Cancelled`, or
+    /// `EffectUnknown` for effectful calls).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use http_body::Body;
+    /// use cancel_scope::integrations::tower::propagate::ResponseBody;
+    /// let body: ResponseBody<String> = ResponseBody::empty();
+    /// assert!(body.is_end_stream());
+    /// ```
+    pub struct ResponseBody<B> {
+        #[pin]
+        inner: Option<B>,
+        tracking: Option<Tracking>,
+        trailers: Option<HeaderMap>,
+    }
+
+}
+
+impl<B> ResponseBody<B> {
+    /// A body with nothing in it (the body of a response the layer made itself).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use http_body::Body;
+    /// use cancel_scope::integrations::tower::propagate::ResponseBody;
+    /// assert_eq!(ResponseBody::<String>::empty().size_hint().exact(), Some(0));
+    /// ```
+    pub fn empty() -> Self {
+        ResponseBody {
+            inner: None,
+            tracking: None,
+            trailers: None,
+        }
+    }
+
+    pub(super) fn passthrough(inner: B) -> Self {
+        ResponseBody {
+            inner: Some(inner),
+            tracking: None,
+            trailers: None,
+        }
+    }
+
+    pub(super) fn tracked(inner: B, mut tracking: Tracking) -> Self
+    where
+        B: Body,
+    {
+        if inner.is_end_stream() {
+            // Nothing more will be read (and readers may not poll it at all): complete.
+            tracking.succeed();
+            return ResponseBody::passthrough(inner);
+        }
+        ResponseBody {
+            inner: Some(inner),
+            tracking: Some(tracking),
+            trailers: None,
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = CallError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        if let Some(t) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(t))));
+        }
+        if let Some(t) = this.tracking.as_mut() {
+            // The scope first: after a cancel nothing more is read (invariant 2).
+            if let Poll::Ready(cause) = t.poll_stopped(cx) {
+                let grpc = t.grpc();
+                this.inner.set(None);
+                // Dropped receipt: Cancelled, or EffectUnknown for effectful calls.
+                *this.tracking = None;
+                return Poll::Ready(Some(if grpc {
+                    let code = headers::client_grpc_code_of(&cause);
+                    Ok(Frame::trailers(headers::grpc_status_headers(
+                        code,
+                        &cause.to_string(),
+                    )))
+                } else {
+                    Err(CallError::cancelled(cause))
+                }));
+            }
+        }
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        match inner.poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                this.inner.set(None);
+                if let Some(mut t) = this.tracking.take() {
+                    t.succeed();
+                }
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(mut frame))) => {
+                if let Some(trailers) = frame.trailers_mut() {
+                    // Trailers are the last frame: the exchange is complete (readers such as
+                    // tonic stop polling here), and nothing is read after them.
+                    this.inner.set(None);
+                    if let Some(mut t) = this.tracking.take() {
+                        t.fix_status(trailers);
+                        t.succeed();
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.inner.set(None);
+                Poll::Ready(Some(Err(match this.tracking.take() {
+                    Some(mut t) => t.transport_error(e),
+                    None => CallError::transport(e),
+                })))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.trailers.is_none() && self.inner.as_ref().is_none_or(B::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Some(b) => b.size_hint(),
+            None => SizeHint::with_exact(0),
+        }
+    }
+}
+
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        ResponseBody::empty()
+    }
+}
+
+impl<B> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("done", &self.inner.is_none())
+            .field("tracked", &self.tracking.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,86 @@
+//! Client middleware: every outgoing call in a child scope, its budget on the wire.
+//!
+//! # Why a layer and not a timeout
+//!
+//! A fixed client timeout restarts the clock at every hop and keeps running after the caller
+//! gave up. Here each call takes what is *left* of the caller's budget:
+//!
+//! 1. a child of the current scope (or of a [`Scope`](crate::Scope) found in the request's
+//!    extensions) is cut by the [`EgressPolicy`] — explicit, or that of the request's
+//!    [`Operation`](crate::wire::Operation) — and fails fast when the callee would get less
+//!    than the minimum useful budget;
+//! 2. the call is registered as a child ([`ChildSpec`](crate::ChildSpec) from the request's
+//!    extensions, or the layer's) and dispatched right before it is sent: after a cancel it
+//!    is never sent;
+//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad;
+//! 4. the call — and its response body — is stopped when the child's deadline passes or its
+//!    scope is cancelled, and its receipt records how it ended.
+//!
+//! For gRPC requests a stop is answered as gRPC does: a trailers-only response (or final
+//! trailers, mid-body) with `DEADLINE_EXCEEDED` for a deadline and `CANCELLED` otherwise, so a
+//! tonic client reports `Code::DeadlineExceeded`. A `CANCELLED` status that arrives after
+//! the budget the callee was told had run out is reported as `DEADLINE_EXCEEDED` too (tonic
+//! servers and channels time out on `grpc-timeout` themselves and call that CANCELLED). Other
+//! requests fail with a [`CallError`].
+//!
+//! The parent scope is taken when the service is *called*: `scope.run(client.call(req))`
+//! calls it before `run` makes the scope current, so write
+//! `scope.run(async { client.call(req).await })` (tonic's generated clients and
+//! `tower::ServiceExt::oneshot` inside the scope do this naturally), or put the `Scope` in
+//! the request's extensions. Outside any scope, requests pass through unchanged.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower_layer::Layer;
+//! use tower_service::Service;
+//! use cancel_scope::integrations::tower::PropagateLayer;
+//! use cancel_scope::wire::EgressPolicy;
+//! use cancel_scope::Scope;
+//!
+//! // A "transport" that answers with the budget headers it was given.
+//! let transport = service_fn(|req: Request<()>| async move {
+//!     let mut res = Response::new(String::new());
+//!     for name in ["grpc-timeout", "service-budget"] {
+//!         res.headers_mut().insert(name, req.headers()[name].clone());
+//!     }
+//!     Ok::<_, std::convert::Infallible>(res)
+//! });
+//! let egress = EgressPolicy::new().transport_pad(Duration::from_millis(10));
+//! let mut client = PropagateLayer::new().egress(egress).layer(transport);
+//!
+//! let request = Scope::with_timeout(Duration::from_millis(300));
+//! // `call` takes the current scope, so it must run inside the request's scope.
+//! let res = request
+//!     .run(async move { client.call(Request::new(())).await })
+//!     .await
+//!     .unwrap()
+//!     .unwrap();
+//! assert_eq!(res.headers()["grpc-timeout"], "290000u");
+//! assert!(res.headers()["service-budget"].to_str().unwrap().starts_with("v=1, rem=290, gen=0"));
+//! # }
+//! # fn service_fn<F>(f: F) -> Fn_<F> { Fn_(f) }
+//! # struct Fn_<F>(F);
+//! # impl<F: FnMut(R) -> Fut, R, Fut: std::future::Future<Output = Result<T, E>>, T, E>
+//! #     tower_service::Service<R> for Fn_<F> {
+//! #     type Response = T; type Error = E; type Future = Fut;
+//! #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>)
+//! #         -> std::task::Poll<Result<(), E>> { std::task::Poll::Ready(Ok(())) }
+//! #     fn call(&mut self, r: R) -> Fut { (self.0)(r) }
+//! # }
+//! ```
+//!
+//! [`EgressPolicy`]: crate::wire::EgressPolicy
+//! [`CallError`]: crate::integrations::CallError
+
+mod body;
+pub mod future;
+mod layer;
+mod service;
+
+pub use body::ResponseBody;
+pub use layer::PropagateLayer;
+pub use service::Propagate;

@@ -1,0 +1,161 @@
+//! The operation a request belongs to: set on the root scope at admission, shared by every
+//! descendant, read back by every outgoing call.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::egress::EgressPolicy;
+use crate::Scope;
+
+/// Request-wide facts that admission attaches to a request's root scope: the operation id,
+/// the priority, the cancel generation the budget was cut from, and the endpoint's defaults
+/// for outgoing calls.
+///
+/// Every scope of the request's tree shares it ([`Scope::operation`]), so an outgoing call
+/// made from a child scope deep in the handler still sends the right `op`, `prio` and `gen`
+/// in its `service-budget` header, and uses the endpoint's transport pad.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use cancel_scope::wire::{EndpointPolicy, Incoming};
+///
+/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).priority(2);
+/// let (scope, admission) = policy.admit(Incoming::new(), Instant::now()).unwrap();
+/// let child = scope.child().build().unwrap();
+/// let op = child.operation().unwrap();
+/// assert_eq!(op.id(), admission.operation_id());
+/// assert_eq!(op.priority(), 2);
+/// # }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Operation {
+    id: Arc<str>,
+    priority: u8,
+    generation: u64,
+    egress: EgressPolicy,
+}
+
+impl Operation {
+    pub(crate) fn new(id: Arc<str>, priority: u8, generation: u64, egress: EgressPolicy) -> Self {
+        Operation {
+            id,
+            priority,
+            generation,
+            egress,
+        }
+    }
+
+    /// The operation id (the `op` member sent downstream): printable ASCII, at most 128
+    /// characters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Trust};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .trust(Trust::Trusted);
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=500, op=checkout-7");
+    /// let (scope, _) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation().unwrap().id(), "checkout-7");
+    /// # }
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The operation id as a shared string.
+    pub(crate) fn id_arc(&self) -> &Arc<str> {
+        &self.id
+    }
+
+    /// The priority on the RFC 9218 urgency scale (`0` most urgent, `7` least), as admission
+    /// decided it (see [`PrioritySource`](super::PrioritySource)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation().unwrap().priority(), 3); // the RFC 9218 default
+    /// # }
+    /// ```
+    pub fn priority(&self) -> u8 {
+        self.priority
+    }
+
+    /// The cancel generation the caller's budget was cut from (`gen`; `0` at the edge),
+    /// passed on unchanged to every downstream call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=500, gen=4");
+    /// let (scope, _) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation().unwrap().generation(), 4);
+    /// # }
+    /// ```
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The endpoint's defaults for outgoing calls (transport pad, minimum useful budget).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let ms = Duration::from_millis;
+    /// let policy = EndpointPolicy::new(ms(1000), ms(1000)).transport_pad(ms(5));
+    /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation().unwrap().egress().transport_pad_budget(), ms(5));
+    /// # }
+    /// ```
+    pub fn egress(&self) -> &EgressPolicy {
+        &self.egress
+    }
+}
+
+impl fmt::Debug for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Operation")
+            .field("id", &self.id)
+            .field("priority", &self.priority)
+            .field("generation", &self.generation)
+            .field("egress", &self.egress)
+            .finish()
+    }
+}
+
+impl Scope {
+    /// The operation this scope's request belongs to, if its root was made by admission
+    /// ([`EndpointPolicy::admit`](super::EndpointPolicy::admit)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// assert!(Scope::new().operation().is_none());
+    /// ```
+    pub fn operation(&self) -> Option<&Operation> {
+        self.context().and_then(|c| c.downcast_ref::<Operation>())
+    }
+}

@@ -1,0 +1,435 @@
+//! An endpoint's rules for the budgets its callers declare.
+
+use std::time::Duration;
+
+use super::egress::EgressPolicy;
+use super::service_budget::MAX_PRIORITY;
+use crate::budget::EndpointBudget;
+
+/// Whether the callers of an endpoint are trusted peers or come across an untrusted boundary.
+///
+/// Neither can extend a budget past the endpoint's maximum. What trust adds:
+///
+/// | | [`Untrusted`](Trust::Untrusted) (default) | [`Trusted`](Trust::Trusted) |
+/// |---|---|---|
+/// | priority | the policy's; a caller may only ask for *less* urgency | the caller's, else the policy's |
+/// | operation id | a fresh local one (the caller's is kept for audit) | the caller's, else a fresh one |
+/// | `x-envoy-expected-rq-timeout-ms` | ignored | read, like the other budget headers |
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::wire::{EndpointPolicy, Trust};
+/// use std::time::Duration;
+/// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// assert_eq!(p.trust_level(), Trust::Untrusted);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Trust {
+    /// Callers across a boundary (the public edge): their headers can only shorten the budget
+    /// and lower the priority.
+    #[default]
+    Untrusted,
+    /// Our own services, or a proxy that sets the headers itself.
+    Trusted,
+}
+
+/// What admission does with a budget header it cannot decode (garbage, unknown version,
+/// negative, duplicated).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::wire::OnBadInput;
+/// let lenient = OnBadInput::Fallback(Duration::from_millis(200));
+/// assert_ne!(lenient, OnBadInput::Reject);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OnBadInput {
+    /// Refuse the request with a typed error (HTTP 400 / gRPC `INVALID_ARGUMENT`).
+    #[default]
+    Reject,
+    /// Admit it with this budget, or the endpoint's default if that is smaller; the bad
+    /// header is ignored (any valid header that is shorter still wins).
+    Fallback(Duration),
+}
+
+/// What admission does with a budget that is longer than the endpoint's maximum.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::wire::OverCap;
+/// assert_eq!(OverCap::default(), OverCap::Clamp);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OverCap {
+    /// Admit it with the maximum (gRPC clients commonly send long default deadlines).
+    #[default]
+    Clamp,
+    /// Refuse the request with a typed error.
+    Reject,
+}
+
+/// The priority the policy gives when a caller says nothing: `3`, RFC 9218's default
+/// urgency.
+const DEFAULT_PRIORITY: u8 = 3;
+
+/// An endpoint's budget rules: the maximum a caller can get, the default when it declares
+/// none, the endpoint's own reserve, the defaults for its outgoing calls, how far callers are
+/// trusted, what to do with bad or over-long headers, a version for audits and a priority.
+///
+/// Admission ([`EndpointPolicy::admit`]) computes
+///
+/// ```text
+/// remaining = min(declared or default, max) − time already queued − reserve
+/// ```
+///
+/// with [`EndpointBudget`], so a caller can shorten its budget but never lengthen it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::wire::{EndpointPolicy, OnBadInput, Trust};
+///
+/// let ms = Duration::from_millis;
+/// let policy = EndpointPolicy::new(ms(2000), ms(1000))
+///     .reserve(ms(50))
+///     .transport_pad(ms(5))
+///     .min_useful(ms(20))
+///     .trust(Trust::Untrusted)
+///     .on_bad_input(OnBadInput::Fallback(ms(300)))
+///     .version(7)
+///     .priority(4);
+/// assert_eq!(policy.max_budget(), ms(2000));
+/// assert_eq!(policy.default_budget(), ms(1000));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointPolicy {
+    budget: EndpointBudget,
+    egress: EgressPolicy,
+    trust: Trust,
+    on_bad_input: OnBadInput,
+    over_cap: OverCap,
+    version: u32,
+    priority: u8,
+}
+
+impl EndpointPolicy {
+    /// A policy with a maximum and a default for callers that declare nothing (clamped to the
+    /// maximum); untrusted callers, bad input rejected, over-long budgets clamped, version 0,
+    /// priority 3.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(9));
+    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
+    /// ```
+    pub const fn new(max: Duration, default: Duration) -> Self {
+        EndpointPolicy {
+            budget: EndpointBudget::new(max, default),
+            egress: EgressPolicy::new(),
+            trust: Trust::Untrusted,
+            on_bad_input: OnBadInput::Reject,
+            over_cap: OverCap::Clamp,
+            version: 0,
+            priority: DEFAULT_PRIORITY,
+        }
+    }
+
+    /// Time the endpoint keeps for its own response; the handler's scope ends this much before
+    /// the caller's budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .reserve(Duration::from_millis(10));
+    /// assert_eq!(p.reserve_budget(), Duration::from_millis(10));
+    /// ```
+    pub const fn reserve(mut self, reserve: Duration) -> Self {
+        self.budget = self.budget.reserve(reserve);
+        self
+    }
+
+    /// The transport pad of outgoing calls made while serving this endpoint (see
+    /// [`EgressPolicy::transport_pad`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .transport_pad(Duration::from_millis(5));
+    /// assert_eq!(p.egress().transport_pad_budget(), Duration::from_millis(5));
+    /// ```
+    pub const fn transport_pad(mut self, pad: Duration) -> Self {
+        self.egress = self.egress.transport_pad(pad);
+        self
+    }
+
+    /// The minimum useful budget: a request admitted with less is refused (it would only time
+    /// out), and so is an outgoing call that would tell its callee less.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(20));
+    /// assert_eq!(p.min_useful_budget(), Duration::from_millis(20));
+    /// ```
+    pub const fn min_useful(mut self, min_useful: Duration) -> Self {
+        self.egress = self.egress.min_useful(min_useful);
+        self
+    }
+
+    /// How far callers are trusted (see [`Trust`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Trust};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .trust(Trust::Trusted);
+    /// assert_eq!(p.trust_level(), Trust::Trusted);
+    /// ```
+    pub const fn trust(mut self, trust: Trust) -> Self {
+        self.trust = trust;
+        self
+    }
+
+    /// What to do with a budget header that cannot be decoded (see [`OnBadInput`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, OnBadInput};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .on_bad_input(OnBadInput::Fallback(Duration::from_millis(100)));
+    /// assert_eq!(p.bad_input(), OnBadInput::Fallback(Duration::from_millis(100)));
+    /// ```
+    pub const fn on_bad_input(mut self, on_bad_input: OnBadInput) -> Self {
+        self.on_bad_input = on_bad_input;
+        self
+    }
+
+    /// What to do with a budget longer than the maximum (see [`OverCap`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, OverCap};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .over_cap(OverCap::Reject);
+    /// assert_eq!(p.over_cap_rule(), OverCap::Reject);
+    /// ```
+    pub const fn over_cap(mut self, over_cap: OverCap) -> Self {
+        self.over_cap = over_cap;
+        self
+    }
+
+    /// The policy's version, recorded in every [`Admission`](super::Admission) for audits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(3);
+    /// assert_eq!(p.policy_version(), 3);
+    /// ```
+    pub const fn version(mut self, version: u32) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// The priority this endpoint gives its requests (RFC 9218 urgency, `0` most urgent to `7`
+    /// least; larger values are taken as `7`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).priority(9);
+    /// assert_eq!(p.policy_priority(), 7);
+    /// ```
+    pub const fn priority(mut self, priority: u8) -> Self {
+        self.priority = if priority > MAX_PRIORITY {
+            MAX_PRIORITY
+        } else {
+            priority
+        };
+        self
+    }
+
+    /// The budget arithmetic of this policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.budget().clamp(Some(Duration::from_secs(5))), Duration::from_secs(2));
+    /// ```
+    pub const fn budget(&self) -> &EndpointBudget {
+        &self.budget
+    }
+
+    /// The defaults of outgoing calls made while serving this endpoint.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EgressPolicy, EndpointPolicy};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// assert_eq!(*p.egress(), EgressPolicy::new());
+    /// ```
+    pub const fn egress(&self) -> &EgressPolicy {
+        &self.egress
+    }
+
+    /// The maximum any caller can get.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.max_budget(), Duration::from_secs(2));
+    /// ```
+    pub const fn max_budget(&self) -> Duration {
+        self.budget.max()
+    }
+
+    /// The budget of a caller that declares none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
+    /// ```
+    pub const fn default_budget(&self) -> Duration {
+        self.budget.default_budget()
+    }
+
+    /// The endpoint's reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert!(p.reserve_budget().is_zero());
+    /// ```
+    pub const fn reserve_budget(&self) -> Duration {
+        self.budget.reserve_budget()
+    }
+
+    /// The minimum useful budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert!(p.min_useful_budget().is_zero());
+    /// ```
+    pub const fn min_useful_budget(&self) -> Duration {
+        self.egress.min_useful_budget()
+    }
+
+    /// The trust level.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Trust};
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.trust_level(), Trust::Untrusted);
+    /// ```
+    pub const fn trust_level(&self) -> Trust {
+        self.trust
+    }
+
+    /// The bad-input rule.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, OnBadInput};
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.bad_input(), OnBadInput::Reject);
+    /// ```
+    pub const fn bad_input(&self) -> OnBadInput {
+        self.on_bad_input
+    }
+
+    /// The over-cap rule.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, OverCap};
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.over_cap_rule(), OverCap::Clamp);
+    /// ```
+    pub const fn over_cap_rule(&self) -> OverCap {
+        self.over_cap
+    }
+
+    /// The policy's version.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.policy_version(), 0);
+    /// ```
+    pub const fn policy_version(&self) -> u32 {
+        self.version
+    }
+
+    /// The policy's priority.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert_eq!(p.policy_priority(), 3);
+    /// ```
+    pub const fn policy_priority(&self) -> u8 {
+        self.priority
+    }
+}

@@ -1,0 +1,392 @@
+//! The tower layers with tonic: `Admit` in a tonic server, `Propagate` around a tonic
+//! channel, against plain tonic peers on loopback.
+//!
+//! The service is written by hand on `tonic::server::Grpc` / `tonic::client::Grpc` with a
+//! tiny UTF-8 string codec, so no protobuf compiler is needed. Real sockets mean real time:
+//! budgets are generous and the assertions are about status codes, causes and inequalities.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut};
+use cancel_scope::integrations::tower::{AdmitLayer, Propagate, PropagateLayer};
+use cancel_scope::wire::{grpc_timeout, Admission, EgressPolicy, EndpointPolicy, ServiceBudget};
+use cancel_scope::{Cause, Lifecycle, Report, Scope};
+use http::uri::PathAndQuery;
+use tokio::sync::mpsc;
+use tokio::time::{timeout, Instant};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Code, Status};
+use tower::{Layer, ServiceBuilder};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+// --- a string codec ---------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Utf8;
+
+impl Codec for Utf8 {
+    type Encode = String;
+    type Decode = String;
+    type Encoder = Utf8;
+    type Decoder = Utf8;
+
+    fn encoder(&mut self) -> Utf8 {
+        Utf8
+    }
+
+    fn decoder(&mut self) -> Utf8 {
+        Utf8
+    }
+}
+
+impl Encoder for Utf8 {
+    type Item = String;
+    type Error = Status;
+
+    fn encode(&mut self, item: String, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(item.as_bytes());
+        Ok(())
+    }
+}
+
+impl Decoder for Utf8 {
+    type Item = String;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<String>, Status> {
+        let bytes = src.copy_to_bytes(src.remaining());
+        String::from_utf8(bytes.to_vec())
+            .map(Some)
+            .map_err(|_| Status::invalid_argument("not UTF-8"))
+    }
+}
+
+// --- the service: "/test.Budget/Probe" -------------------------------------------------------
+//
+// The request is how long to work, in ms ("forever" for ever). The response says what the
+// server saw: the budget of its current scope (if a layer admitted it) and the budget headers.
+
+#[derive(Clone, Default)]
+struct Probe {
+    calls: Arc<AtomicUsize>,
+    arrived: Arc<tokio::sync::Notify>,
+}
+
+impl tonic::server::NamedService for Probe {
+    const NAME: &'static str = "test.Budget";
+}
+
+struct ProbeCall;
+
+impl tonic::server::UnaryService<String> for ProbeCall {
+    type Response = String;
+    type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<String>, Status>> + Send>>;
+
+    fn call(&mut self, request: tonic::Request<String>) -> Self::Future {
+        Box::pin(async move {
+            let header = |name: &str| {
+                request
+                    .metadata()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            let seen_timeout = header("grpc-timeout")
+                .map(|v| grpc_timeout::decode(&v).unwrap().as_micros().to_string());
+            let seen_budget = header("service-budget").map(|v| {
+                ServiceBudget::parse(&v)
+                    .unwrap()
+                    .remaining()
+                    .as_millis()
+                    .to_string()
+            });
+            let scope_left = Scope::try_current()
+                .and_then(|s| s.remaining())
+                .map(|d| d.as_micros().to_string());
+            match request.get_ref().as_str() {
+                "forever" => std::future::pending::<()>().await,
+                work => tokio::time::sleep(ms(work.parse().unwrap())).await,
+            }
+            let show = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+            Ok(tonic::Response::new(format!(
+                "timeout_us={} budget_ms={} scope_us={}",
+                show(seen_timeout),
+                show(seen_budget),
+                show(scope_left)
+            )))
+        })
+    }
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Probe {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.arrived.notify_one();
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(Utf8);
+            Ok(grpc.unary(ProbeCall, req).await)
+        })
+    }
+}
+
+const PROBE: &str = "/test.Budget/Probe";
+
+/// A parsed probe answer.
+#[derive(Debug)]
+struct Seen {
+    timeout_us: Option<u64>,
+    budget_ms: Option<u64>,
+    scope_us: Option<u64>,
+}
+
+fn parse(answer: &str) -> Seen {
+    let field = |key: &str| {
+        let v = answer
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+            .unwrap();
+        (v != "-").then(|| v.parse().unwrap())
+    };
+    Seen {
+        timeout_us: field("timeout_us"),
+        budget_ms: field("budget_ms"),
+        scope_us: field("scope_us"),
+    }
+}
+
+// --- servers and clients ----------------------------------------------------------------
+
+type Reports = mpsc::UnboundedReceiver<(Admission, Report)>;
+
+/// A tonic server with our `Admit` layer.
+async fn admitted_server(policy: EndpointPolicy) -> (String, Probe, Reports) {
+    let (tx, reports) = mpsc::unbounded_channel();
+    let layer = AdmitLayer::new(policy).on_report(move |a, r| {
+        let _ = tx.send((a.clone(), r.clone()));
+    });
+    let probe = Probe::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = Server::builder().layer(layer).add_service(probe.clone());
+    tokio::spawn(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    (format!("http://{addr}"), probe, reports)
+}
+
+/// A plain tonic server.
+async fn plain_server() -> (String, Arc<AtomicUsize>) {
+    let probe = Probe::default();
+    let calls = probe.calls.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = Server::builder().add_service(probe);
+    tokio::spawn(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+    (format!("http://{addr}"), calls)
+}
+
+async fn channel(url: &str) -> Channel {
+    Endpoint::from_shared(url.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// One probe call through any gRPC client service.
+async fn probe<T>(client: T, work: &str, deadline: Option<Duration>) -> Result<String, Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut grpc = tonic::client::Grpc::new(client);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(e.into().to_string()))?;
+    let mut request = tonic::Request::new(work.to_owned());
+    if let Some(d) = deadline {
+        request.set_timeout(d);
+    }
+    grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Our client layer around a channel.
+async fn propagated(url: &str, egress: EgressPolicy) -> Propagate<Channel> {
+    PropagateLayer::new()
+        .egress(egress)
+        .layer(channel(url).await)
+}
+
+/// A probe made in a fresh scope with `budget`, that must fail.
+async fn failed_probe_within(budget: Duration, client: Propagate<Channel>, work: &str) -> Status {
+    Scope::with_timeout(budget)
+        .run(probe(client, work, None))
+        .await
+        .unwrap()
+        .unwrap_err()
+}
+
+async fn next_report(rx: &mut Reports) -> (Admission, Report) {
+    timeout(PATIENCE, rx.recv())
+        .await
+        .expect("no report in time")
+        .expect("report channel closed")
+}
+
+// --- tests -------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_tonic_deadline_reaches_our_server_as_the_handlers_budget() {
+    let reserve = ms(50);
+    let (url, _, mut reports) =
+        admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(reserve)).await;
+    let sent = Instant::now();
+    let answer = probe(channel(&url).await, "0", Some(ms(2_000)))
+        .await
+        .unwrap();
+    let seen = parse(&answer);
+    // The handler's scope has the caller's 2 s less the reserve and the trip, not the
+    // endpoint's default of 10 s.
+    let scope = Duration::from_micros(seen.scope_us.unwrap());
+    assert!(scope <= ms(2_000) - reserve, "{answer}");
+    assert!(scope + sent.elapsed() >= ms(2_000) - reserve, "{answer}");
+    let (admission, report) = next_report(&mut reports).await;
+    assert_eq!(admission.declared(), Some(ms(2_000)));
+    assert_eq!(report.state(), Lifecycle::Completed);
+}
+
+#[tokio::test]
+async fn a_tonic_client_sees_deadline_exceeded_from_our_server_not_cancelled() {
+    let (url, _, mut reports) =
+        admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(ms(50))).await;
+    let status = probe(channel(&url).await, "forever", Some(ms(400)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+}
+
+#[tokio::test]
+async fn our_client_layer_sends_the_budget_a_tonic_server_reads() {
+    let (url, calls) = plain_server().await;
+    let pad = ms(10);
+    let client = ServiceBuilder::new()
+        .layer(PropagateLayer::new().egress(EgressPolicy::new().transport_pad(pad)))
+        .service(channel(&url).await);
+    let scope = Scope::with_timeout(ms(3_000));
+    let before = scope.remaining().unwrap();
+    let answer = scope.run(probe(client, "0", None)).await.unwrap().unwrap();
+    let seen = parse(&answer);
+    let timeout = Duration::from_micros(seen.timeout_us.unwrap());
+    let budget = ms(seen.budget_ms.unwrap());
+    assert!(timeout <= before - pad, "{answer}");
+    assert!(timeout > ms(2_000), "{answer}");
+    assert!(budget <= timeout, "{answer}");
+    assert_eq!(seen.scope_us, None); // a plain tonic server has no scope
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // The call was receipted in the caller's scope.
+    scope.close();
+    let report = timeout_quiesce(&scope).await;
+    assert_eq!(report.succeeded(), 1, "{report}");
+}
+
+async fn timeout_quiesce(scope: &Scope) -> Report {
+    timeout(PATIENCE, scope.quiesce()).await.unwrap()
+}
+
+#[tokio::test]
+async fn our_client_layer_reports_expiry_as_deadline_exceeded() {
+    // Against a plain tonic server, which times out on `grpc-timeout` by itself and would
+    // say CANCELLED...
+    let (url, _) = plain_server().await;
+    let client = propagated(&url, EgressPolicy::new().transport_pad(ms(10))).await;
+    let status = failed_probe_within(ms(400), client, "forever").await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+
+    // ... and against our own server.
+    let (url, _, mut reports) =
+        admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(ms(50))).await;
+    let client = propagated(&url, EgressPolicy::new()).await;
+    let status = failed_probe_within(ms(400), client, "forever").await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let (_, report) = next_report(&mut reports).await;
+    assert!(report.cause().unwrap().is_deadline_exceeded(), "{report}");
+}
+
+#[tokio::test]
+async fn our_client_layer_sends_nothing_after_a_cancel_or_without_budget() {
+    let (url, calls) = plain_server().await;
+    let chan = channel(&url).await;
+
+    let cancelled = Scope::with_timeout(ms(10_000));
+    cancelled.cancel_with("user left");
+    let client = ServiceBuilder::new()
+        .layer(PropagateLayer::new())
+        .service(chan.clone());
+    // The call's parent scope given explicitly, in the request's extensions.
+    let mut grpc = tonic::client::Grpc::new(client);
+    grpc.ready().await.unwrap();
+    let mut req = tonic::Request::new("0".to_owned());
+    req.extensions_mut().insert(cancelled.clone());
+    let status = grpc
+        .unary(req, PathAndQuery::from_static(PROBE), Utf8)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+
+    let client = PropagateLayer::new()
+        .egress(EgressPolicy::new().min_useful(ms(20_000)))
+        .layer(chan);
+    let status = failed_probe_within(ms(10_000), client, "0").await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_caller_resets_the_stream_and_the_server_sees_the_client_go() {
+    let (url, server, mut reports) =
+        admitted_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+    let client = ServiceBuilder::new()
+        .layer(PropagateLayer::new())
+        .service(channel(&url).await);
+    let caller = Scope::with_timeout(ms(60_000));
+    let call = tokio::spawn({
+        let caller = caller.clone();
+        async move { caller.run(probe(client, "forever", None)).await }
+    });
+    timeout(PATIENCE, server.arrived.notified())
+        .await
+        .expect("the call never arrived");
+    caller.cancel_with("user pressed stop");
+    let stopped = call.await.unwrap();
+    assert!(stopped.unwrap_err().is_cancelled());
+
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+    let report = timeout_quiesce(&caller).await;
+    assert_eq!(report.cancelled(), 1, "{report}");
+}

@@ -1,0 +1,448 @@
+//! The tower server layer (`Admit`) and the reqwest client extension over real HTTP: axum
+//! servers and reqwest clients on loopback.
+//!
+//! Real sockets run on the real clock, so budgets are generous and the assertions are about
+//! order, causes and inequalities, never exact milliseconds. Nothing here sleeps to "let
+//! things settle": every wait is on an observable event (a response, a report, a signal from a
+//! handler), bounded by a generous timeout so that a bug fails the test instead of hanging it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{any, get};
+use axum::{Extension, Router};
+use cancel_scope::integrations::reqwest::RequestBuilderExt;
+use cancel_scope::integrations::tower::AdmitLayer;
+use cancel_scope::wire::{Admission, EgressPolicy, EndpointPolicy, PrioritySource, Trust};
+use cancel_scope::{Cause, Lifecycle, Report, Scope};
+use futures::StreamExt as _;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{timeout, Instant};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/")
+}
+
+/// Reports of one server, by channel.
+type Reports = mpsc::UnboundedReceiver<(Admission, Report)>;
+
+fn admit(policy: EndpointPolicy) -> (AdmitLayer, Reports) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let layer = AdmitLayer::new(policy).on_report(move |a, r| {
+        let _ = tx.send((a.clone(), r.clone()));
+    });
+    (layer, rx)
+}
+
+async fn next_report(rx: &mut Reports) -> (Admission, Report) {
+    timeout(PATIENCE, rx.recv())
+        .await
+        .expect("no report in time")
+        .expect("report channel closed")
+}
+
+/// What one hop saw when its handler started.
+#[derive(Clone, Debug)]
+struct Seen {
+    hop: &'static str,
+    at: Instant,
+    remaining: Duration,
+    operation: String,
+}
+
+#[derive(Clone)]
+struct Hop {
+    name: &'static str,
+    next: Option<String>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    client: reqwest::Client,
+}
+
+async fn hop(State(h): State<Hop>) -> Result<String, StatusCode> {
+    let scope = Scope::current();
+    h.seen.lock().unwrap().push(Seen {
+        hop: h.name,
+        at: Instant::now(),
+        remaining: scope.remaining().unwrap(),
+        operation: scope.operation().unwrap().id().to_owned(),
+    });
+    let Some(next) = &h.next else {
+        return Ok(h.name.to_owned());
+    };
+    let res = h
+        .client
+        .get(next)
+        .send_scoped()
+        .await
+        .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    let below = res.text().await.map_err(|_| StatusCode::BAD_GATEWAY)?;
+    Ok(format!("{} > {below}", h.name))
+}
+
+#[tokio::test]
+async fn budgets_shrink_hop_by_hop_across_three_services() {
+    // The pad covers the trip over loopback, generously even on a loaded machine.
+    let pad = ms(50);
+    let reserve = ms(20);
+    let edge = EndpointPolicy::new(ms(10_000), ms(2_000))
+        .reserve(reserve)
+        .transport_pad(pad);
+    let inner = edge.trust(Trust::Trusted);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let client = reqwest::Client::new();
+
+    let mut next = None;
+    let mut reports = Vec::new();
+    for (name, policy) in [("inventory", inner), ("orders", inner), ("frontend", edge)] {
+        let (layer, rx) = admit(policy);
+        reports.push(rx);
+        let state = Hop {
+            name,
+            next: next.take(),
+            seen: seen.clone(),
+            client: client.clone(),
+        };
+        let app = Router::new()
+            .route("/", get(hop))
+            .with_state(state)
+            .layer(layer);
+        next = Some(serve(app).await);
+    }
+
+    let res = client
+        .get(next.unwrap())
+        .header("grpc-timeout", "5S")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.text().await.unwrap(), "frontend > orders > inventory");
+
+    let seen = seen.lock().unwrap().clone();
+    let hops: Vec<_> = seen.iter().map(|s| s.hop).collect();
+    assert_eq!(hops, ["frontend", "orders", "inventory"]);
+    assert!(seen[0].remaining <= ms(5_000) - reserve, "{seen:?}");
+    for pair in seen.windows(2) {
+        let (up, down) = (&pair[0], &pair[1]);
+        let elapsed = down.at - up.at;
+        // Each hop has at least the elapsed time less than the one before...
+        assert!(
+            down.remaining + elapsed <= up.remaining,
+            "{up:?} -> {down:?} after {elapsed:?}"
+        );
+        // ... and, as long as the trip took less than the pad, also the reserve less: the
+        // downstream deadline is never later than the upstream one minus its reserve.
+        assert!(
+            down.remaining + elapsed + reserve <= up.remaining,
+            "{up:?} -> {down:?} after {elapsed:?}"
+        );
+    }
+    // The edge made up an operation id; the trusted hops below kept it.
+    assert!(seen.iter().all(|s| s.operation == seen[0].operation));
+
+    // Every hop's scope went quiet, and the calls each made were receipted.
+    for (rx, calls) in reports.iter_mut().zip([0, 1, 1]) {
+        let (admission, report) = next_report(rx).await;
+        assert_eq!(admission.operation_id(), seen[0].operation);
+        assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+        assert_eq!(report.succeeded(), calls, "{report}");
+    }
+}
+
+#[derive(Clone, Default)]
+struct Calls(Arc<AtomicUsize>);
+
+async fn count(State(calls): State<Calls>, Extension(a): Extension<Admission>) -> String {
+    calls.0.fetch_add(1, Ordering::SeqCst);
+    let left = Scope::current().remaining().unwrap();
+    format!(
+        "{} {} {} {:?}",
+        left.as_millis(),
+        a.was_clamped(),
+        a.priority(),
+        a.priority_source()
+    )
+}
+
+async fn counting_server(policy: EndpointPolicy) -> (String, Calls) {
+    let calls = Calls::default();
+    let app = Router::new()
+        .route("/", get(count))
+        .with_state(calls.clone())
+        .layer(AdmitLayer::new(policy));
+    (serve(app).await, calls)
+}
+
+#[tokio::test]
+async fn a_hostile_budget_gets_at_most_the_policy_maximum() {
+    let policy = EndpointPolicy::new(ms(3_000), ms(1_000)).priority(4);
+    let (url, _) = counting_server(policy).await;
+    let client = reqwest::Client::new();
+    for (name, value) in [
+        ("grpc-timeout", "99999999H"),
+        ("service-budget", "v=1, rem=86400000, prio=0"),
+        ("x-envoy-expected-rq-timeout-ms", "9999999999"),
+    ] {
+        let text = client
+            .get(&url)
+            .header(name, value)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let mut parts = text.split(' ');
+        let left: u64 = parts.next().unwrap().parse().unwrap();
+        assert!(left <= 3_000, "{name}: {text}");
+        let rest: Vec<_> = parts.collect();
+        // Untrusted: Envoy's header is not even read; the others are clamped; the caller's
+        // urgency 0 is ignored.
+        let clamped = name != "x-envoy-expected-rq-timeout-ms";
+        assert_eq!(
+            rest,
+            [&clamped.to_string(), "4", "Policy"],
+            "{name}: {text}"
+        );
+        if !clamped {
+            assert!(left <= 1_000, "{name}: {text}");
+        }
+    }
+    assert_eq!(format!("{:?}", PrioritySource::Policy), "Policy");
+}
+
+#[tokio::test]
+async fn malformed_budget_headers_get_400_and_never_reach_the_handler() {
+    let (url, calls) = counting_server(EndpointPolicy::new(ms(3_000), ms(1_000))).await;
+    let client = reqwest::Client::new();
+    let bad: &[&[(&str, &str)]] = &[
+        &[("grpc-timeout", "-1S")],
+        &[("grpc-timeout", "1 hour")],
+        &[("grpc-timeout", "123456789m")],
+        &[("service-budget", "v=2, rem=10")],
+        &[("service-budget", "v=1, rem=-1")],
+        &[("service-budget", "v=1, rem=10, rem=99999")],
+        &[("service-budget", "(((")],
+        &[("grpc-timeout", "1S"), ("grpc-timeout", "2S")],
+    ];
+    for headers in bad {
+        let mut req = client.get(&url);
+        for (k, v) in *headers {
+            req = req.header(*k, *v);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 400, "{headers:?}");
+    }
+    // The same for a gRPC caller: a trailers-only INVALID_ARGUMENT.
+    let res = client
+        .post(&url)
+        .header("content-type", "application/grpc")
+        .header("grpc-timeout", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "3");
+    assert_eq!(calls.0.load(Ordering::SeqCst), 0);
+}
+
+/// A handler that starts a child doing 60 s of work and then waits for it.
+#[derive(Clone)]
+struct Stuck {
+    started: Arc<Mutex<Option<oneshot::Sender<Scope>>>>,
+}
+
+async fn stuck(State(s): State<Stuck>) -> &'static str {
+    let scope = Scope::current();
+    let child = scope.child().name("inventory").build().unwrap();
+    let work = child
+        .spawn(tokio::time::sleep(Duration::from_secs(60)))
+        .unwrap();
+    if let Some(tx) = s.started.lock().unwrap().take() {
+        let _ = tx.send(child);
+    }
+    let _ = work.await;
+    "finished"
+}
+
+async fn stuck_server(policy: EndpointPolicy) -> (String, Reports, oneshot::Receiver<Scope>) {
+    let (tx, started) = oneshot::channel();
+    let (layer, reports) = admit(policy);
+    let app = Router::new()
+        .route("/", any(stuck))
+        .with_state(Stuck {
+            started: Arc::new(Mutex::new(Some(tx))),
+        })
+        .layer(layer);
+    (serve(app).await, reports, started)
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_the_server_scope_and_its_children() {
+    let (url, mut reports, started) =
+        stuck_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+    let request = tokio::spawn(reqwest::Client::new().get(url).send());
+    let child = timeout(PATIENCE, started).await.unwrap().unwrap();
+    request.abort(); // the client goes away mid-request
+
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    // The child's task was stopped and receipted.
+    assert_eq!(report.cancelled(), 1, "{report}");
+    assert_eq!(report.total(), 1, "{report}");
+    assert!(child.cause().unwrap().is_client_gone());
+}
+
+#[tokio::test]
+async fn the_deadline_answers_504_or_deadline_exceeded() {
+    let (url, mut reports, _started) =
+        stuck_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+    let client = reqwest::Client::new();
+    let sent = Instant::now();
+    let res = client
+        .get(&url)
+        .header("grpc-timeout", "300m")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 504);
+    assert!(sent.elapsed() >= ms(300));
+    let (admission, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+    assert_eq!(report.cancelled(), 1, "{report}");
+    assert!(Instant::now() >= admission.deadline());
+
+    // A gRPC caller gets DEADLINE_EXCEEDED, not CANCELLED, in a trailers-only response.
+    let res = client
+        .post(&url)
+        .header("content-type", "application/grpc")
+        .header("grpc-timeout", "300m")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "4");
+    assert_eq!(res.headers()["content-type"], "application/grpc");
+    let (_, report) = next_report(&mut reports).await;
+    assert!(report.cause().unwrap().is_deadline_exceeded());
+}
+
+#[tokio::test]
+async fn a_cancelled_or_useless_call_is_never_sent() {
+    let (url, calls) = counting_server(EndpointPolicy::new(ms(3_000), ms(1_000))).await;
+    let client = reqwest::Client::new();
+
+    let cancelled = Scope::with_timeout(ms(10_000));
+    cancelled.cancel_with("user left");
+    let err = client
+        .get(&url)
+        .scoped_in(&cancelled)
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_cancelled(), "{err}");
+    assert_eq!(err.cause().unwrap().reason(), Some("user left"));
+
+    let short = Scope::with_timeout(ms(10_000));
+    let err = client
+        .get(&url)
+        .scoped_in(&short)
+        .egress(EgressPolicy::new().min_useful(ms(20_000)))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_budget_exhausted(), "{err}");
+
+    let err = client.get(&url).scoped().send().await.unwrap_err();
+    assert!(err.is_no_scope());
+
+    assert_eq!(calls.0.load(Ordering::SeqCst), 0);
+
+    // And a call that is made carries the budget: the server sees at most what was left.
+    let scope = Scope::with_timeout(ms(10_000));
+    let res = client.get(&url).scoped_in(&scope).send().await.unwrap();
+    let call_left = res.remaining().unwrap();
+    let text = res.text().await.unwrap();
+    let server_left: u64 = text.split(' ').next().unwrap().parse().unwrap();
+    assert!(
+        u128::from(server_left) <= call_left.as_millis() + 1,
+        "{text} vs {call_left:?}"
+    );
+    assert!(server_left < 10_000);
+    assert_eq!(calls.0.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn cancelling_the_caller_stops_the_call_and_the_server_sees_the_client_go() {
+    let (url, mut reports, started) =
+        stuck_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+    let caller = Scope::with_timeout(ms(60_000));
+    let call = tokio::spawn({
+        let caller = caller.clone();
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .scoped_in(&caller)
+                .send()
+                .await
+        }
+    });
+    let child = timeout(PATIENCE, started).await.unwrap().unwrap();
+    caller.cancel_with("user pressed stop");
+    let err = call.await.unwrap().unwrap_err();
+    assert!(err.is_cancelled(), "{err}");
+    assert_eq!(err.cause().unwrap().reason(), Some("user pressed stop"));
+
+    // The call's connection was dropped: the server's request scope saw its client go.
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+    assert!(child.is_cancelled());
+
+    // On the caller's side the call was receipted as cancelled.
+    let report = timeout(PATIENCE, caller.quiesce()).await.unwrap();
+    assert_eq!(report.cancelled(), 1, "{report}");
+}
+
+async fn trickle() -> Body {
+    // One chunk, then nothing more: a body that never ends.
+    let chunks = futures::stream::once(async { Ok::<_, std::io::Error>("first chunk") })
+        .chain(futures::stream::pending());
+    Body::from_stream(chunks)
+}
+
+#[tokio::test]
+async fn reading_the_response_body_is_bounded_by_the_same_deadline() {
+    let app = Router::new().route("/", get(trickle));
+    let url = serve(app).await;
+    let scope = Scope::with_timeout(ms(400));
+    let started = Instant::now();
+    let mut res = reqwest::Client::new()
+        .get(url)
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.chunk().await.unwrap().unwrap(), "first chunk");
+    let err = res.chunk().await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert!(started.elapsed() >= ms(400));
+    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded));
+    assert_eq!(report.cancelled(), 1, "{report}");
+}

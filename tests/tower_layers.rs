@@ -1,0 +1,325 @@
+//! The tower layers on tokio's virtual clock, with in-process services (no sockets): exact
+//! deadlines, status mapping, client-gone on drop, receipts, and the client body cut-off.
+//! `tower_http.rs` and `tower_grpc.rs` run the same layers over real loopback servers.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cancel_scope::integrations::tower::{AdmitLayer, PropagateLayer};
+use cancel_scope::wire::{Admission, EgressPolicy, EndpointPolicy};
+use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
+use http::{HeaderMap, Request, Response};
+use http_body::{Body, Frame};
+use tokio::sync::mpsc;
+use tokio::time::{advance, Instant};
+use tower_layer::Layer;
+use tower_service::Service;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A service from an async closure.
+#[derive(Clone)]
+struct Fn_<F>(F);
+
+impl<F, R, Fut, T> Service<R> for Fn_<F>
+where
+    F: FnMut(R) -> Fut,
+    Fut: Future<Output = Result<T, Infallible>>,
+{
+    type Response = T;
+    type Error = Infallible;
+    type Future = Fut;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, r: R) -> Fut {
+        (self.0)(r)
+    }
+}
+
+/// A handler that spawns 60 s of work in the request's scope and waits for it.
+async fn stuck(_: Request<()>) -> Result<Response<String>, Infallible> {
+    let work = Scope::current()
+        .spawn(tokio::time::sleep(Duration::from_secs(60)))
+        .unwrap();
+    let _ = work.await;
+    Ok(Response::new("finished".to_owned()))
+}
+
+fn reporting(policy: EndpointPolicy) -> (AdmitLayer, mpsc::UnboundedReceiver<(Admission, Report)>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let layer = AdmitLayer::new(policy).on_report(move |a, r| {
+        let _ = tx.send((a.clone(), r.clone()));
+    });
+    (layer, rx)
+}
+
+#[tokio::test(start_paused = true)]
+async fn admit_answers_504_exactly_at_the_deadline_and_reports() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)).reserve(ms(10)));
+    let mut svc = layer.layer(Fn_(stuck));
+    let start = Instant::now();
+    let req = Request::builder()
+        .header("grpc-timeout", "250m")
+        .body(())
+        .unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 504);
+    assert_eq!(Instant::now() - start, ms(240));
+    let (a, report) = reports.recv().await.unwrap();
+    assert_eq!(a.initial_remaining(), ms(240));
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded));
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!(report.cancelled(), 1);
+
+    // gRPC: trailers-only DEADLINE_EXCEEDED.
+    let req = Request::builder()
+        .header("content-type", "application/grpc+proto")
+        .body(())
+        .unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "4");
+    assert!(!res.headers()["grpc-message"].is_empty());
+    assert_eq!(Instant::now() - start, ms(240 + 990)); // the default, less the reserve
+}
+
+#[tokio::test(start_paused = true)]
+async fn admit_rejects_bad_or_useless_budgets_without_calling_the_handler() {
+    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).min_useful(ms(100));
+    let ran = Arc::new(AtomicBool::new(false));
+    let flag = ran.clone();
+    let mut svc = AdmitLayer::new(policy).layer(Fn_(move |_: Request<()>| {
+        flag.store(true, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new(String::new())) }
+    }));
+    let with = |k: &str, v: &str, grpc: bool| {
+        let mut b = Request::builder().header(k, v);
+        if grpc {
+            b = b.header("content-type", "application/grpc");
+        }
+        b.body(()).unwrap()
+    };
+    let res = svc
+        .call(with("service-budget", "v=7, rem=1", false))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let res = svc
+        .call(with("service-budget", "v=7, rem=1", true))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "3");
+    // Too little left on arrival: 504 / DEADLINE_EXCEEDED.
+    let res = svc.call(with("grpc-timeout", "50m", false)).await.unwrap();
+    assert_eq!(res.status(), 504);
+    let res = svc.call(with("grpc-timeout", "50m", true)).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "4");
+    assert!(!ran.load(Ordering::SeqCst));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_response_future_is_client_gone() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(stuck));
+    let mut fut = Box::pin(svc.call(Request::new(())));
+    // Let the handler start its work, then go away.
+    assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+    advance(ms(10)).await;
+    drop(fut);
+    let (_, report) = reports.recv().await.unwrap();
+    assert_eq!(report.cause(), Some(&Cause::ClientGone));
+    assert_eq!(report.cancelled(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_handler_sees_its_scope_and_admission() {
+    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
+        |req: Request<()>| async move {
+            let a = req.extensions().get::<Admission>().unwrap();
+            let scope = req.extensions().get::<Scope>().unwrap();
+            assert_eq!(scope.deadline(), Scope::current().deadline());
+            Ok::<_, Infallible>(Response::new(format!(
+                "{} {}",
+                a.initial_remaining().as_millis(),
+                Scope::current().remaining().unwrap().as_millis()
+            )))
+        },
+    ));
+    let req = Request::builder()
+        .header("grpc-timeout", "700m")
+        .body(())
+        .unwrap();
+    assert_eq!(svc.call(req).await.unwrap().into_body(), "700 700");
+}
+
+/// A response body that yields the given frames, then stays pending.
+struct Frames(VecDeque<Frame<&'static [u8]>>);
+
+impl Body for Frames {
+    type Data = &'static [u8];
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+        match self.0.pop_front() {
+            Some(f) => Poll::Ready(Some(Ok(f))),
+            None => Poll::Pending,
+        }
+    }
+}
+
+async fn next_frame<B: Body + Unpin>(body: &mut B) -> Option<Result<Frame<B::Data>, B::Error>> {
+    poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+}
+
+/// Calls `client` with `scope` current (as a handler would), expecting a response.
+async fn call_in<S>(scope: &Scope, client: &mut S, req: Request<()>) -> S::Response
+where
+    S: Service<Request<()>>,
+    S::Error: std::fmt::Debug,
+{
+    scope
+        .run(async { client.call(req).await })
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+fn grpc_request() -> Request<()> {
+    Request::builder()
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn propagate_cuts_a_slow_body_at_the_deadline() {
+    let transport = Fn_(|_: Request<()>| async {
+        let first = Frame::data(&b"first"[..]);
+        Ok::<_, Infallible>(Response::new(Frames(VecDeque::from([first]))))
+    });
+    let mut client = PropagateLayer::new().layer(transport);
+    let scope = Scope::with_timeout(ms(300));
+
+    // gRPC: the body ends with DEADLINE_EXCEEDED trailers.
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    let mut body = Box::pin(res.into_body());
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    let trailers = next_frame(&mut body).await.unwrap().unwrap();
+    assert_eq!(trailers.trailers_ref().unwrap()["grpc-status"], "4");
+    assert!(next_frame(&mut body).await.is_none());
+    assert_eq!(Some(Instant::now()), scope.deadline());
+
+    // Plain HTTP: an error.
+    let scope = Scope::with_timeout(ms(300));
+    let res = call_in(&scope, &mut client, Request::new(())).await;
+    let mut body = Box::pin(res.into_body());
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    let err = next_frame(&mut body).await.unwrap().unwrap_err();
+    assert!(err.is_deadline_exceeded());
+    let report = scope.quiesce().await;
+    assert_eq!(report.cancelled(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
+    // A callee that times out on `grpc-timeout` itself says CANCELLED; after the budget it was
+    // told has run out, that is a deadline.
+    let transport = Fn_(|req: Request<()>| async move {
+        let told = cancel_scope::wire::grpc_timeout::decode(
+            req.headers()["grpc-timeout"].to_str().unwrap(),
+        )
+        .unwrap();
+        tokio::time::sleep(told).await;
+        let mut res = Response::new(Frames(VecDeque::new()));
+        res.headers_mut()
+            .insert("grpc-status", "1".parse().unwrap());
+        Ok::<_, Infallible>(res)
+    });
+    let mut client = PropagateLayer::new()
+        .egress(EgressPolicy::new().transport_pad(ms(20)))
+        .layer(transport);
+    let scope = Scope::with_timeout(ms(300));
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    assert_eq!(res.headers()["grpc-status"], "4");
+
+    // Before the budget ran out, CANCELLED stays CANCELLED.
+    let early = Fn_(|_: Request<()>| async {
+        let mut res = Response::new(Frames(VecDeque::new()));
+        res.headers_mut()
+            .insert("grpc-status", "1".parse().unwrap());
+        Ok::<_, Infallible>(res)
+    });
+    let mut client = PropagateLayer::new().layer(early);
+    let scope = Scope::with_timeout(ms(300));
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    assert_eq!(res.headers()["grpc-status"], "1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
+    let complete = Fn_(|req: Request<()>| async move {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let frames = VecDeque::from([Frame::data(&b"ok"[..]), Frame::trailers(trailers)]);
+        let mut res = Response::new(Frames(frames));
+        let seen = req.headers().contains_key("grpc-timeout");
+        res.headers_mut()
+            .insert("x-had-budget", seen.to_string().parse().unwrap());
+        Ok::<_, Infallible>(res)
+    });
+    let mut client = PropagateLayer::new()
+        .spec(ChildSpec::side_effecting("pay", "p-1"))
+        .layer(complete);
+
+    // Outside any scope: sent as is, no budget headers.
+    let res = client.call(grpc_request()).await.unwrap();
+    assert_eq!(res.headers()["x-had-budget"], "false");
+
+    // Read to its trailers: Succeeded.
+    let scope = Scope::with_timeout(ms(1_000));
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    assert_eq!(res.headers()["x-had-budget"], "true");
+    let mut body = Box::pin(res.into_body());
+    while next_frame(&mut body).await.is_some() {}
+    // Dropped unread: an effectful call's outcome is unknown.
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    drop(res);
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.succeeded(), 1, "{report}");
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+}
+
+#[test]
+fn auto_traits() {
+    use cancel_scope::integrations::tower::{admit, propagate, Admit, Propagate};
+    use cancel_scope::integrations::CallError;
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send<T: Send + 'static>() {}
+    fn error<E: std::error::Error + Send + Sync + 'static>() {}
+    type Fut = std::future::Ready<Result<Response<String>, Infallible>>;
+    send_sync::<AdmitLayer>();
+    send_sync::<PropagateLayer>();
+    send_sync::<Admit<()>>();
+    send_sync::<Propagate<()>>();
+    send::<admit::future::ResponseFuture<Fut, String>>();
+    send::<propagate::future::ResponseFuture<Fut>>();
+    send_sync::<propagate::ResponseBody<String>>();
+    error::<CallError>();
+}

@@ -1,0 +1,499 @@
+//! Ingress admission and egress (`wire::EndpointPolicy::admit`, `wire::EgressPolicy`), on
+//! tokio's virtual clock.
+
+use std::time::Duration;
+
+use cancel_scope::wire::{
+    BudgetSource, EgressPolicy, EndpointPolicy, Incoming, OnBadInput, OverCap, PrioritySource,
+    ServiceBudget, Trust,
+};
+use cancel_scope::{Cause, Scope};
+use proptest::prelude::*;
+use tokio::time::{advance, Instant};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// max 2 s, default 1 s, reserve 50 ms.
+fn policy() -> EndpointPolicy {
+    EndpointPolicy::new(ms(2000), ms(1000)).reserve(ms(50))
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_headers_get_the_default_minus_reserve() {
+    let (scope, a) = policy().admit(Incoming::new(), Instant::now()).unwrap();
+    assert_eq!(scope.remaining(), Some(ms(950)));
+    assert_eq!(a.initial_remaining(), ms(950));
+    assert_eq!(a.declared(), None);
+    assert_eq!(a.budget_source(), BudgetSource::Default);
+    assert!(!a.was_clamped());
+    assert_eq!(a.header_version(), None);
+    assert_eq!(a.generation(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_shortest_valid_header_wins() {
+    let both = Incoming::new()
+        .grpc_timeout(b"700m")
+        .service_budget(b"v=1, rem=600");
+    let (scope, a) = policy().admit(both, Instant::now()).unwrap();
+    assert_eq!(scope.remaining(), Some(ms(550)));
+    assert_eq!(a.declared(), Some(ms(600)));
+    assert_eq!(a.budget_source(), BudgetSource::ServiceBudget);
+
+    let grpc_shorter = Incoming::new()
+        .grpc_timeout(b"300m")
+        .service_budget(b"v=1, rem=600");
+    let (_, a) = policy().admit(grpc_shorter, Instant::now()).unwrap();
+    assert_eq!(a.budget_source(), BudgetSource::GrpcTimeout);
+    assert_eq!(a.initial_remaining(), ms(250));
+}
+
+#[tokio::test(start_paused = true)]
+async fn hostile_budgets_get_at_most_the_maximum() {
+    let hostile = Incoming::new()
+        .grpc_timeout(b"99999999H")
+        .service_budget(b"v=1, rem=86400000, prio=0, gen=7");
+    let (scope, a) = policy().admit(hostile, Instant::now()).unwrap();
+    assert_eq!(scope.remaining(), Some(ms(1950)));
+    assert!(a.was_clamped());
+    assert_eq!(a.declared(), Some(ms(86_400_000)));
+    // Untrusted: no priority raise.
+    assert_eq!(a.priority(), 3);
+    assert_eq!(a.priority_source(), PrioritySource::Policy);
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_cap_can_be_rejected() {
+    let p = policy().over_cap(OverCap::Reject);
+    let err = p
+        .admit(Incoming::new().grpc_timeout(b"3S"), Instant::now())
+        .unwrap_err();
+    assert!(err.is_invalid());
+    assert!(!err.is_exhausted());
+    assert_eq!(err.header(), None);
+    // At the cap exactly is fine.
+    assert!(p
+        .admit(Incoming::new().grpc_timeout(b"2S"), Instant::now())
+        .is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_headers_are_typed_errors() {
+    let cases: Vec<(Incoming, &str)> = vec![
+        (Incoming::new().grpc_timeout(b"-1S"), "grpc-timeout"),
+        (Incoming::new().grpc_timeout(b"1 hour"), "grpc-timeout"),
+        (Incoming::new().grpc_timeout(b""), "grpc-timeout"),
+        (Incoming::new().grpc_timeout(b"123456789m"), "grpc-timeout"),
+        (
+            Incoming::new().service_budget(b"v=2, rem=10"),
+            "service-budget",
+        ),
+        (
+            Incoming::new().service_budget(b"v=1, rem=-5"),
+            "service-budget",
+        ),
+        (
+            Incoming::new().service_budget(b"v=1, rem=1.5"),
+            "service-budget",
+        ),
+        (
+            Incoming::new().service_budget(b"v=1, rem=10, rem=99999"),
+            "service-budget",
+        ),
+        (
+            Incoming::new().service_budget(b"\xff\xfe"),
+            "service-budget",
+        ),
+        (
+            Incoming::new().grpc_timeout(b"1S").grpc_timeout(b"2S"),
+            "grpc-timeout",
+        ),
+        (
+            Incoming::new()
+                .service_budget(b"v=1, rem=10")
+                .service_budget(b"v=1, rem=20"),
+            "service-budget",
+        ),
+        // A valid header does not excuse a bad one.
+        (
+            Incoming::new()
+                .grpc_timeout(b"1S")
+                .service_budget(b"garbage"),
+            "service-budget",
+        ),
+    ];
+    for (incoming, header) in cases {
+        let shown = format!("{incoming:?}");
+        let err = policy().admit(incoming, Instant::now()).unwrap_err();
+        assert!(err.is_invalid(), "{shown}");
+        assert_eq!(err.header(), Some(header), "{shown}");
+        assert!(!err.to_string().is_empty());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fallback_replaces_bad_input_with_a_smaller_local_default() {
+    let p = policy().on_bad_input(OnBadInput::Fallback(ms(300)));
+    let (scope, a) = p
+        .admit(Incoming::new().grpc_timeout(b"forever"), Instant::now())
+        .unwrap();
+    assert_eq!(scope.remaining(), Some(ms(250)));
+    assert_eq!(a.budget_source(), BudgetSource::Fallback);
+
+    // A valid header that is shorter still wins.
+    let mixed = Incoming::new()
+        .grpc_timeout(b"100m")
+        .service_budget(b"v=9, rem=5000");
+    let (_, a) = p.admit(mixed, Instant::now()).unwrap();
+    assert_eq!(a.initial_remaining(), ms(50));
+    assert_eq!(a.budget_source(), BudgetSource::GrpcTimeout);
+
+    // A valid header that is longer does not: bad input only ever shortens.
+    let mixed = Incoming::new()
+        .grpc_timeout(b"2S")
+        .service_budget(b"v=1, rem=x");
+    let (_, a) = p.admit(mixed, Instant::now()).unwrap();
+    assert_eq!(a.initial_remaining(), ms(250));
+
+    // The fallback is never more than the default.
+    let generous = policy().on_bad_input(OnBadInput::Fallback(ms(60_000)));
+    let (_, a) = generous
+        .admit(Incoming::new().grpc_timeout(b"?"), Instant::now())
+        .unwrap();
+    assert_eq!(a.initial_remaining(), ms(950));
+}
+
+#[tokio::test(start_paused = true)]
+async fn queueing_counts_against_the_budget() {
+    // The design notes' request: 1000 ms, 60 ms queued, 90 ms in the handler, 100 ms kept
+    // for the response: 750 ms for the dependency.
+    let p = EndpointPolicy::new(ms(2000), ms(1000));
+    let ingress = Instant::now();
+    advance(ms(60)).await;
+    let (request, a) = p
+        .admit(Incoming::new().grpc_timeout(b"1S"), ingress)
+        .unwrap();
+    assert_eq!(a.queued(), ms(60));
+    assert_eq!(request.remaining(), Some(ms(940)));
+    advance(ms(90)).await;
+    let egress = EgressPolicy::new().reserve(ms(100));
+    let call = egress.call_scope(&request).unwrap();
+    assert_eq!(call.remaining(), Some(ms(750)));
+    assert_eq!(egress.outgoing(&call).unwrap().remaining(), Some(ms(750)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn too_little_budget_on_arrival_is_refused() {
+    let p = policy().min_useful(ms(100));
+    let err = p
+        .admit(Incoming::new().grpc_timeout(b"140m"), Instant::now())
+        .unwrap_err();
+    assert!(err.is_exhausted());
+    assert_eq!(err.budget().unwrap().available(), ms(90));
+    assert_eq!(err.budget().unwrap().needed(), ms(100));
+
+    // Queued past the whole budget: zero left, refused even without a minimum.
+    let ingress = Instant::now();
+    advance(ms(500)).await;
+    let err = policy()
+        .admit(Incoming::new().grpc_timeout(b"400m"), ingress)
+        .unwrap_err();
+    assert!(err.is_exhausted());
+    // A zero grpc-timeout is a budget that is already spent.
+    assert!(policy()
+        .admit(Incoming::new().grpc_timeout(b"0n"), Instant::now())
+        .unwrap_err()
+        .is_exhausted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn envoy_is_read_only_from_trusted_callers() {
+    let envoy = || Incoming::new().envoy_expected_timeout(b"400");
+    let (_, a) = policy().admit(envoy(), Instant::now()).unwrap();
+    assert_eq!(a.budget_source(), BudgetSource::Default);
+    // Untrusted: even garbage in it is ignored, as if absent.
+    let garbage = || Incoming::new().envoy_expected_timeout(b"soon");
+    assert!(policy().admit(garbage(), Instant::now()).is_ok());
+
+    let trusted = policy().trust(Trust::Trusted);
+    let (_, a) = trusted.admit(envoy(), Instant::now()).unwrap();
+    assert_eq!(a.budget_source(), BudgetSource::Envoy);
+    assert_eq!(a.initial_remaining(), ms(350));
+    let err = trusted.admit(garbage(), Instant::now()).unwrap_err();
+    assert_eq!(err.header(), Some("x-envoy-expected-rq-timeout-ms"));
+    // Trusted or not, it cannot extend the budget either.
+    let huge = Incoming::new().envoy_expected_timeout(b"9999999999");
+    let (_, a) = trusted.admit(huge, Instant::now()).unwrap();
+    assert_eq!(a.initial_remaining(), ms(1950));
+}
+
+#[tokio::test(start_paused = true)]
+async fn untrusted_callers_cannot_raise_priority_but_may_lower_it() {
+    let p = policy().priority(3);
+    let ask = |prio: &str| {
+        let header = format!("v=1, rem=500, prio={prio}");
+        let (_, a) = p
+            .admit(
+                Incoming::new().service_budget(header.as_bytes()),
+                Instant::now(),
+            )
+            .unwrap();
+        (a.priority(), a.priority_source())
+    };
+    assert_eq!(ask("0"), (3, PrioritySource::Policy));
+    assert_eq!(ask("3"), (3, PrioritySource::Policy));
+    assert_eq!(ask("6"), (6, PrioritySource::Caller));
+
+    let trusted = p.trust(Trust::Trusted);
+    let (_, a) = trusted
+        .admit(
+            Incoming::new().service_budget(b"v=1, rem=500, prio=0"),
+            Instant::now(),
+        )
+        .unwrap();
+    assert_eq!(
+        (a.priority(), a.priority_source()),
+        (0, PrioritySource::Caller)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn operation_ids_come_from_trusted_callers_only() {
+    let incoming = || Incoming::new().service_budget(b"v=1, rem=500, op=\"checkout-7\", gen=4");
+    let (scope, a) = policy().admit(incoming(), Instant::now()).unwrap();
+    assert_eq!(a.caller_operation_id(), Some("checkout-7"));
+    assert_ne!(a.operation_id(), "checkout-7");
+    assert_eq!(scope.name(), Some(a.operation_id()));
+    assert_eq!(a.generation(), 4);
+    assert_eq!(a.header_version(), Some(1));
+
+    let (scope, a) = policy()
+        .trust(Trust::Trusted)
+        .admit(incoming(), Instant::now())
+        .unwrap();
+    assert_eq!(a.operation_id(), "checkout-7");
+    assert_eq!(scope.operation().unwrap().id(), "checkout-7");
+
+    // Fresh ids differ.
+    let (_, a1) = policy().admit(Incoming::new(), Instant::now()).unwrap();
+    let (_, a2) = policy().admit(Incoming::new(), Instant::now()).unwrap();
+    assert_ne!(a1.operation_id(), a2.operation_id());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_root_scope_ends_at_the_admitted_deadline() {
+    let p = policy().version(9);
+    let (scope, a) = p
+        .admit(Incoming::new().grpc_timeout(b"200m"), Instant::now())
+        .unwrap();
+    assert_eq!(a.policy_version(), 9);
+    assert_eq!(scope.deadline(), Some(a.deadline()));
+    let child = scope.child().name("db").build().unwrap();
+    // Every scope of the request shares its operation.
+    assert_eq!(child.operation(), Some(a.operation()));
+    advance(ms(149)).await;
+    assert!(!scope.is_cancelled());
+    child.cancelled().await;
+    assert_eq!(Instant::now() - a.admitted_at(), ms(150));
+    assert_eq!(scope.cause(), Some(Cause::DeadlineExceeded));
+}
+
+#[tokio::test(start_paused = true)]
+async fn egress_tells_the_callee_less_than_the_call_has() {
+    let p = policy()
+        .trust(Trust::Trusted)
+        .transport_pad(ms(10))
+        .min_useful(ms(20))
+        .priority(5);
+    let incoming = Incoming::new().service_budget(b"v=1, rem=500, op=op-1, gen=2");
+    let (request, _) = p.admit(incoming, Instant::now()).unwrap();
+    // The endpoint's egress defaults travel with the operation.
+    let egress = EgressPolicy::for_scope(&request);
+    assert_eq!(egress, *p.egress());
+    let call = egress.call_scope(&request).unwrap();
+    assert_eq!(call.remaining(), Some(ms(450)));
+    let out = egress.outgoing(&call).unwrap();
+    assert_eq!(out.remaining(), Some(ms(440)));
+    assert_eq!(out.grpc_timeout().as_deref(), Some("440000u"));
+    let sent = out.service_budget().unwrap();
+    let header = sent.to_header_value();
+    let parsed = ServiceBudget::parse(&header).unwrap();
+    assert_eq!(parsed.remaining(), ms(440));
+    assert_eq!(parsed.operation_id(), Some("op-1"));
+    assert_eq!(parsed.priority(), Some(5));
+    assert_eq!(parsed.generation(), 2);
+    assert!(parsed.audit_deadline_unix_ms().is_some());
+
+    // Below the minimum useful budget after the pad: fail fast.
+    advance(ms(421)).await; // 29 ms left, 19 ms after the pad
+    assert!(egress.outgoing(&call).unwrap_err().is_budget_exhausted());
+    assert!(egress
+        .call_scope(&request)
+        .unwrap_err()
+        .is_budget_exhausted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn egress_refuses_a_cancelled_call_and_passes_unbounded_scopes() {
+    let call = Scope::with_timeout(ms(100));
+    call.cancel_with("user left");
+    let err = EgressPolicy::new().outgoing(&call).unwrap_err();
+    assert!(err.is_cancelled());
+
+    let out = EgressPolicy::new()
+        .transport_pad(ms(5))
+        .outgoing(&Scope::new())
+        .unwrap();
+    assert_eq!(out.remaining(), None);
+    assert_eq!(out.grpc_timeout(), None);
+    assert!(out.service_budget().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn egress_caps_and_reserves() {
+    let request = Scope::with_timeout(ms(1000));
+    let capped = EgressPolicy::new().cap(ms(300)).reserve(ms(100));
+    assert_eq!(
+        capped.call_scope(&request).unwrap().remaining(),
+        Some(ms(300))
+    );
+    advance(ms(700)).await;
+    assert_eq!(
+        capped.call_scope(&request).unwrap().remaining(),
+        Some(ms(200))
+    );
+    assert_eq!(
+        capped.call_budget(request.remaining()).unwrap(),
+        Some(ms(200))
+    );
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    /// Whatever the caller sends, and however long it queued, the handler never gets more than
+    /// the policy's maximum, nor more than the shortest budget it declared, nor more than the
+    /// default when it declared none.
+    #[test]
+    fn admission_never_exceeds_max_or_declared(
+        max_ms in 0u64..100_000,
+        default_ms in 0u64..100_000,
+        reserve_ms in 0u64..1_000,
+        queued_ms in 0u64..2_000,
+        grpc in proptest::option::of((0u64..=99_999_999, 0usize..6)),
+        rem in proptest::option::of(0u64..=86_400_000),
+        envoy in proptest::option::of(0u64..=9_999_999_999),
+        trusted in any::<bool>(),
+        fallback in proptest::option::of(0u64..100_000),
+        garbage in any::<bool>(),
+    ) {
+        paused_runtime().block_on(async move {
+            let mut p = EndpointPolicy::new(ms(max_ms), ms(default_ms))
+                .reserve(ms(reserve_ms))
+                .trust(if trusted { Trust::Trusted } else { Trust::Untrusted });
+            if let Some(f) = fallback {
+                p = p.on_bad_input(OnBadInput::Fallback(ms(f)));
+            }
+            let grpc_value = grpc.map(|(v, u)| format!("{v}{}", ["n", "u", "m", "S", "M", "H"][u]));
+            let rem_value = rem.map(|r| format!("v=1, rem={r}"));
+            let envoy_value = envoy.map(|e| e.to_string());
+            let mut incoming = Incoming::new();
+            let mut declared: Vec<Duration> = vec![];
+            if let Some(v) = &grpc_value {
+                incoming = incoming.grpc_timeout(v.as_bytes());
+                declared.push(cancel_scope::wire::grpc_timeout::decode(v).unwrap());
+            }
+            if let Some(v) = &rem_value {
+                incoming = incoming.service_budget(v.as_bytes());
+                declared.push(ms(rem.unwrap()));
+            }
+            if let Some(v) = &envoy_value {
+                incoming = incoming.envoy_expected_timeout(v.as_bytes());
+                if trusted {
+                    declared.push(ms(envoy.unwrap()));
+                }
+            }
+            if garbage {
+                incoming = incoming.grpc_timeout(b"oops"); // bad, or repeated
+            }
+            let ingress = Instant::now();
+            advance(ms(queued_ms)).await;
+            match p.admit(incoming, ingress) {
+                Ok((scope, a)) => {
+                    let got = a.initial_remaining();
+                    assert_eq!(scope.remaining(), Some(got));
+                    assert!(got <= ms(max_ms), "{got:?} > max");
+                    assert!(got <= p.default_budget() || !declared.is_empty(), "{got:?} > default");
+                    if let Some(&shortest) = declared.iter().min() {
+                        assert!(got <= shortest, "{got:?} > declared {shortest:?}");
+                    }
+                    assert!(got <= ms(max_ms).saturating_sub(ms(queued_ms)));
+                    assert!(!got.is_zero());
+                    assert!(!garbage || fallback.is_some());
+                }
+                Err(e) => {
+                    if e.is_invalid() {
+                        assert!(garbage && fallback.is_none());
+                    }
+                }
+            }
+        });
+    }
+
+    /// The callee is never told more than the call has left, nor more than the caller has.
+    #[test]
+    fn egress_never_exceeds_local_remaining(
+        remaining_ms in 0u64..10_000_000,
+        reserve_ms in 0u64..1_000,
+        cap_ms in proptest::option::of(0u64..100_000),
+        pad_ms in 0u64..1_000,
+        min_ms in 0u64..1_000,
+        elapsed_ms in 0u64..1_000,
+    ) {
+        paused_runtime().block_on(async move {
+            let request = Scope::with_timeout(ms(remaining_ms));
+            let mut egress = EgressPolicy::new()
+                .reserve(ms(reserve_ms))
+                .transport_pad(ms(pad_ms))
+                .min_useful(ms(min_ms));
+            if let Some(c) = cap_ms {
+                egress = egress.cap(ms(c));
+            }
+            let Ok(call) = egress.call_scope(&request) else { return };
+            assert!(call.deadline() <= request.deadline());
+            advance(ms(elapsed_ms)).await;
+            if let Ok(out) = egress.outgoing(&call) {
+                let told = out.remaining().unwrap();
+                let local = call.remaining().unwrap();
+                assert!(told <= local.saturating_sub(ms(pad_ms)), "{told:?} vs {local:?}");
+                assert!(told <= request.remaining().unwrap());
+                assert!(told >= ms(min_ms) && !told.is_zero());
+                let wire = out.service_budget().unwrap().remaining();
+                assert!(wire <= told);
+                let grpc = cancel_scope::wire::grpc_timeout::decode(&out.grpc_timeout().unwrap()).unwrap();
+                assert!(grpc <= told);
+            }
+        });
+    }
+}
+
+#[test]
+fn auto_traits() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn error<E: std::error::Error + Send + Sync + 'static>() {}
+    send_sync::<EndpointPolicy>();
+    send_sync::<EgressPolicy>();
+    send_sync::<Incoming>();
+    send_sync::<cancel_scope::wire::Admission>();
+    send_sync::<cancel_scope::wire::Operation>();
+    send_sync::<cancel_scope::wire::Outgoing>();
+    error::<cancel_scope::wire::AdmissionError>();
+}
