@@ -24,8 +24,8 @@
 //! CANCEL_SCOPE_TREES=1000000 cargo test --release --test fault_call_trees random
 //! ```
 //!
-//! and took 125 s there (release build, load average around 5; `tests/README.md` has the
-//! figures).
+//! and took 125–154 s there (two runs, release build, load average around 5; build time not
+//! included; `tests/README.md` has the figures).
 
 mod support;
 
