@@ -213,3 +213,24 @@ async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     assert_eq!(start.elapsed(), Duration::from_secs(5));
     assert!(outbox.cause().unwrap().is_deadline_exceeded());
 }
+
+/// Completed is a final state: a deadline that passes after a closed scope became quiet (or a
+/// later cancel) finds nothing to stop and changes neither its lifecycle nor its report.
+/// (Found by `tests/fault_call_trees.rs`: a request closed and quiesced before its deadline
+/// turned `CancelledStable` with cause `DeadlineExceeded` when the deadline passed.)
+#[tokio::test(start_paused = true)]
+async fn a_completed_scope_stays_completed_when_its_deadline_passes_or_it_is_cancelled() {
+    let s = Scope::with_timeout(Duration::from_millis(100));
+    let child = s.child().build().unwrap();
+    s.spawn(async {}).unwrap().await.unwrap();
+    s.close();
+    let report = s.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed);
+
+    tokio::time::sleep(Duration::from_millis(200)).await; // the deadline passes
+    assert_eq!(s.lifecycle(), Lifecycle::Completed);
+    assert!(!s.is_cancelled() && !child.is_cancelled());
+    assert!(!s.cancel_because(cancel_scope::Cause::ClientGone));
+    assert_eq!(s.quiesce().await, report, "the report never changes");
+    assert_eq!(s.cause(), None);
+}

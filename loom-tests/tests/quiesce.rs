@@ -190,3 +190,42 @@ fn child_guard_racing_parent_cancel() {
         }
     });
 }
+
+/// Model 14: the last receipt of a closed scope (which completes it) races a cancel.
+///
+/// Invariant 6: `Completed` and `CancelledStable` are final. Whichever comes first decides
+/// the state: the cancel reaches the scope only while it still has work (then it ends
+/// `CancelledStable`), and a cancel that finds it already quiet leaves it `Completed`. The
+/// report read when `quiesce()` resolves never changes afterwards, and `cancel` says `true`
+/// exactly when it cancelled.
+#[test]
+fn cancel_racing_completion() {
+    model("cancel_racing_completion", || {
+        let scope = Scope::new();
+        let job = scope
+            .register(ChildSpec::read_only("job"))
+            .unwrap()
+            .dispatch()
+            .unwrap();
+        scope.close();
+
+        let finisher = thread::spawn(move || job.succeed());
+        let canceller = {
+            let scope = scope.clone();
+            thread::spawn(move || scope.cancel_because(cancel_scope::Cause::ClientGone))
+        };
+        let report = loom::future::block_on(scope.quiesce());
+        finisher.join().unwrap();
+        let cancelled = canceller.join().unwrap();
+
+        assert_eq!(report.succeeded(), 1);
+        let expected = if cancelled {
+            Lifecycle::CancelledStable
+        } else {
+            Lifecycle::Completed
+        };
+        assert_eq!(report.state(), expected);
+        assert_eq!(scope.is_cancelled(), cancelled);
+        assert_eq!(loom::future::block_on(scope.quiesce()), report);
+    });
+}

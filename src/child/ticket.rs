@@ -215,9 +215,13 @@ impl Ticket {
     /// generation is the one the ticket saw and its watermark is open: no child is ever
     /// dispatched after its scope was cancelled, whatever the interleaving.
     ///
+    /// A scope whose deadline has passed counts as cancelled even if its timer has not fired
+    /// yet: the dispatch cancels it with [`Cause::DeadlineExceeded`](crate::Cause) and fails.
+    ///
     /// # Errors
     ///
-    /// [`Error::is_cancelled`] / [`Error::is_closed`]; the ticket then records
+    /// [`Error::is_cancelled`] (also [`Error::is_deadline_exceeded`]) / [`Error::is_closed`];
+    /// the ticket then records
     /// [`Receipt::Cancelled`] (nothing was sent).
     ///
     /// # Examples
@@ -230,6 +234,13 @@ impl Ticket {
     /// ```
     pub fn dispatch(self) -> Result<Dispatched, Error> {
         let inner = self.inner;
+        if inner.scope.deadline().is_some() {
+            // A deadline that has passed is a cancel whose timer task has not run yet (tokio
+            // fires timers on millisecond ticks, and the task may be scheduled later still):
+            // make it the cancel now, so that the CAS below fails (invariant 2) and no child is
+            // sent at or after its deadline with nothing left of its budget.
+            inner.scope.expire_if_due(tokio::time::Instant::now());
+        }
         tree::dispatch(&inner.scope.node, inner.cell.generation())?;
         if !inner.cell.mark_dispatched() {
             // Quarantined while prepared: it has its receipt already.

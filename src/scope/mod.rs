@@ -262,6 +262,28 @@ impl Scope {
         ext.timer_key.store(key, Ordering::Relaxed);
     }
 
+    /// If this scope's deadline has passed at `now`, cancels it with
+    /// [`Cause::DeadlineExceeded`] now rather than when its timer task gets to run, and returns
+    /// `true`.
+    ///
+    /// The cancel goes to the topmost scope on the way up whose deadline has passed as well
+    /// (the one whose timer would fire first), so causes are the same as the timer's. Deadlines
+    /// never grow down the tree, so the walk stops at the first ancestor still in time.
+    pub(crate) fn expire_if_due(&self, now: Instant) -> bool {
+        if self.deadline().is_none_or(|d| d > now) {
+            return false;
+        }
+        let mut top = &self.node;
+        while let Some(p) = top.parent() {
+            if p.ext.deadline.is_none_or(|d| d > now) {
+                break;
+            }
+            top = p;
+        }
+        tree::cancel(top, Cause::DeadlineExceeded, stamp_of(now));
+        true
+    }
+
     /// Starts building a child scope (see [`ChildBuilder`]).
     ///
     /// # Examples
@@ -325,6 +347,10 @@ impl Scope {
     /// Idempotent: the first cause wins. Returns once every descendant is cancelled, so no work
     /// of this subtree can be dispatched after `cancel` returns.
     ///
+    /// A scope that has already completed ([`close`](Scope::close)d and quiet:
+    /// [`Lifecycle::Completed`](crate::Lifecycle::Completed), a final state) has nothing left
+    /// to stop: cancelling it, or its deadline passing, leaves it and its report as they are.
+    ///
     /// # Examples
     ///
     /// ```
@@ -353,7 +379,8 @@ impl Scope {
     }
 
     /// Cancels with any cause, e.g. [`Cause::ClientGone`] from a server that saw its client
-    /// disconnect. Returns `true` if this call cancelled the scope (`false`: it already was).
+    /// disconnect. Returns `true` if this call cancelled the scope (`false`: it already was,
+    /// or it had already completed — see [`Scope::cancel`]).
     ///
     /// A [`Cause::ParentCancelled`] passed here is recorded as it is.
     ///

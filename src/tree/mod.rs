@@ -15,8 +15,7 @@
 //! | 32     | `CLOSED`: the registration watermark is closed (by `close` or `cancel`) |
 //! | 33     | `CANCELLED` |
 //! | 34     | `STARTED`: a unit was ever taken in this subtree (lifecycle `Accepted -> Running`) |
-//! | 35     | `LATE_CANCEL`: the cancel came after the node was already quiet (its report ignores it) |
-//! | 36..64 | generation: bumped by cancel, in the same atomic step that sets `CANCELLED` |
+//! | 35..64 | generation: bumped by cancel, in the same atomic step that sets `CANCELLED` |
 //!
 //! # Invariants
 //!
@@ -38,7 +37,9 @@
 //! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
-//!    counted before their unit is released, no counter changes after quiet is observed.
+//!    counted before their unit is released, no counter changes after quiet is observed. A
+//!    cancel that finds a node quiet without a cancel leaves it (and its quiet subtree) as it
+//!    is: `Completed` is final.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
 //!    sharded registry at creation and removed when its last handle drops and it has no linked
 //!    children left (a link counts as a handle of the parent, so a scope whose handles are gone
@@ -69,8 +70,7 @@ const ACTIVE_MASK: u64 = (1 << 32) - 1;
 const CLOSED: u64 = 1 << 32;
 const CANCELLED: u64 = 1 << 33;
 const STARTED: u64 = 1 << 34;
-const LATE_CANCEL: u64 = 1 << 35;
-const GEN_SHIFT: u32 = 36;
+const GEN_SHIFT: u32 = 35;
 const GEN_ONE: u64 = 1 << GEN_SHIFT;
 
 /// Number of registry shards per node: children of one parent created on different threads
@@ -93,11 +93,6 @@ impl State {
     }
     pub(crate) fn is_started(self) -> bool {
         self.0 & STARTED != 0
-    }
-    /// Cancelled after it had become quiet: the cancel changed nothing that ran, and the
-    /// quiescence report keeps saying what it said (invariant 6).
-    pub(crate) fn is_late_cancel(self) -> bool {
-        self.0 & LATE_CANCEL != 0
     }
     pub(crate) fn generation(self) -> u64 {
         self.0 >> GEN_SHIFT
@@ -338,6 +333,11 @@ impl<X, R> Node<X, R> {
         }
     }
 
+    /// The parent node (`None` for a root).
+    pub(crate) fn parent(&self) -> Option<&Arc<Node<X, R>>> {
+        self.parent.as_ref()
+    }
+
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
         self.shards().map(|s| s.children.lock().len()).sum()
@@ -441,7 +441,9 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
     }
 }
 
-/// Cancels `node` and every descendant. Returns whether this call did it (first cause wins).
+/// Cancels `node` and every descendant. Returns whether this call did it (first cause wins;
+/// a node that already completed — quiet without a cancel — is left as it is, with its
+/// subtree: invariant 6).
 ///
 /// Every call returns only once every descendant is cancelled, also one that lost the race
 /// for the first cause: a node found already cancelled is still walked, with its own cause,
@@ -524,20 +526,22 @@ fn mark_cancelled<X, R>(
         // be walking below, so the caller walks too; its wakers and callbacks are its own.
         return (false, existing.clone(), walk);
     }
+    // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
+    // publishes the cause (written below, before the lock is released; readers take the lock)
+    // to `is_cancelled` readers; Acquire orders this after every dispatch CAS that came before
+    // it. Invariant 6: a node already quiet without a cancel has completed; the update is
+    // refused and neither it nor its (quiet) subtree changes.
+    let Ok(prev) = n
+        .state
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            (!State(s).is_quiet()).then_some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
+        })
+    else {
+        return (false, cause, false);
+    };
+    let prev = State(prev);
     inner.cause = Some(cause.clone());
     inner.cancelled_at = stamp;
-    // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
-    // publishes the cause to `is_cancelled` readers; Acquire orders this after every dispatch
-    // CAS that came before it. A node that was already quiet records that the cancel came
-    // late, so its report does not change (invariant 6).
-    let prev = State(
-        n.state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                let late = if State(s).is_quiet() { LATE_CANCEL } else { 0 };
-                Some((s | CLOSED | CANCELLED | late).wrapping_add(GEN_ONE))
-            })
-            .unwrap_or_else(|s| s),
-    );
     if let Some(lists) = inner.lists.as_mut() {
         due.wakers.extend(lists.cancel_waiters.drain());
         due.callbacks

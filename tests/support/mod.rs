@@ -4,3 +4,5 @@
 
 #[cfg(feature = "sqlx-postgres")]
 pub mod postgres;
+
+pub mod fault;
