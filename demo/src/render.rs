@@ -86,6 +86,9 @@ fn request(s: &mut String, r: &RequestRun) {
             work_row(s, r);
         }
     }
+    if !Hop::ALL.iter().any(|&h| r.saw(h)) {
+        let _ = writeln!(s, "  {:<15} no handler ran for this request id", "");
+    }
     if !r.saw(Hop::External) {
         let _ = writeln!(s, "  {:<15} never saw the request id", Hop::External.name());
     }
@@ -261,6 +264,9 @@ fn quiescence_cell(r: &ModeRun, hop: Hop, cell: impl Fn(&Report) -> String) -> S
     match r.failure().report(hop) {
         Some(rep) => cell(rep),
         None if r.mode == Mode::PerHop => "none (no scope)".to_owned(),
+        None if hop == Hop::Frontend && !r.failure().saw(hop) => {
+            "none: refused at admission".to_owned()
+        }
         None if !r.failure().saw(hop) => "-".to_owned(),
         None => "missing".to_owned(),
     }

@@ -70,7 +70,11 @@ impl fmt::Display for ClientOutcome {
                     .ok()
                     .and_then(|s| s.canonical_reason())
                     .unwrap_or("");
-                write!(f, "{status} {reason} {body:?}")
+                write!(f, "{status} {reason}")?;
+                if !body.is_empty() {
+                    write!(f, " {body:?}")?;
+                }
+                Ok(())
             }
             ClientOutcome::TimedOut => f.write_str("timed out (the client gave up)"),
             ClientOutcome::Failed(e) => write!(f, "failed: {e}"),
@@ -346,34 +350,16 @@ pub async fn run_mode(mode: Mode, options: &Options) -> Result<ModeRun, DemoErro
     let chain = Chain::start(mode, options.inventory_work, &rec)
         .await
         .map_err(DemoError)?;
-    // The client is not one of the services: its own connection pool.
-    let client = reqwest::Client::new();
-    let patience = SUCCESS_BUDGET.max(options.client_budget) + options.inventory_work + PATIENCE;
-    let send = |group: Group, budget| {
-        let (client, chain, rec) = (&client, &chain, &rec);
-        async move {
-            let id: Arc<str> = format!("{mode}/{}", group.name()).into();
-            let sent = Instant::now();
-            let outcome = call(client, &chain.frontend, &id, budget).await;
-            let elapsed = sent.elapsed();
-            let settled = rec
-                .wait_until(patience, |events| settled(events, &id, mode))
-                .await;
-            RequestRun {
-                mode,
-                group,
-                events: rec.events_of(&id),
-                id,
-                budget,
-                sent,
-                elapsed,
-                client: outcome,
-                settled,
-            }
-        }
+    let bench = Bench {
+        mode,
+        // The client is not one of the services: its own connection pool.
+        client: reqwest::Client::new(),
+        url: chain.frontend.clone(),
+        rec,
+        patience: SUCCESS_BUDGET.max(options.client_budget) + options.inventory_work + PATIENCE,
     };
-    let success = send(Group::Success, SUCCESS_BUDGET).await;
-    let failure = send(Group::Failure, options.client_budget).await;
+    let success = bench.send(Group::Success, SUCCESS_BUDGET).await;
+    let failure = bench.send(Group::Failure, options.client_budget).await;
     drop(chain);
     let checks = checks(mode, options, &success, &failure);
     Ok(ModeRun {
@@ -383,6 +369,41 @@ pub async fn run_mode(mode: Mode, options: &Options) -> Result<ModeRun, DemoErro
         failure,
         checks,
     })
+}
+
+/// The client's side of one mode's run.
+struct Bench {
+    mode: Mode,
+    client: reqwest::Client,
+    url: String,
+    rec: Recorder,
+    patience: Duration,
+}
+
+impl Bench {
+    /// Sends the request of `group` with `budget`, then waits until every service that saw it
+    /// is done with it (bounded by the patience), and collects its events.
+    async fn send(&self, group: Group, budget: Duration) -> RequestRun {
+        let (mode, rec) = (self.mode, &self.rec);
+        let id: Arc<str> = format!("{mode}/{}", group.name()).into();
+        let sent = Instant::now();
+        let client = call(&self.client, &self.url, &id, budget).await;
+        let elapsed = sent.elapsed();
+        let settled = rec
+            .wait_until(self.patience, |events| settled(events, &id, mode))
+            .await;
+        RequestRun {
+            mode,
+            group,
+            events: rec.events_of(&id),
+            id,
+            budget,
+            sent,
+            elapsed,
+            client,
+            settled,
+        }
+    }
 }
 
 /// The client: like `curl --max-time`, it gives up when its budget runs out, and it declares
@@ -543,19 +564,18 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
                     .filter(|&h| r.saw(h) && !r.report(h).is_some_and(|rep| rep.state().is_final()))
                     .map(Hop::name)
                     .collect();
-                let edge = r.report(Hop::Frontend).map_or_else(
-                    || "no report".to_owned(),
-                    |rep| format!("{:?}", rep.state()),
-                );
+                let passed = missing.is_empty();
+                let detail = match r.report(Hop::Frontend) {
+                    _ if !passed => format!("no report from {}", missing.join(", ")),
+                    Some(rep) => format!("edge: {:?}", rep.state()),
+                    // Refused at admission: no scope was made, nothing ran.
+                    None => "no handler ran: the edge refused the request".to_owned(),
+                };
                 out.push(check(
                     r,
                     "every hop's request scope reported stable quiescence".to_owned(),
-                    missing.is_empty() && r.report(Hop::Frontend).is_some(),
-                    if missing.is_empty() {
-                        format!("edge: {edge}")
-                    } else {
-                        format!("no report from {}", missing.join(", "))
-                    },
+                    passed,
+                    detail,
                 ));
             }
         }
