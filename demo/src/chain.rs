@@ -1,0 +1,406 @@
+//! The four services: real axum servers on 127.0.0.1, calling each other with reqwest.
+//!
+//! The handlers are the same in both modes; what differs is marked `Mode::PerHop` /
+//! `Mode::Scoped`, and is small:
+//!
+//! | | per-hop timeouts | scoped budgets |
+//! |---|---|---|
+//! | server | plain axum router | the same router under [`AdmitLayer`]: the request's scope is [`Scope::current`] |
+//! | outgoing call | `.timeout(fixed)` | `.send_scoped()`: a child scope, the budget in `grpc-timeout` / `service-budget` |
+//! | inventory's work | `tokio::spawn(work)`: nothing can stop it | `Scope::current().spawn(work)`: stopped with the request |
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use cancel_scope::integrations::reqwest::RequestBuilderExt;
+use cancel_scope::integrations::tower::AdmitLayer;
+use cancel_scope::integrations::CallError;
+use cancel_scope::wire::{EndpointPolicy, Trust};
+use cancel_scope::Scope;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::options::Mode;
+use crate::record::{Hop, Recorder, What};
+
+/// The header that carries the request id from hop to hop.
+pub(crate) const REQUEST_ID: &str = "x-request-id";
+
+/// Per-hop mode: frontend's fixed timeout for its call to orders.
+pub const FRONTEND_TIMEOUT: Duration = Duration::from_millis(1_500);
+/// Per-hop mode: orders' fixed timeout for each of its calls (inventory, external-stub).
+pub const ORDERS_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// Scoped mode: what each hop keeps for its own answer (taken off the budget it admits).
+pub const RESERVE: Duration = Duration::from_millis(5);
+/// Scoped mode: what each call tells its callee less than it has itself, for the trip back.
+pub const TRANSPORT_PAD: Duration = Duration::from_millis(5);
+/// Scoped mode: below this budget a request is refused and a call is not made.
+pub const MIN_USEFUL: Duration = Duration::from_millis(10);
+
+/// The edge's policy: callers are untrusted (their budget can only shorten ours, up to 5 s;
+/// 1 s if they declare none).
+fn edge_policy() -> EndpointPolicy {
+    EndpointPolicy::new(Duration::from_secs(5), Duration::from_secs(1))
+        .reserve(RESERVE)
+        .transport_pad(TRANSPORT_PAD)
+        .min_useful(MIN_USEFUL)
+}
+
+/// The inner hops' policy: the same, but the caller is one of ours (its operation id is kept).
+fn inner_policy() -> EndpointPolicy {
+    edge_policy().trust(Trust::Trusted)
+}
+
+/// One service of one chain.
+#[derive(Clone, Debug)]
+struct Service {
+    hop: Hop,
+    mode: Mode,
+    rec: Recorder,
+    http: reqwest::Client,
+    /// The services it calls, in order.
+    downstream: Vec<String>,
+    /// Inventory: how long a quote takes.
+    work: Duration,
+}
+
+/// A running chain; its servers stop when it is dropped.
+#[derive(Debug)]
+pub(crate) struct Chain {
+    /// The edge's address.
+    pub(crate) frontend: String,
+    servers: Vec<JoinHandle<()>>,
+}
+
+impl Chain {
+    /// Starts external-stub, inventory, orders and frontend (innermost first, so that each
+    /// knows where the next one listens).
+    pub(crate) async fn start(mode: Mode, work: Duration, rec: &Recorder) -> io::Result<Chain> {
+        let http = reqwest::Client::new();
+        let service = |hop, downstream| Service {
+            hop,
+            mode,
+            rec: rec.clone(),
+            http: http.clone(),
+            downstream,
+            work,
+        };
+        let mut servers = Vec::new();
+        let external = serve(service(Hop::External, vec![]), &mut servers).await?;
+        let inventory = serve(service(Hop::Inventory, vec![]), &mut servers).await?;
+        let orders = serve(
+            service(Hop::Orders, vec![inventory, external]),
+            &mut servers,
+        )
+        .await?;
+        let frontend = serve(service(Hop::Frontend, vec![orders]), &mut servers).await?;
+        Ok(Chain { frontend, servers })
+    }
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        for s in &self.servers {
+            s.abort();
+        }
+    }
+}
+
+/// Serves `svc` on an ephemeral loopback port; returns its URL.
+async fn serve(svc: Service, servers: &mut Vec<JoinHandle<()>>) -> io::Result<String> {
+    let handler = match svc.hop {
+        Hop::Frontend => get(frontend),
+        Hop::Orders => get(orders),
+        Hop::Inventory => get(inventory),
+        Hop::External => get(external),
+    };
+    let (hop, mode, rec) = (svc.hop, svc.mode, svc.rec.clone());
+    let mut app = Router::new().route("/", handler).with_state(svc);
+    if mode == Mode::Scoped {
+        let policy = match hop {
+            Hop::Frontend => edge_policy(),
+            _ => inner_policy(),
+        };
+        // Once a request's scope is quiet (its handler answered or was stopped, and all its
+        // work has a receipt), the layer hands over the report.
+        app = app.layer(AdmitLayer::new(policy).on_report(move |admission, report| {
+            let id = rec.request_of(admission.operation_id());
+            rec.record(
+                hop,
+                &id,
+                What::Quiet {
+                    report: report.clone(),
+                },
+            );
+        }));
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    servers.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(%hop, error = %e, "server stopped");
+        }
+    }));
+    Ok(url)
+}
+
+/// The edge: passes the client's request on to orders.
+async fn frontend(State(svc): State<Service>, headers: HeaderMap) -> Response {
+    let run = Run::start(&svc, &headers);
+    match svc.call(&run, Hop::Orders, &svc.downstream[0]).await {
+        Ok((status, body)) => run.answer(status, body),
+        Err((status, why)) => run.answer(status, why),
+    }
+}
+
+/// Orders: a quote from inventory, then — only if that succeeded — external-stub.
+async fn orders(State(svc): State<Service>, headers: HeaderMap) -> Response {
+    let run = Run::start(&svc, &headers);
+    let quote = match svc.call(&run, Hop::Inventory, &svc.downstream[0]).await {
+        Ok((StatusCode::OK, body)) => body,
+        Ok((status, body)) => {
+            return run.answer(
+                passed_on(status),
+                format!("inventory: {status} {body}").trim_end().to_owned(),
+            )
+        }
+        Err((status, why)) => return run.answer(status, why),
+    };
+    match svc.call(&run, Hop::External, &svc.downstream[1]).await {
+        Ok((StatusCode::OK, body)) => run.answer(StatusCode::OK, format!("{quote} | {body}")),
+        Ok((status, body)) => run.answer(
+            passed_on(status),
+            format!("external-stub: {status} {body}")
+                .trim_end()
+                .to_owned(),
+        ),
+        Err((status, why)) => run.answer(status, why),
+    }
+}
+
+/// Inventory v1: a read-only quote that takes `work`. The handler never looks at
+/// cancellation itself; where its work runs decides whether anything can stop it.
+async fn inventory(State(svc): State<Service>, headers: HeaderMap) -> Response {
+    let run = Run::start(&svc, &headers);
+    let work = quote(svc.rec.clone(), run.id.clone(), svc.work);
+    let quoted = match svc.mode {
+        // Like the seed's Go handler that sleeps without watching its context: the work is
+        // not tied to the request. When the caller hangs up, this handler is dropped, but the
+        // task runs on to the end.
+        Mode::PerHop => tokio::spawn(work).await.map_err(|e| e.to_string()),
+        // The same work as a task of the request's scope: stopped at its next `.await` when
+        // the scope is cancelled (deadline or client gone), and receipted.
+        Mode::Scoped => match Scope::current().spawn(work) {
+            Ok(task) => task.await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    match quoted {
+        Ok(price) => run.answer(StatusCode::OK, format!("inventory v1: quote {price}")),
+        Err(e) => run.answer(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// External-stub: records the request id and answers.
+async fn external(State(svc): State<Service>, headers: HeaderMap) -> Response {
+    let run = Run::start(&svc, &headers);
+    run.answer(StatusCode::OK, "external-stub: ok".to_owned())
+}
+
+/// The quote: `work` of (simulated) computation, logged at its start and at its end or stop.
+async fn quote(rec: Recorder, id: Arc<str>, work: Duration) -> u32 {
+    let mut guard = Work {
+        rec,
+        id,
+        scope: Scope::try_current(),
+        started: Instant::now(),
+        done: false,
+    };
+    guard.rec.record(
+        Hop::Inventory,
+        &guard.id,
+        What::WorkStarted { planned: work },
+    );
+    tokio::time::sleep(work).await;
+    guard.done = true;
+    let worked = guard.started.elapsed();
+    guard
+        .rec
+        .record(Hop::Inventory, &guard.id, What::WorkFinished { worked });
+    42
+}
+
+/// Logs a quote that was stopped before its end (its future dropped).
+struct Work {
+    rec: Recorder,
+    id: Arc<str>,
+    scope: Option<Scope>,
+    started: Instant,
+    done: bool,
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        if !self.done {
+            let cause = self.scope.as_ref().and_then(Scope::cause);
+            let worked = self.started.elapsed();
+            self.rec.record(
+                Hop::Inventory,
+                &self.id,
+                What::WorkStopped { worked, cause },
+            );
+        }
+    }
+}
+
+/// One handler call: logs its start (with the budget its scope has), its answer, or its being
+/// dropped without an answer (and why, if its scope knows).
+struct Run {
+    hop: Hop,
+    rec: Recorder,
+    id: Arc<str>,
+    scope: Option<Scope>,
+    answered: bool,
+}
+
+impl Run {
+    fn start(svc: &Service, headers: &HeaderMap) -> Run {
+        let id: Arc<str> = request_id(headers).into();
+        // Per-hop mode: no layer, no scope.
+        let scope = Scope::try_current();
+        if let Some(op) = scope.as_ref().and_then(Scope::operation) {
+            svc.rec.operation(op.id(), &id);
+        }
+        let budget = scope.as_ref().and_then(Scope::remaining);
+        let deadline = scope.as_ref().and_then(Scope::deadline);
+        svc.rec
+            .record(svc.hop, &id, What::Started { budget, deadline });
+        Run {
+            hop: svc.hop,
+            rec: svc.rec.clone(),
+            id,
+            scope,
+            answered: false,
+        }
+    }
+
+    fn answer(mut self, status: StatusCode, body: String) -> Response {
+        self.answered = true;
+        self.rec.record(
+            self.hop,
+            &self.id,
+            What::Answered {
+                status: status.as_u16(),
+            },
+        );
+        (status, body).into_response()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if !self.answered {
+            // Scoped: the `Admit` layer cancels the scope (deadline, or `ClientGone` when the
+            // connection closed) before it drops the handler, so the cause is known here.
+            let cause = self.scope.as_ref().and_then(Scope::cause);
+            self.rec.record(self.hop, &self.id, What::Dropped { cause });
+        }
+    }
+}
+
+/// The request id header, or `-` (printable ASCII only, at most 64 bytes).
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .unwrap_or("-")
+        .to_owned()
+}
+
+/// What a hop answers when a callee answered `status`: a deadline stays a deadline.
+fn passed_on(status: StatusCode) -> StatusCode {
+    if status == StatusCode::GATEWAY_TIMEOUT {
+        status
+    } else {
+        StatusCode::BAD_GATEWAY
+    }
+}
+
+/// A call's answer (status and body), or the status this hop answers when there is none.
+type Called = Result<(StatusCode, String), (StatusCode, String)>;
+
+impl Service {
+    /// Calls `to` at `url` with the request id: with a fixed timeout (per-hop) or in a child
+    /// of the request's scope (scoped).
+    async fn call(&self, run: &Run, to: Hop, url: &str) -> Called {
+        self.rec.record(self.hop, &run.id, What::Calling { to });
+        let request = self.http.get(url).header(REQUEST_ID, &*run.id);
+        let called = match self.mode {
+            Mode::PerHop => {
+                let timeout = match self.hop {
+                    Hop::Frontend => FRONTEND_TIMEOUT,
+                    _ => ORDERS_TIMEOUT,
+                };
+                match request.timeout(timeout).send().await {
+                    Ok(res) => {
+                        let status = res.status();
+                        res.text()
+                            .await
+                            .map(|body| (status, body))
+                            .map_err(|e| per_hop_failure(to, timeout, &e))
+                    }
+                    Err(e) => Err(per_hop_failure(to, timeout, &e)),
+                }
+            }
+            Mode::Scoped => match request.send_scoped().await {
+                Ok(res) => {
+                    let status = res.status();
+                    res.text()
+                        .await
+                        .map(|body| (status, body))
+                        .map_err(|e| scoped_failure(to, &e))
+                }
+                Err(e) => Err(scoped_failure(to, &e)),
+            },
+        };
+        let outcome = match &called {
+            Ok((status, _)) => status.to_string(),
+            Err((_, why)) => why.clone(),
+        };
+        self.rec
+            .record(self.hop, &run.id, What::CallEnded { to, outcome });
+        called
+    }
+}
+
+fn per_hop_failure(to: Hop, timeout: Duration, e: &reqwest::Error) -> (StatusCode, String) {
+    if e.is_timeout() {
+        let ms = timeout.as_millis();
+        (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("{to}: no answer within the fixed {ms} ms"),
+        )
+    } else {
+        (StatusCode::BAD_GATEWAY, format!("{to}: {e}"))
+    }
+}
+
+fn scoped_failure(to: Hop, e: &CallError) -> (StatusCode, String) {
+    let status = if e.is_deadline_exceeded() || e.is_budget_exhausted() {
+        StatusCode::GATEWAY_TIMEOUT
+    } else if e.is_cancelled() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    (status, format!("{to}: {e}"))
+}

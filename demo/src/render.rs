@@ -1,0 +1,327 @@
+//! The readable report: per mode and request id, then the side-by-side comparison.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use cancel_scope::{Cause, Report};
+use tokio::time::Instant;
+
+use crate::chain::{FRONTEND_TIMEOUT, ORDERS_TIMEOUT, RESERVE, TRANSPORT_PAD};
+use crate::options::Mode;
+use crate::record::{Hop, What};
+use crate::run::{describe_work, millis, yes, ClientOutcome, ModeRun, RequestRun, Work};
+
+impl ModeRun {
+    /// The mode's report: how the chain was set up, each request hop by hop, the checks.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let work = self.options.inventory_work.as_millis();
+        let _ = writeln!(s, "\n== {} ==", self.mode.title());
+        let _ = match self.mode {
+            Mode::PerHop => writeln!(
+                s,
+                "Each hop calls the next with a fixed timeout of its own (frontend {} ms, orders {} ms\n\
+                 per call) and ignores the client's grpc-timeout; inventory runs its {work} ms quote\n\
+                 with tokio::spawn, so nothing stops it.",
+                FRONTEND_TIMEOUT.as_millis(),
+                ORDERS_TIMEOUT.as_millis(),
+            ),
+            Mode::Scoped => writeln!(
+                s,
+                "The edge admits the client's grpc-timeout; every hop runs its request in a scope\n\
+                 (AdmitLayer), keeps {} ms for its answer and tells the next hop {} ms less than it has\n\
+                 (send_scoped); inventory runs its {work} ms quote with Scope::current().spawn.",
+                RESERVE.as_millis(),
+                TRANSPORT_PAD.as_millis(),
+            ),
+        };
+        for r in [&self.success, &self.failure] {
+            request(&mut s, r);
+        }
+        let _ = writeln!(s, "\n  checks");
+        for c in &self.checks {
+            let _ = writeln!(
+                s,
+                "    {:<4}  {:<16} {}\n                           {}",
+                if c.passed { "ok" } else { "FAIL" },
+                c.request,
+                c.claim,
+                c.detail
+            );
+        }
+        s
+    }
+}
+
+/// Milliseconds since the request was sent: `+12.3 ms`.
+fn at(r: &RequestRun, t: Instant) -> String {
+    format!("+{:.1} ms", millis(t.saturating_duration_since(r.sent)))
+}
+
+fn request(s: &mut String, r: &RequestRun) {
+    let _ = writeln!(
+        s,
+        "\nrequest {} (client budget {} ms)",
+        r.id,
+        r.budget.as_millis()
+    );
+    let _ = writeln!(
+        s,
+        "  {:<15} {} after {:.1} ms",
+        "client",
+        r.client,
+        millis(r.elapsed)
+    );
+    let _ = writeln!(
+        s,
+        "  {:<15} {:>10}  {:<12} {:>10}  how it ended",
+        "", "started", "budget", "ended"
+    );
+    for hop in Hop::ALL {
+        if !r.saw(hop) {
+            continue;
+        }
+        hop_row(s, r, hop);
+        if hop == Hop::Inventory {
+            work_row(s, r);
+        }
+    }
+    if !Hop::ALL.iter().any(|&h| r.saw(h)) {
+        let _ = writeln!(s, "  {:<15} no handler ran for this request id", "");
+    }
+    if !r.saw(Hop::External) {
+        let _ = writeln!(s, "  {:<15} never saw the request id", Hop::External.name());
+    }
+    if r.mode == Mode::PerHop {
+        let _ = writeln!(
+            s,
+            "  {:<15} none: without scopes nothing can say when this request's work has stopped",
+            "quiescence"
+        );
+        return;
+    }
+    let mut label = "quiescence";
+    for hop in Hop::ALL {
+        if let Some(report) = r.report(hop) {
+            let name = if hop == Hop::Frontend {
+                "frontend (edge)"
+            } else {
+                hop.name()
+            };
+            let _ = writeln!(s, "  {label:<15} {name:<16} {report}");
+            label = "";
+        }
+    }
+}
+
+fn hop_row(s: &mut String, r: &RequestRun, hop: Hop) {
+    let (mut started, mut budget, mut ended, mut how) = (
+        String::new(),
+        "-".to_owned(),
+        "-".to_owned(),
+        "still running".to_owned(),
+    );
+    for e in r.of(hop) {
+        match &e.what {
+            What::Started { budget: b, .. } => {
+                started = at(r, e.at);
+                if let Some(b) = b {
+                    budget = format!("{:.0} ms", millis(*b));
+                }
+            }
+            What::Answered { status } => {
+                ended = at(r, e.at);
+                how = format!("answered {status}");
+            }
+            What::Dropped { cause } => {
+                ended = at(r, e.at);
+                how = match cause {
+                    Some(cause) => format!(
+                        "stopped by its scope: {cause}; the layer answered {}",
+                        layer_status(cause)
+                    ),
+                    None => "dropped: its caller hung up".to_owned(),
+                };
+            }
+            _ => {}
+        }
+    }
+    let _ = writeln!(
+        s,
+        "  {:<15} {started:>10}  {budget:<12} {ended:>10}  {how}",
+        hop.name()
+    );
+}
+
+fn work_row(s: &mut String, r: &RequestRun) {
+    let Some((started, planned)) = r.of(Hop::Inventory).find_map(|e| match e.what {
+        What::WorkStarted { planned } => Some((e.at, planned)),
+        _ => None,
+    }) else {
+        return;
+    };
+    let w = r.inventory_work();
+    let ended = match &w {
+        Work::Finished { at: t, .. } | Work::Stopped { at: t, .. } => at(r, *t),
+        Work::NotStarted | Work::Running => "-".to_owned(),
+    };
+    let how = describe_work(&w, r);
+    let _ = writeln!(
+        s,
+        "    {:<13} {:>10}  {:<12} {ended:>10}  {how}",
+        "quote",
+        at(r, started),
+        format!("{} ms work", planned.as_millis())
+    );
+}
+
+/// What the `Admit` layer answers for a request whose scope stopped with `cause`.
+fn layer_status(cause: &Cause) -> &'static str {
+    match cause.origin() {
+        Cause::DeadlineExceeded => "504",
+        Cause::ClientGone => "499 (to nobody: the caller was gone)",
+        _ => "503",
+    }
+}
+
+/// The side-by-side comparison of the failure requests and the verdict.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope_demo::summary;
+/// assert!(summary(&[]).contains("nothing ran"));
+/// ```
+pub fn summary(runs: &[ModeRun]) -> String {
+    let mut s = String::new();
+    let Some(first) = runs.first() else {
+        return "nothing ran\n".to_owned();
+    };
+    let o = &first.options;
+    let _ = writeln!(
+        s,
+        "\n== {}: the failure request (client budget {} ms, inventory quote {} ms) ==",
+        runs.iter()
+            .map(|r| r.mode.title())
+            .collect::<Vec<_>>()
+            .join(" vs "),
+        o.client_budget.as_millis(),
+        o.inventory_work.as_millis()
+    );
+    let mut row = |label: &str, cell: &dyn Fn(&ModeRun) -> String| {
+        let mut line = format!("  {label:<29}");
+        for r in runs {
+            let _ = write!(line, " {:<34}", cell(r));
+        }
+        let _ = writeln!(s, "{}", line.trim_end());
+    };
+    row("", &|r| r.mode.title().to_owned());
+    row("client", &|r| client_cell(r.failure()));
+    row("inventory told to stop", &|r| told_cell(r.failure()));
+    row("inventory's quote ended", &|r| quote_cell(r.failure()));
+    row("  after being told", &|r| after_told_cell(r.failure()));
+    row("  vs the client's budget", &|r| vs_client_cell(r.failure()));
+    row("external-stub saw the id", &|r| {
+        yes(r.failure().saw(Hop::External)).to_owned()
+    });
+    row("inventory quiescence report", &|r| {
+        quiescence_cell(r, Hop::Inventory, |rep| match rep.cancel_to_quiet() {
+            Some(d) => format!("{:?}, quiet {} after", rep.state(), ms(d)),
+            None => format!("{:?}", rep.state()),
+        })
+    });
+    row("edge quiescence report", &|r| {
+        quiescence_cell(r, Hop::Frontend, |rep| {
+            format!("{:?} (stable)", rep.state())
+        })
+    });
+    row("claims", &|r| {
+        let held = r.checks().iter().filter(|c| c.passed()).count();
+        format!("{held} of {} hold", r.checks().len())
+    });
+
+    let failed: Vec<_> = runs
+        .iter()
+        .flat_map(|r| r.checks())
+        .filter(|c| !c.passed())
+        .collect();
+    if failed.is_empty() {
+        let _ = writeln!(s, "\nEvery claim holds.");
+    } else {
+        let _ = writeln!(s, "\nThese claims do not hold:");
+        for c in failed {
+            let _ = writeln!(s, "  {}: {} ({})", c.request(), c.claim(), c.detail());
+        }
+    }
+    s
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", millis(d))
+}
+
+fn quiescence_cell(r: &ModeRun, hop: Hop, cell: impl Fn(&Report) -> String) -> String {
+    match r.failure().report(hop) {
+        Some(rep) => cell(rep),
+        None if r.mode == Mode::PerHop => "none (no scope)".to_owned(),
+        None if hop == Hop::Frontend && !r.failure().saw(hop) => {
+            "none: refused at admission".to_owned()
+        }
+        None if !r.failure().saw(hop) => "-".to_owned(),
+        None => "missing".to_owned(),
+    }
+}
+
+fn client_cell(r: &RequestRun) -> String {
+    match r.client() {
+        ClientOutcome::Answered { status, .. } => format!("{status} after {}", ms(r.elapsed())),
+        ClientOutcome::TimedOut => format!("timed out after {}", ms(r.elapsed())),
+        ClientOutcome::Failed(_) => format!("failed after {}", ms(r.elapsed())),
+    }
+}
+
+fn told_cell(r: &RequestRun) -> String {
+    match r.told_to_stop(Hop::Inventory) {
+        Some((t, why)) => format!("{}: {why}", at(r, t)),
+        None if r.saw(Hop::Inventory) => "never".to_owned(),
+        None => "never saw the request".to_owned(),
+    }
+}
+
+fn quote_end(r: &RequestRun) -> Option<Instant> {
+    match r.inventory_work() {
+        Work::Finished { at, .. } | Work::Stopped { at, .. } => Some(at),
+        Work::NotStarted | Work::Running => None,
+    }
+}
+
+fn quote_cell(r: &RequestRun) -> String {
+    match r.inventory_work() {
+        Work::Finished { at: t, .. } => format!("{}: finished", at(r, t)),
+        Work::Stopped { at: t, worked, .. } => {
+            format!("{}: stopped after {}", at(r, t), ms(worked))
+        }
+        Work::NotStarted => "never started".to_owned(),
+        Work::Running => "still running".to_owned(),
+    }
+}
+
+fn after_told_cell(r: &RequestRun) -> String {
+    match (r.told_to_stop(Hop::Inventory), quote_end(r)) {
+        (Some((t, _)), Some(end)) if end >= t => format!("{} later", ms(end - t)),
+        (Some((t, _)), Some(end)) => format!("{} before", ms(t - end)),
+        _ => "-".to_owned(),
+    }
+}
+
+fn vs_client_cell(r: &RequestRun) -> String {
+    let Some(end) = quote_end(r) else {
+        return "-".to_owned();
+    };
+    let deadline = r.client_deadline();
+    if end > deadline {
+        format!("{} after it ran out", ms(end - deadline))
+    } else {
+        format!("{} before it ran out", ms(deadline - end))
+    }
+}

@@ -1,0 +1,628 @@
+//! One mode's run: start the chain, send the success and the failure request, wait until
+//! every service is done with each, and check the claims.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cancel_scope::wire::grpc_timeout;
+use cancel_scope::{Cause, Report};
+use tokio::time::Instant;
+
+use crate::chain::{Chain, REQUEST_ID};
+use crate::options::{Mode, Options, SUCCESS_BUDGET};
+use crate::record::{Event, Hop, Recorder, What};
+
+/// How long past the budgets and the work the run waits for the services to be done with a
+/// request before it calls that a failure (a bound on waiting for events, never a sleep).
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The two requests of a mode (the seed's groups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Group {
+    /// A 2 s client budget: the request must go through.
+    Success,
+    /// The short client budget (`--client-ms`): the client gives up.
+    Failure,
+}
+
+impl Group {
+    const fn name(self) -> &'static str {
+        match self {
+            Group::Success => "success",
+            Group::Failure => "failure",
+        }
+    }
+}
+
+/// What the client got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientOutcome {
+    /// An answer: status and body.
+    Answered {
+        /// The HTTP status.
+        status: u16,
+        /// The body.
+        body: String,
+    },
+    /// The client's own timer (its budget) ran out first: it gave up (curl's exit 28).
+    TimedOut,
+    /// The call failed otherwise.
+    Failed(String),
+}
+
+impl ClientOutcome {
+    /// Whether the client got nothing useful within its budget: it timed out, or the chain
+    /// told it that the deadline passed (504).
+    pub fn gave_up(&self) -> bool {
+        matches!(
+            self,
+            ClientOutcome::TimedOut | ClientOutcome::Answered { status: 504, .. }
+        )
+    }
+}
+
+impl fmt::Display for ClientOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientOutcome::Answered { status, body } => {
+                let reason = reqwest::StatusCode::from_u16(*status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("");
+                write!(f, "{status} {reason}")?;
+                if !body.is_empty() {
+                    write!(f, " {body:?}")?;
+                }
+                Ok(())
+            }
+            ClientOutcome::TimedOut => f.write_str("timed out (the client gave up)"),
+            ClientOutcome::Failed(e) => write!(f, "failed: {e}"),
+        }
+    }
+}
+
+/// What became of inventory's quote for one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Inventory never started it.
+    NotStarted,
+    /// Started and not ended when the run stopped waiting.
+    Running,
+    /// Ran to its end.
+    Finished {
+        /// When it ended.
+        at: Instant,
+        /// How long it worked.
+        worked: Duration,
+    },
+    /// Stopped before its end.
+    Stopped {
+        /// When it stopped.
+        at: Instant,
+        /// How long it had worked.
+        worked: Duration,
+        /// Why, as its scope said (none in per-hop mode).
+        cause: Option<Cause>,
+    },
+}
+
+/// One request through one chain, and everything the services logged for it.
+#[derive(Clone, Debug)]
+pub struct RequestRun {
+    pub(crate) mode: Mode,
+    pub(crate) group: Group,
+    pub(crate) id: Arc<str>,
+    pub(crate) budget: Duration,
+    pub(crate) sent: Instant,
+    pub(crate) elapsed: Duration,
+    pub(crate) client: ClientOutcome,
+    /// Whether every service that saw the request was done with it in time.
+    pub(crate) settled: bool,
+    pub(crate) events: Vec<Event>,
+}
+
+impl RequestRun {
+    /// The request id (`<mode>/<group>`), sent as `x-request-id` and logged at every hop.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Which group it belongs to.
+    pub fn group(&self) -> Group {
+        self.group
+    }
+
+    /// The client's budget.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// What the client got.
+    pub fn client(&self) -> &ClientOutcome {
+        &self.client
+    }
+
+    /// How long the client waited.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// When the client sent the request.
+    pub fn sent(&self) -> Instant {
+        self.sent
+    }
+
+    /// When the client's budget ran out (it had given up by then at the latest).
+    pub fn client_deadline(&self) -> Instant {
+        self.sent + self.budget
+    }
+
+    /// Whether every service that saw the request was done with it before the run stopped
+    /// waiting.
+    pub fn settled(&self) -> bool {
+        self.settled
+    }
+
+    /// Whether `hop`'s handler ever ran for this request.
+    pub fn saw(&self, hop: Hop) -> bool {
+        self.of(hop).any(|e| matches!(e.what, What::Started { .. }))
+    }
+
+    /// The budget `hop`'s handler found in its scope when it started (scoped mode).
+    pub fn budget_at(&self, hop: Hop) -> Option<Duration> {
+        self.of(hop).find_map(|e| match e.what {
+            What::Started { budget, .. } => budget,
+            _ => None,
+        })
+    }
+
+    /// Whether `from` ever started a call to `to` for this request.
+    pub fn called(&self, from: Hop, to: Hop) -> bool {
+        self.of(from)
+            .any(|e| matches!(e.what, What::Calling { to: t } if t == to))
+    }
+
+    /// What became of inventory's quote.
+    pub fn inventory_work(&self) -> Work {
+        let mut work = Work::NotStarted;
+        for e in self.of(Hop::Inventory) {
+            match &e.what {
+                What::WorkStarted { .. } => work = Work::Running,
+                What::WorkFinished { worked } => {
+                    work = Work::Finished {
+                        at: e.at,
+                        worked: *worked,
+                    }
+                }
+                What::WorkStopped { worked, cause } => {
+                    work = Work::Stopped {
+                        at: e.at,
+                        worked: *worked,
+                        cause: cause.clone(),
+                    }
+                }
+                _ => {}
+            }
+        }
+        work
+    }
+
+    /// The quiescence report of `hop`'s request scope (scoped mode).
+    pub fn report(&self, hop: Hop) -> Option<&Report> {
+        self.of(hop).find_map(|e| match &e.what {
+            What::Quiet { report } => Some(report),
+            _ => None,
+        })
+    }
+
+    /// When `hop` was told to stop working on the request, and why: its budget ran out (the
+    /// scope's deadline; its timer fires a little later), the client went away, or (per-hop)
+    /// its caller hung up. `None` if it was never stopped (it answered).
+    pub fn told_to_stop(&self, hop: Hop) -> Option<(Instant, String)> {
+        let (at, cause) = self.of(hop).find_map(|e| match &e.what {
+            What::Dropped { cause } => Some((e.at, cause.clone())),
+            _ => None,
+        })?;
+        Some(match cause {
+            Some(c) if c.is_deadline_exceeded() => {
+                let deadline = self.of(hop).find_map(|e| match e.what {
+                    What::Started { deadline, .. } => deadline,
+                    _ => None,
+                });
+                (deadline.unwrap_or(at), "its budget ran out".to_owned())
+            }
+            Some(c) => (at, c.to_string()),
+            None => (at, "its caller hung up".to_owned()),
+        })
+    }
+
+    pub(crate) fn of(&self, hop: Hop) -> impl Iterator<Item = &Event> {
+        self.events.iter().filter(move |e| e.hop == hop)
+    }
+}
+
+/// One claim of the report, checked.
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub(crate) request: Arc<str>,
+    pub(crate) claim: String,
+    pub(crate) passed: bool,
+    pub(crate) detail: String,
+}
+
+impl Check {
+    /// The request id the claim is about.
+    pub fn request(&self) -> &str {
+        &self.request
+    }
+
+    /// The claim.
+    pub fn claim(&self) -> &str {
+        &self.claim
+    }
+
+    /// Whether it holds.
+    pub fn passed(&self) -> bool {
+        self.passed
+    }
+
+    /// What was observed.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+/// One mode's run: its two requests and its checked claims.
+#[derive(Clone, Debug)]
+pub struct ModeRun {
+    pub(crate) mode: Mode,
+    pub(crate) options: Options,
+    pub(crate) success: RequestRun,
+    pub(crate) failure: RequestRun,
+    pub(crate) checks: Vec<Check>,
+}
+
+impl ModeRun {
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The request with the 2 s budget.
+    pub fn success(&self) -> &RequestRun {
+        &self.success
+    }
+
+    /// The request with the short budget.
+    pub fn failure(&self) -> &RequestRun {
+        &self.failure
+    }
+
+    /// The claims, checked.
+    pub fn checks(&self) -> &[Check] {
+        &self.checks
+    }
+
+    /// Whether every claim holds.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(Check::passed)
+    }
+}
+
+/// The servers could not be started.
+#[derive(Debug)]
+pub struct DemoError(std::io::Error);
+
+impl fmt::Display for DemoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "could not start the services on 127.0.0.1: {}", self.0)
+    }
+}
+
+impl std::error::Error for DemoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// Starts `mode`'s chain, sends the success request (2 s budget) and then the failure request
+/// (`options.client_budget`), waits until the services are done with each, and checks the
+/// claims.
+///
+/// # Errors
+///
+/// [`DemoError`] if a server cannot listen on 127.0.0.1.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), cancel_scope_demo::DemoError> {
+/// use cancel_scope_demo::{run_mode, Mode, Options, Work};
+///
+/// let run = run_mode(Mode::Scoped, &Options::default()).await?;
+/// assert!(run.passed());
+/// assert!(matches!(run.failure().inventory_work(), Work::Stopped { .. }));
+/// # Ok(()) }
+/// ```
+pub async fn run_mode(mode: Mode, options: &Options) -> Result<ModeRun, DemoError> {
+    let rec = Recorder::new();
+    let chain = Chain::start(mode, options.inventory_work, &rec)
+        .await
+        .map_err(DemoError)?;
+    let bench = Bench {
+        mode,
+        // The client is not one of the services: its own connection pool.
+        client: reqwest::Client::new(),
+        url: chain.frontend.clone(),
+        rec,
+        patience: SUCCESS_BUDGET.max(options.client_budget) + options.inventory_work + PATIENCE,
+    };
+    let success = bench.send(Group::Success, SUCCESS_BUDGET).await;
+    let failure = bench.send(Group::Failure, options.client_budget).await;
+    drop(chain);
+    let checks = checks(mode, options, &success, &failure);
+    Ok(ModeRun {
+        mode,
+        options: *options,
+        success,
+        failure,
+        checks,
+    })
+}
+
+/// The client's side of one mode's run.
+struct Bench {
+    mode: Mode,
+    client: reqwest::Client,
+    url: String,
+    rec: Recorder,
+    patience: Duration,
+}
+
+impl Bench {
+    /// Sends the request of `group` with `budget`, then waits until every service that saw it
+    /// is done with it (bounded by the patience), and collects its events.
+    async fn send(&self, group: Group, budget: Duration) -> RequestRun {
+        let (mode, rec) = (self.mode, &self.rec);
+        let id: Arc<str> = format!("{mode}/{}", group.name()).into();
+        let sent = Instant::now();
+        let client = call(&self.client, &self.url, &id, budget).await;
+        let elapsed = sent.elapsed();
+        let settled = rec
+            .wait_until(self.patience, |events| settled(events, &id, mode))
+            .await;
+        RequestRun {
+            mode,
+            group,
+            events: rec.events_of(&id),
+            id,
+            budget,
+            sent,
+            elapsed,
+            client,
+            settled,
+        }
+    }
+}
+
+/// The client: like `curl --max-time`, it gives up when its budget runs out, and it declares
+/// that budget in `grpc-timeout` (which only the scoped chain reads).
+async fn call(client: &reqwest::Client, url: &str, id: &str, budget: Duration) -> ClientOutcome {
+    let sent = client
+        .get(url)
+        .header(REQUEST_ID, id)
+        .header(grpc_timeout::HEADER, grpc_timeout::encode(budget))
+        .timeout(budget)
+        .send()
+        .await;
+    let failed = |e: reqwest::Error| {
+        if e.is_timeout() {
+            ClientOutcome::TimedOut
+        } else {
+            ClientOutcome::Failed(e.to_string())
+        }
+    };
+    match sent {
+        Ok(res) => {
+            let status = res.status().as_u16();
+            match res.text().await {
+                Ok(body) => ClientOutcome::Answered { status, body },
+                Err(e) => failed(e),
+            }
+        }
+        Err(e) => failed(e),
+    }
+}
+
+/// Whether every service that saw request `id` is done with it: its handler answered or was
+/// dropped, inventory's quote ended, and (scoped) its request scope reported quiescence.
+fn settled(events: &[Event], id: &str, mode: Mode) -> bool {
+    Hop::ALL.iter().all(|&hop| {
+        let mut mine = events.iter().filter(|e| e.hop == hop && &*e.id == id);
+        let (mut started, mut ended, mut quiet, mut working) = (false, false, false, false);
+        for e in &mut mine {
+            match e.what {
+                What::Started { .. } => started = true,
+                What::Answered { .. } | What::Dropped { .. } => ended = true,
+                What::Quiet { .. } => quiet = true,
+                What::WorkStarted { .. } => working = true,
+                What::WorkFinished { .. } | What::WorkStopped { .. } => working = false,
+                _ => {}
+            }
+        }
+        !started || (ended && !working && (quiet || mode == Mode::PerHop))
+    })
+}
+
+fn check(r: &RequestRun, claim: String, passed: bool, detail: String) -> Check {
+    Check {
+        request: r.id.clone(),
+        claim,
+        passed,
+        detail,
+    }
+}
+
+/// The claims of a mode, checked against what the client got and the services logged.
+fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &RequestRun) -> Vec<Check> {
+    let ms = |d: Duration| d.as_millis();
+    let mut out = Vec::new();
+    for r in [success, failure] {
+        if !r.settled {
+            out.push(check(
+                r,
+                "every service was done with the request".to_owned(),
+                false,
+                format!("still busy after waiting {} s", PATIENCE.as_secs()),
+            ));
+        }
+    }
+
+    // The success group reaches inventory v1 and external-stub.
+    let through = matches!(
+        &success.client,
+        ClientOutcome::Answered { status: 200, body }
+            if body.contains("inventory v1") && body.contains("external-stub")
+    );
+    out.push(check(
+        success,
+        "the client got 200 from inventory v1 and external-stub".to_owned(),
+        through,
+        format!("{} after {:.1} ms", success.client, millis(success.elapsed)),
+    ));
+    out.push(check(
+        success,
+        "inventory and external-stub logged the request id".to_owned(),
+        success.saw(Hop::Inventory) && success.saw(Hop::External),
+        format!(
+            "inventory: {}, external-stub: {}",
+            yes(success.saw(Hop::Inventory)),
+            yes(success.saw(Hop::External))
+        ),
+    ));
+
+    // The failure group: the client gives up, external-stub never hears of the request.
+    out.push(check(
+        failure,
+        format!(
+            "the client got no quote within its {} ms (it timed out, or was told 504)",
+            ms(failure.budget)
+        ),
+        failure.client.gave_up(),
+        format!("{} after {:.1} ms", failure.client, millis(failure.elapsed)),
+    ));
+    let external = failure.saw(Hop::External) || failure.called(Hop::Orders, Hop::External);
+    out.push(check(
+        failure,
+        "external-stub never saw the request id".to_owned(),
+        !external,
+        format!(
+            "orders called it: {}, it logged the id: {}",
+            yes(failure.called(Hop::Orders, Hop::External)),
+            yes(failure.saw(Hop::External))
+        ),
+    ));
+
+    let work = ms(options.inventory_work);
+    match mode {
+        // The seed's observation: the quote ran on after the client had left.
+        Mode::PerHop => {
+            let (passed, detail) = match failure.inventory_work() {
+                Work::Finished { at, .. } if at > failure.client_deadline() => (
+                    true,
+                    format!(
+                        "finished {:.1} ms after the client's budget ran out",
+                        millis(at.saturating_duration_since(failure.client_deadline()))
+                    ),
+                ),
+                w => (false, describe_work(&w, failure)),
+            };
+            out.push(check(
+                failure,
+                format!("inventory still finished its {work} ms quote after the client gave up"),
+                passed,
+                detail,
+            ));
+        }
+        Mode::Scoped => {
+            let w = failure.inventory_work();
+            let passed = match &w {
+                Work::NotStarted => true,
+                Work::Stopped { worked, .. } => *worked < options.inventory_work,
+                Work::Running | Work::Finished { .. } => false,
+            };
+            out.push(check(
+                failure,
+                format!("inventory stopped before finishing its {work} ms quote"),
+                passed,
+                describe_work(&w, failure),
+            ));
+            for r in [success, failure] {
+                let missing: Vec<_> = Hop::ALL
+                    .into_iter()
+                    .filter(|&h| r.saw(h) && !r.report(h).is_some_and(|rep| rep.state().is_final()))
+                    .map(Hop::name)
+                    .collect();
+                let passed = missing.is_empty();
+                let detail = match r.report(Hop::Frontend) {
+                    _ if !passed => format!("no report from {}", missing.join(", ")),
+                    Some(rep) => format!("edge: {:?}", rep.state()),
+                    // Refused at admission: no scope was made, nothing ran.
+                    None => "no handler ran: the edge refused the request".to_owned(),
+                };
+                out.push(check(
+                    r,
+                    "every hop's request scope reported stable quiescence".to_owned(),
+                    passed,
+                    detail,
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A duration in fractional milliseconds.
+pub(crate) fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub(crate) fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// What became of the quote, and how long after inventory was told to stop.
+pub(crate) fn describe_work(w: &Work, r: &RequestRun) -> String {
+    let after = |end: Instant| {
+        r.told_to_stop(Hop::Inventory)
+            .filter(|(t, _)| end >= *t)
+            .map(|(t, why)| format!(", {:.1} ms after {why}", millis(end - t)))
+            .unwrap_or_default()
+    };
+    match w {
+        Work::NotStarted => "never started".to_owned(),
+        Work::Running => "still running when the run stopped waiting".to_owned(),
+        Work::Finished { worked, at } => {
+            format!(
+                "finished after {:.1} ms of work{}",
+                millis(*worked),
+                after(*at)
+            )
+        }
+        Work::Stopped { worked, cause, at } => {
+            let why = cause
+                .as_ref()
+                .map_or_else(|| "dropped".to_owned(), ToString::to_string);
+            format!(
+                "stopped after {:.1} ms of work ({why}){}",
+                millis(*worked),
+                after(*at)
+            )
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The service chain demonstration run in-process: four real axum servers on loopback, real
+//! reqwest calls, the real clock. The assertions are about outcomes, order and causes, never
+//! exact milliseconds; every wait inside the run is on an event (a response, a log entry, a
+//! quiescence report), bounded so that a bug fails instead of hanging.
+
+use std::time::Duration;
+
+use cancel_scope::Lifecycle;
+use cancel_scope_demo::{
+    cli, run_mode, ClientOutcome, Hop, Mode, Options, OptionsError, Parsed, RequestRun, Work,
+    EXIT_CLAIM_FAILED, EXIT_OK, EXIT_USAGE,
+};
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn went_through(r: &RequestRun) -> bool {
+    matches!(
+        r.client(),
+        ClientOutcome::Answered { status: 200, body }
+            if body.contains("inventory v1") && body.contains("external-stub")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_hop_timeouts_let_inventory_work_on_after_the_client_left() {
+    let options = Options::default();
+    let run = run_mode(Mode::PerHop, &options).await.unwrap();
+    assert!(run.passed(), "{}", run.render());
+
+    let ok = run.success();
+    assert!(went_through(ok), "{:?}", ok.client());
+    assert!(ok.saw(Hop::Inventory) && ok.saw(Hop::External));
+    // No hop gets a budget: each has its own fixed timeout.
+    assert!(Hop::ALL.iter().all(|&h| ok.budget_at(h).is_none()));
+
+    let failed = run.failure();
+    assert_eq!(failed.client(), &ClientOutcome::TimedOut);
+    // Dropping the connections stopped orders before it called external-stub...
+    assert!(!failed.called(Hop::Orders, Hop::External));
+    assert!(!failed.saw(Hop::External));
+    // ... but inventory's quote ran to its end after the client had given up (the seed).
+    match failed.inventory_work() {
+        Work::Finished { at, worked } => {
+            assert!(at > failed.client_deadline(), "{}", run.render());
+            assert!(worked >= options.inventory_work);
+        }
+        w => panic!("{w:?}\n{}", run.render()),
+    }
+    // It was told (its caller hung up) and did not care.
+    let (told, why) = failed.told_to_stop(Hop::Inventory).unwrap();
+    assert_eq!(why, "its caller hung up");
+    assert!(told >= failed.sent());
+    // Nothing can report quiescence: there are no scopes.
+    assert!(Hop::ALL.iter().all(|&h| failed.report(h).is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
+    let options = Options::default();
+    let run = run_mode(Mode::Scoped, &options).await.unwrap();
+    assert!(run.passed(), "{}", run.render());
+
+    let ok = run.success();
+    assert!(went_through(ok), "{:?}", ok.client());
+    // The budget shrinks from hop to hop: frontend > orders > inventory, all within 2 s.
+    let budgets: Vec<_> = [Hop::Frontend, Hop::Orders, Hop::Inventory]
+        .map(|h| ok.budget_at(h).unwrap())
+        .to_vec();
+    assert!(budgets[0] < ok.budget(), "{budgets:?}");
+    assert!(budgets.windows(2).all(|w| w[1] < w[0]), "{budgets:?}");
+    for hop in Hop::ALL {
+        let report = ok.report(hop).unwrap();
+        assert_eq!(report.state(), Lifecycle::Completed, "{hop}: {report}");
+    }
+    // Orders' two calls and inventory's quote task each have their receipt.
+    assert_eq!(ok.report(Hop::Orders).unwrap().succeeded(), 2);
+    assert_eq!(ok.report(Hop::Inventory).unwrap().succeeded(), 1);
+
+    let failed = run.failure();
+    assert!(failed.client().gave_up(), "{:?}", failed.client());
+    assert!(!failed.called(Hop::Orders, Hop::External));
+    assert!(!failed.saw(Hop::External));
+    // Inventory's quote was stopped by its scope long before its 350 ms...
+    match failed.inventory_work() {
+        Work::Stopped { worked, cause, .. } => {
+            assert!(worked < options.inventory_work, "{}", run.render());
+            let cause = cause.unwrap();
+            assert!(
+                cause.is_deadline_exceeded() || cause.is_client_gone(),
+                "{cause}"
+            );
+        }
+        w => panic!("{w:?}\n{}", run.render()),
+    }
+    // ... its request scope went quiet with the task receipted as cancelled ...
+    let report = failed.report(Hop::Inventory).unwrap();
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert_eq!((report.cancelled(), report.total()), (1, 1), "{report}");
+    // ... and every hop that saw the request, the edge first of all, reported quiescence.
+    assert!(failed.report(Hop::Frontend).unwrap().state().is_final());
+    for hop in Hop::ALL {
+        assert_eq!(failed.saw(hop), failed.report(hop).is_some(), "{hop}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_reports_both_modes_and_exits_zero() {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = cli(Vec::new(), &mut out, &mut err).await;
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(status, EXIT_OK, "{out}");
+    for line in [
+        "== per-hop timeouts ==",
+        "== scoped budgets ==",
+        "request per-hop/failure (client budget 100 ms)",
+        "request scoped/failure (client budget 100 ms)",
+        "== per-hop timeouts vs scoped budgets: the failure request",
+        "Every claim holds.",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+}
+
+/// The seed's control: with a quote shorter than the client's budget the failure group's
+/// claims are false, and the program must say so and exit 1 (not 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_does_not_hold_makes_the_exit_status_non_zero() {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let a = args(&["--client-ms", "1000", "--inventory-ms", "20"]);
+    let status = cli(a, &mut out, &mut err).await;
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(status, EXIT_CLAIM_FAILED, "{out}");
+    assert!(out.contains("These claims do not hold:"), "{out}");
+    for claim in [
+        "per-hop/failure: the client got no quote within its 1000 ms",
+        "per-hop/failure: external-stub never saw the request id",
+        "per-hop/failure: inventory still finished its 20 ms quote after the client gave up",
+        "scoped/failure: the client got no quote within its 1000 ms",
+        "scoped/failure: inventory stopped before finishing its 20 ms quote",
+    ] {
+        assert!(out.contains(claim), "{claim:?} not reported in\n{out}");
+    }
+}
+
+#[tokio::test]
+async fn bad_options_get_a_typed_error_and_exit_status_2() {
+    let parse = |a: &[&str]| Options::parse(args(a));
+    assert_eq!(
+        parse(&["--mode", "fast"]),
+        Err(OptionsError::BadMode("fast".into()))
+    );
+    assert_eq!(
+        parse(&["--mode"]),
+        Err(OptionsError::MissingValue("--mode"))
+    );
+    assert_eq!(
+        parse(&["--verbose"]),
+        Err(OptionsError::Unknown("--verbose".into()))
+    );
+    for bad in [
+        "0",
+        "-5",
+        "+5",
+        "1.5",
+        "5ms",
+        "",
+        "60001",
+        "99999999999999999999999",
+    ] {
+        assert!(
+            matches!(
+                parse(&["--client-ms", bad]),
+                Err(OptionsError::BadMillis { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        parse(&["--inventory-ms=-1"]),
+        Err(OptionsError::BadMillis { .. })
+    ));
+    assert_eq!(
+        parse(&[
+            "--mode=per-hop",
+            "--client-ms",
+            "60000",
+            "--inventory-ms",
+            "0"
+        ]),
+        Ok(Parsed::Run(Options {
+            mode: Some(Mode::PerHop),
+            client_budget: Duration::from_secs(60),
+            inventory_work: Duration::ZERO,
+        }))
+    );
+    assert_eq!(parse(&["--client-ms", "7", "--help"]), Ok(Parsed::Help));
+
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = cli(args(&["--client-ms", "soon"]), &mut out, &mut err).await;
+    assert_eq!(status, EXIT_USAGE);
+    let err = String::from_utf8(err).unwrap();
+    assert!(
+        err.contains("--client-ms takes a whole number of milliseconds"),
+        "{err}"
+    );
+    assert!(err.contains("usage:"), "{err}");
+    assert!(out.is_empty());
+}
