@@ -187,18 +187,12 @@ impl Inner {
         self.lists.get_or_insert_with(Box::default)
     }
 
-    /// Takes every waker of `which` (and, for a cancel, the callbacks).
-    fn drain(&mut self, which: Wait) -> (Vec<Waker>, Vec<Callback>) {
-        let Some(lists) = self.lists.as_mut() else {
-            return (Vec::new(), Vec::new());
-        };
-        match which {
-            Wait::Cancel => (
-                lists.cancel_waiters.drain().collect(),
-                lists.callbacks.drain().collect(),
-            ),
-            Wait::Quiet => (lists.quiet_waiters.drain().collect(), Vec::new()),
-        }
+    /// Takes every `quiesce()` waker (the node became quiet; cancel drains its own lists in
+    /// `mark_cancelled`).
+    fn take_quiet_waiters(&mut self) -> Vec<Waker> {
+        self.lists
+            .as_mut()
+            .map_or_else(Vec::new, |l| l.quiet_waiters.drain().collect())
     }
 }
 
@@ -585,7 +579,7 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
 }
 
 fn wake_quiet<X, R>(node: &Node<X, R>) {
-    let (wakers, _) = node.inner.lock().drain(Wait::Quiet);
+    let wakers = node.inner.lock().take_quiet_waiters();
     for w in wakers {
         w.wake();
     }
