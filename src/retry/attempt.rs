@@ -212,32 +212,71 @@ pub(crate) enum Verdict<T> {
     Again(Decision),
 }
 
+/// What a settled attempt's ticket gets, once the call holds the scope.
+enum Ending {
+    Succeed,
+    Fail,
+    Finish(Receipt),
+    /// Dropped: it records its own default receipt (`EffectUnknown` where it may have had an
+    /// effect).
+    Forget,
+}
+
+impl Ending {
+    fn give(self, dispatched: Dispatched) {
+        match self {
+            Ending::Succeed => dispatched.succeed(),
+            Ending::Fail => dispatched.fail(),
+            Ending::Finish(receipt) => dispatched.finish(receipt),
+            Ending::Forget => drop(dispatched),
+        }
+    }
+}
+
 /// The bookkeeping of one call (sequential retry or hedge).
+///
+/// # Holding the scope until the ledger is attached
+///
+/// The ledger must be in the scope's report, so the scope must not reach quiescence between
+/// the call's start and the ledger's attachment: at every moment the call owns a unit of the
+/// scope — a ticket without receipt (the attempt in flight, a parked or held-back attempt) or
+/// the `hold`. A hedge takes the hold at [`open`](Self::open). A sequential retry takes it
+/// only when an attempt ends without success (before that attempt's receipt), so that a first
+/// attempt that succeeds never pays for it: its own ticket holds the scope until the ledger
+/// is attached, and gets its receipt right after ([`succeed`](Self::succeed)).
 pub(crate) struct Call<'s> {
     pub(crate) scope: &'s Scope,
-    pub(crate) spec: ChildSpec,
     dependency: Arc<str>,
     pub(crate) limits: Limits,
     retry_budget: Option<&'s RetryBudget>,
+    /// Also holds the call's [`ChildSpec`] (`ledger.spec`).
     pub(crate) ledger: Ledger,
     /// Idempotent attempts whose outcome is unknown: a later success with the same key settles
     /// them (`Cancelled`: stopped, their effect accounted for by the key); otherwise they end
     /// `EffectUnknown`. Dropped with the call, they record `EffectUnknown` themselves.
     parked: Vec<Dispatched>,
-    /// Keeps the scope from reaching quiescence until the ledger is attached.
-    _hold: Option<Tethered<()>>,
-    /// When the last attempt was settled (saves a clock read when the call ends right then).
-    last_now: Option<Instant>,
+    /// Attempts whose receipt waits for the ledger: the hold could not be taken (the scope was
+    /// closed while they ran), so their tickets keep the scope from quiescence instead.
+    held_back: Vec<(Dispatched, Ending)>,
+    /// A unit of the scope, for when no ticket of the call holds it (see above).
+    hold: Option<Tethered<()>>,
+    /// The clock read of `open`, for the first `start` that follows at once.
+    opened_at: Option<Instant>,
 }
 
 impl<'s> Call<'s> {
     /// Opens a call in `scope`. A call nested in an attempt of another call for the same
     /// dependency is not the retry owner and makes one attempt; side-effecting work makes one.
+    ///
+    /// `hold`: take the hold on the scope now (a hedge, whose attempts end in tasks of their
+    /// own); otherwise it is taken when first needed. Either way a closed scope refuses the
+    /// call here, and its ledger is not attached.
     pub(crate) fn open(
         scope: &'s Scope,
         spec: ChildSpec,
         mut limits: Limits,
         retry_budget: Option<&'s RetryBudget>,
+        hold: bool,
     ) -> Result<Call<'s>, (Stop, Arc<Ledger>)> {
         let owner = !scope.has_mark(spec.name());
         if !owner || matches!(spec.effect(), Effect::SideEffecting) {
@@ -248,27 +287,35 @@ impl<'s> Call<'s> {
             d.checked_sub(back).unwrap_or(d)
         });
         let now = Instant::now();
-        let ledger = Ledger::new(spec.clone(), owner, limits.max_attempts, last_start, now);
-        let hold = match scope.tether(()) {
-            Ok(h) => h,
-            Err(e) => {
-                let mut ledger = ledger;
-                let stop = stop_of(&e);
-                ledger.finish(stop.clone(), now);
-                return Err((stop, Arc::new(ledger)));
+        let dependency = Arc::from(spec.name());
+        let mut ledger = Ledger::new(spec, owner, limits.max_attempts, last_start, now);
+        let hold = if hold || scope.is_closed() {
+            match scope.tether(()) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    let stop = stop_of(&e);
+                    ledger.finish(stop.clone(), now);
+                    return Err((stop, Arc::new(ledger)));
+                }
             }
+        } else {
+            None
         };
         Ok(Call {
             scope,
-            dependency: Arc::from(spec.name()),
-            spec,
+            dependency,
             limits,
             retry_budget: retry_budget.filter(|_| owner),
             ledger,
             parked: Vec::new(),
-            _hold: Some(hold),
-            last_now: None,
+            held_back: Vec::new(),
+            hold,
+            opened_at: Some(now),
         })
+    }
+
+    fn spec(&self) -> &ChildSpec {
+        &self.ledger.spec
     }
 
     pub(crate) fn started(&self) -> u32 {
@@ -294,11 +341,13 @@ impl<'s> Call<'s> {
     /// the first, a child scope, a registered ticket, and the dispatch CAS that fails if the
     /// scope was cancelled since (invariant 2).
     pub(crate) fn start(&mut self, hedge: bool, endpoint: u32) -> Result<Started, Stop> {
+        // The first start follows `open` at once: its clock read serves both.
+        let opened_at = self.opened_at.take();
         if let Some(cause) = self.scope.cause() {
             return Err(Stop::Cancelled(cause));
         }
         let limits = self.limits;
-        let now = Instant::now();
+        let now = opened_at.unwrap_or_else(Instant::now);
         let remaining = self
             .scope
             .deadline()
@@ -326,7 +375,7 @@ impl<'s> Call<'s> {
         }
         let scope = child.build().map_err(|e| stop_of(&e))?;
         let dispatched = scope
-            .register(self.spec.clone())
+            .register(self.ledger.spec.clone())
             .and_then(Ticket::dispatch)
             .map_err(|e| stop_of(&e))?;
         let index = self.ledger.start(hedge, endpoint, budget, now);
@@ -335,7 +384,7 @@ impl<'s> Call<'s> {
             endpoint,
             hedge,
             scope: scope.clone(),
-            effect: self.spec.effect().clone(),
+            effect: self.ledger.spec.effect().clone(),
         };
         Ok(Started {
             scope,
@@ -354,24 +403,42 @@ impl<'s> Call<'s> {
         unknown: Option<Unknown>,
     ) {
         let now = Instant::now();
-        self.last_now = Some(now);
         self.ledger.end(index, end, now);
-        match (end, unknown) {
-            (AttemptEnd::Succeeded, _) => dispatched.succeed(),
-            (_, None) => dispatched.fail(),
-            (_, Some(how)) => match self.spec.effect() {
+        let ending = match (end, unknown) {
+            (AttemptEnd::Succeeded, _) => Ending::Succeed,
+            (_, None) => Ending::Fail,
+            (_, Some(how)) => match self.spec().effect() {
                 Effect::ReadOnly => match how {
-                    Unknown::Reported => dispatched.fail(),
-                    Unknown::Stopped => dispatched.finish(Receipt::Cancelled),
+                    Unknown::Reported => Ending::Fail,
+                    Unknown::Stopped => Ending::Finish(Receipt::Cancelled),
                 },
-                Effect::Idempotent { .. } => self.parked.push(dispatched),
+                Effect::Idempotent { .. } => {
+                    // Its ticket stays until the call ends; the hold is for the receipt then.
+                    self.take_hold();
+                    self.parked.push(dispatched);
+                    return;
+                }
                 // Side-effecting (and any effect class added later): unknown stays unknown.
-                _ => match self.spec.effect_record().cloned() {
-                    Some(rec) => dispatched.finish(Receipt::EffectUnknown(rec)),
-                    None => drop(dispatched),
+                _ => match self.spec().effect_record().cloned() {
+                    Some(rec) => Ending::Finish(Receipt::EffectUnknown(rec)),
+                    None => Ending::Forget,
                 },
             },
+        };
+        if self.take_hold() {
+            ending.give(dispatched);
+        } else {
+            self.held_back.push((dispatched, ending));
         }
+    }
+
+    /// Takes the hold on the scope unless the call has it; `false` if the scope refused it
+    /// (closed: no attempt can start any more, the call is about to end).
+    fn take_hold(&mut self) -> bool {
+        if self.hold.is_none() {
+            self.hold = self.scope.tether(()).ok();
+        }
+        self.hold.is_some()
     }
 
     /// Judges a finished attempt: gives it its receipt and its place in the ledger, and says
@@ -384,7 +451,7 @@ impl<'s> Call<'s> {
         classify: &impl Classify<E>,
         on_timeout: Decision,
     ) -> (Verdict<T>, Option<E>) {
-        let side_effecting = matches!(self.spec.effect(), Effect::SideEffecting);
+        let side_effecting = matches!(self.spec().effect(), Effect::SideEffecting);
         match out {
             Ok(Ok(value)) => {
                 self.settle(index, dispatched, AttemptEnd::Succeeded, None);
@@ -435,27 +502,43 @@ impl<'s> Call<'s> {
         }
     }
 
-    /// Ends the call: settles parked attempts, finishes the ledger and attaches it to the
-    /// scope's report (before the hold on the scope is released).
-    /// [`close`](Self::close) right after an attempt was settled: its end time is the call's.
-    pub(crate) fn close_now(mut self, stop: Stop) -> Arc<Ledger> {
-        let at = self.last_now.take();
-        self.close_at(stop, at)
+    /// The attempt at `index` succeeded: ends the call. The ledger is attached to the scope's
+    /// report before the attempt gets its receipt, so that the attempt's own ticket holds the
+    /// scope until then — a first attempt that succeeds needs no hold.
+    pub(crate) fn succeed(mut self, index: usize, dispatched: Dispatched) -> Arc<Ledger> {
+        let now = Instant::now();
+        self.ledger.end(index, AttemptEnd::Succeeded, now);
+        self.close_at(Stop::Succeeded, now, Some(dispatched))
     }
 
+    /// Ends the call: finishes the ledger, attaches it to the scope's report and only then
+    /// gives the receipts that waited for it (parked and held-back attempts) and releases the
+    /// hold.
     pub(crate) fn close(self, stop: Stop) -> Arc<Ledger> {
-        self.close_at(stop, None)
+        self.close_at(stop, Instant::now(), None)
     }
 
-    fn close_at(self, stop: Stop, at: Option<Instant>) -> Arc<Ledger> {
+    fn close_at(self, stop: Stop, at: Instant, winner: Option<Dispatched>) -> Arc<Ledger> {
         let Call {
             scope,
             mut ledger,
             parked,
-            _hold: hold,
+            held_back,
+            mut hold,
             ..
         } = self;
         let success = stop == Stop::Succeeded;
+        ledger.finish(stop, at);
+        let ledger = Arc::new(ledger);
+        let ticket_held = winner.is_some() || !parked.is_empty() || !held_back.is_empty();
+        if hold.is_none() && !ticket_held {
+            // No attempt was registered (the first could not start): take the hold now. If the
+            // scope was closed meanwhile, attach nothing, as for a call refused at `open`.
+            hold = scope.tether(()).ok();
+        }
+        if hold.is_some() || ticket_held {
+            scope.add_note(Note::new(ledger.clone()));
+        }
         for d in parked {
             if success {
                 d.finish(Receipt::Cancelled);
@@ -463,9 +546,12 @@ impl<'s> Call<'s> {
                 d.finish(Receipt::EffectUnknown(rec));
             }
         }
-        ledger.finish(stop, at.unwrap_or_else(Instant::now));
-        let ledger = Arc::new(ledger);
-        scope.add_note(Note::new(ledger.clone()));
+        for (d, ending) in held_back {
+            ending.give(d);
+        }
+        if let Some(d) = winner {
+            d.succeed();
+        }
         drop(hold);
         ledger
     }

@@ -327,7 +327,7 @@ impl<C, B> Hedge<C, B> {
             },
             ..policy.limits
         };
-        let mut call = match Call::open(scope, spec, limits, policy.budget.as_deref()) {
+        let mut call = match Call::open(scope, spec, limits, policy.budget.as_deref(), true) {
             Ok(call) => call,
             Err((stop, ledger)) => {
                 return (Err(RetryError::new(stop, None, ledger.clone())), ledger)

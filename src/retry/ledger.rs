@@ -258,7 +258,7 @@ pub struct Ledger {
     pub(crate) began: Instant,
     pub(crate) elapsed: Duration,
     pub(crate) last_start: Option<Instant>,
-    pub(crate) attempts: Vec<AttemptRecord>,
+    pub(crate) attempts: Attempts,
     pub(crate) in_flight: u32,
     pub(crate) peak_in_flight: u32,
     pub(crate) refused_by_budget: u32,
@@ -280,7 +280,7 @@ impl Ledger {
             began,
             elapsed: Duration::ZERO,
             last_start,
-            attempts: Vec::new(),
+            attempts: Attempts::None,
             in_flight: 0,
             peak_in_flight: 0,
             refused_by_budget: 0,
@@ -498,6 +498,71 @@ impl Ledger {
     /// ```
     pub fn attempts(&self) -> &[AttemptRecord] {
         &self.attempts
+    }
+}
+
+/// The attempts of a call, in start order: the first one inline, so that a call whose first
+/// attempt succeeds (the common case) allocates nothing for them; from the second on, a `Vec`.
+#[derive(Clone, Default)]
+pub(crate) enum Attempts {
+    #[default]
+    None,
+    One([AttemptRecord; 1]),
+    Many(Vec<AttemptRecord>),
+}
+
+impl Attempts {
+    fn push(&mut self, record: AttemptRecord) {
+        match self {
+            Attempts::None => *self = Attempts::One([record]),
+            Attempts::Many(v) => v.push(record),
+            Attempts::One(_) => {
+                if let Attempts::One([first]) = std::mem::take(self) {
+                    let mut v = Vec::with_capacity(4);
+                    v.push(first);
+                    v.push(record);
+                    *self = Attempts::Many(v);
+                }
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Attempts {
+    type Target = [AttemptRecord];
+
+    fn deref(&self) -> &[AttemptRecord] {
+        match self {
+            Attempts::None => &[],
+            Attempts::One(one) => one,
+            Attempts::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Attempts {
+    fn deref_mut(&mut self) -> &mut [AttemptRecord] {
+        match self {
+            Attempts::None => &mut [],
+            Attempts::One(one) => one,
+            Attempts::Many(v) => v,
+        }
+    }
+}
+
+/// Equal when the attempts are, however they are stored.
+impl PartialEq for Attempts {
+    fn eq(&self, other: &Attempts) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Attempts {}
+
+/// Prints like the slice of attempts (as the `Vec` it replaced did).
+impl fmt::Debug for Attempts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
     }
 }
 

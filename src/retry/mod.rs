@@ -399,7 +399,7 @@ where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut call = match Call::open(scope, spec, self.limits, self.budget.as_deref()) {
+        let mut call = match Call::open(scope, spec, self.limits, self.budget.as_deref(), false) {
             Ok(call) => call,
             Err((stop, ledger)) => {
                 return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
@@ -432,16 +432,19 @@ where
                 Err(stop) => break stop,
             };
             let out = attempt_scope.run(op(attempt)).await;
+            let out = match out {
+                // The fast path of a success (often the first attempt): no hold, no verdict.
+                Ok(Ok(value)) => return (Ok(value), call.succeed(index, dispatched)),
+                out => out,
+            };
             let (verdict, error) =
                 call.judge(index, dispatched, out, &self.classify, self.on_timeout);
             if error.is_some() {
                 last = error;
             }
             let decision = match verdict {
-                Verdict::Success(value) => {
-                    let ledger = call.close_now(Stop::Succeeded);
-                    return (Ok(value), ledger);
-                }
+                // (Not reached: a success took the fast path above.)
+                Verdict::Success(value) => return (Ok(value), call.close(Stop::Succeeded)),
                 Verdict::Stop(stop) => break stop,
                 Verdict::Again(decision) => decision,
             };
