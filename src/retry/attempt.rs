@@ -271,6 +271,7 @@ impl<'s> Call<'s> {
     /// `hold`: take the hold on the scope now (a hedge, whose attempts end in tasks of their
     /// own); otherwise it is taken when first needed. Either way a closed scope refuses the
     /// call here, and its ledger is not attached.
+    #[inline]
     pub(crate) fn open(
         scope: &'s Scope,
         spec: ChildSpec,
@@ -282,10 +283,11 @@ impl<'s> Call<'s> {
         if !owner || matches!(spec.effect(), Effect::SideEffecting) {
             limits.max_attempts = limits.max_attempts.min(1);
         }
-        let last_start = scope.deadline().map(|d| {
-            let back = limits.reserve.saturating_add(limits.min_useful);
-            d.checked_sub(back).unwrap_or(d)
-        });
+        let back = limits.reserve.saturating_add(limits.min_useful);
+        let last_start = match scope.deadline() {
+            Some(d) if !back.is_zero() => Some(d.checked_sub(back).unwrap_or(d)),
+            d => d,
+        };
         let now = Instant::now();
         let dependency = Arc::from(spec.name());
         let mut ledger = Ledger::new(spec, owner, limits.max_attempts, last_start, now);
@@ -505,6 +507,7 @@ impl<'s> Call<'s> {
     /// The attempt at `index` succeeded: ends the call. The ledger is attached to the scope's
     /// report before the attempt gets its receipt, so that the attempt's own ticket holds the
     /// scope until then — a first attempt that succeeds needs no hold.
+    #[inline]
     pub(crate) fn succeed(mut self, index: usize, dispatched: Dispatched) -> Arc<Ledger> {
         let now = Instant::now();
         self.ledger.end(index, AttemptEnd::Succeeded, now);
@@ -518,6 +521,7 @@ impl<'s> Call<'s> {
         self.close_at(stop, Instant::now(), None)
     }
 
+    #[inline]
     fn close_at(self, stop: Stop, at: Instant, winner: Option<Dispatched>) -> Arc<Ledger> {
         let Call {
             scope,
@@ -539,15 +543,19 @@ impl<'s> Call<'s> {
         if hold.is_some() || ticket_held {
             scope.add_note(Note::new(ledger.clone()));
         }
-        for d in parked {
-            if success {
-                d.finish(Receipt::Cancelled);
-            } else if let Some(rec) = d.spec().effect_record().cloned() {
-                d.finish(Receipt::EffectUnknown(rec));
+        if !parked.is_empty() {
+            for d in parked {
+                if success {
+                    d.finish(Receipt::Cancelled);
+                } else if let Some(rec) = d.spec().effect_record().cloned() {
+                    d.finish(Receipt::EffectUnknown(rec));
+                }
             }
         }
-        for (d, ending) in held_back {
-            ending.give(d);
+        if !held_back.is_empty() {
+            for (d, ending) in held_back {
+                ending.give(d);
+            }
         }
         if let Some(d) = winner {
             d.succeed();
