@@ -267,18 +267,14 @@ pub(crate) struct Call<'s> {
 impl<'s> Call<'s> {
     /// Opens a call in `scope`. A call nested in an attempt of another call for the same
     /// dependency is not the retry owner and makes one attempt; side-effecting work makes one.
-    ///
-    /// `hold`: take the hold on the scope now (a hedge, whose attempts end in tasks of their
-    /// own); otherwise it is taken when first needed. Either way a closed scope refuses the
-    /// call here, and its ledger is not attached.
+    /// [`admit`](Self::admit) must follow.
     #[inline]
     pub(crate) fn open(
         scope: &'s Scope,
         spec: ChildSpec,
         mut limits: Limits,
         retry_budget: Option<&'s RetryBudget>,
-        hold: bool,
-    ) -> Result<Call<'s>, (Stop, Arc<Ledger>)> {
+    ) -> Call<'s> {
         let owner = !scope.has_mark(spec.name());
         if !owner || matches!(spec.effect(), Effect::SideEffecting) {
             limits.max_attempts = limits.max_attempts.min(1);
@@ -289,31 +285,39 @@ impl<'s> Call<'s> {
             d => d,
         };
         let now = Instant::now();
-        let dependency = Arc::from(spec.name());
-        let mut ledger = Ledger::new(spec, owner, limits.max_attempts, last_start, now);
-        let hold = if hold || scope.is_closed() {
-            match scope.tether(()) {
-                Ok(h) => Some(h),
-                Err(e) => {
-                    let stop = stop_of(&e);
-                    ledger.finish(stop.clone(), now);
-                    return Err((stop, Arc::new(ledger)));
-                }
-            }
-        } else {
-            None
-        };
-        Ok(Call {
+        Call {
             scope,
-            dependency,
+            dependency: Arc::from(spec.name()),
             limits,
             retry_budget: retry_budget.filter(|_| owner),
-            ledger,
+            ledger: Ledger::new(spec, owner, limits.max_attempts, last_start, now),
             parked: Vec::new(),
             held_back: Vec::new(),
-            hold,
+            hold: None,
             opened_at: Some(now),
-        })
+        }
+    }
+
+    /// Admits the opened call: a closed scope refuses it (`Err`: end it with
+    /// [`refused`](Self::refused), its ledger is not attached). `hold`: take the hold on the
+    /// scope now (a hedge, whose attempts end in tasks of their own); otherwise it is taken
+    /// when first needed.
+    #[inline]
+    pub(crate) fn admit(&mut self, hold: bool) -> Result<(), Stop> {
+        if hold || self.scope.is_closed() {
+            match self.scope.tether(()) {
+                Ok(h) => self.hold = Some(h),
+                Err(e) => return Err(stop_of(&e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a call that [`admit`](Self::admit) refused, without attaching its ledger.
+    pub(crate) fn refused(self, stop: Stop) -> Arc<Ledger> {
+        let mut ledger = self.ledger;
+        ledger.finish(stop, ledger.began);
+        Arc::new(ledger)
     }
 
     fn spec(&self) -> &ChildSpec {
@@ -511,7 +515,16 @@ impl<'s> Call<'s> {
     pub(crate) fn succeed(mut self, index: usize, dispatched: Dispatched) -> Arc<Ledger> {
         let now = Instant::now();
         self.ledger.end(index, AttemptEnd::Succeeded, now);
-        self.close_at(Stop::Succeeded, now, Some(dispatched))
+        if self.hold.is_some() || !self.parked.is_empty() || !self.held_back.is_empty() {
+            return self.close_at(Stop::Succeeded, now, Some(dispatched));
+        }
+        // Nothing else to settle (a first attempt): the same steps as `close_at`, without
+        // moving the call apart.
+        self.ledger.finish(Stop::Succeeded, now);
+        let ledger = Arc::new(self.ledger);
+        self.scope.add_note(Note::new(ledger.clone()));
+        dispatched.succeed();
+        ledger
     }
 
     /// Ends the call: finishes the ledger, attaches it to the scope's report and only then

@@ -327,12 +327,12 @@ impl<C, B> Hedge<C, B> {
             },
             ..policy.limits
         };
-        let mut call = match Call::open(scope, spec, limits, policy.budget.as_deref(), true) {
-            Ok(call) => call,
-            Err((stop, ledger)) => {
-                return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
-            }
-        };
+        let mut call = Call::open(scope, spec, limits, policy.budget.as_deref());
+        if let Err(stop) = call.admit(true) {
+            let ledger = call.refused(stop.clone());
+            return (Err(RetryError::new(stop, None, ledger.clone())), ledger);
+        }
+
         let mut inflight: InFlight<usize, Result<T, E>> = InFlight::new();
         let mut last: Option<E> = None;
         let mut winner: Option<T> = None;

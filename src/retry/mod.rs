@@ -399,12 +399,12 @@ where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut call = match Call::open(scope, spec, self.limits, self.budget.as_deref(), false) {
-            Ok(call) => call,
-            Err((stop, ledger)) => {
-                return (Err(RetryError::new(stop, None, ledger.clone())), ledger)
-            }
-        };
+        let mut call = Call::open(scope, spec, self.limits, self.budget.as_deref());
+        if let Err(stop) = call.admit(false) {
+            let ledger = call.refused(stop.clone());
+            return (Err(RetryError::new(stop, None, ledger.clone())), ledger);
+        }
+
         // Made on the first retry only: a call that succeeds at once pays nothing for it.
         let mut backoff = None;
         let mut last: Option<E> = None;
