@@ -624,3 +624,46 @@ impl Report {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(number: u32, at: Instant) -> AttemptRecord {
+        AttemptRecord {
+            number,
+            hedge: false,
+            endpoint: 0,
+            started_at: at,
+            budget: None,
+            ended_at: None,
+            end: None,
+        }
+    }
+
+    /// The inline first attempt reads, compares and prints like the `Vec` it stands for, and
+    /// keeps its place when more attempts follow.
+    #[test]
+    fn attempts_read_like_a_vec_however_stored() {
+        let t = Instant::now();
+        let mut attempts = Attempts::default();
+        let mut vec = Vec::new();
+        assert!(attempts.is_empty());
+        for n in 1..=5 {
+            attempts.push(record(n, t));
+            vec.push(record(n, t));
+            assert_eq!(&*attempts, &vec[..]);
+            assert_eq!(format!("{attempts:?}"), format!("{vec:?}"));
+            let inline = matches!(attempts, Attempts::One(_));
+            assert_eq!(inline, n == 1);
+        }
+        attempts[0].end = Some(AttemptEnd::Succeeded);
+        assert_eq!(vec[0].end, None);
+        assert_ne!(&*attempts, &vec[..]);
+
+        let mut one = Attempts::default();
+        one.push(record(1, t));
+        let many = Attempts::Many(vec![record(1, t)]);
+        assert_eq!(one, many); // equal by content, not by storage
+    }
+}
