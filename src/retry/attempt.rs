@@ -240,7 +240,7 @@ impl Ending {
 /// The ledger must be in the scope's report, so the scope must not reach quiescence between
 /// the call's start and the ledger's attachment: at every moment the call owns a unit of the
 /// scope — a ticket without receipt (the attempt in flight, a parked or held-back attempt) or
-/// the `hold`. A hedge takes the hold at [`open`](Self::open). A sequential retry takes it
+/// the `hold`. A hedge takes the hold at [`admit`](Self::admit). A sequential retry takes it
 /// only when an attempt ends without success (before that attempt's receipt), so that a first
 /// attempt that succeeds never pays for it: its own ticket holds the scope until the ledger
 /// is attached, and gets its receipt right after ([`succeed`](Self::succeed)).
