@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cancel_scope::budget::Split;
-use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Ledger, Retry, Stop};
-use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
+use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Ledger, Retry, RetryError, Stop};
+use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
 use tokio::time::Instant;
 
 fn ms(n: u64) -> Duration {
@@ -126,29 +126,42 @@ async fn a_quiesce_racing_a_first_attempt_waits_for_its_ledger() {
     assert_eq!(report.retry_ledgers(), [&*ledger]);
 }
 
-/// A scope closed while the first attempt runs refuses the hold that a retry needs: the failed
-/// attempt's receipt then waits for the ledger, and the report still has both. The call runs
-/// as with a hold: it backs off, finds the watermark closed and stops with `Closed`.
-#[tokio::test(start_paused = true)]
-async fn a_scope_closed_under_a_failing_first_attempt_reports_ledger_and_receipt() {
+/// Runs a call whose first attempt fails after 40 ms (classified `decision`, then a 100 ms
+/// backoff) in a scope that is closed 10 ms in; returns the call's error, the scope's report
+/// and when the quiesce returned.
+async fn close_under_a_failing_first_attempt(
+    decision: Decision,
+    spec: ChildSpec,
+) -> (RetryError<Unavailable>, Report, Duration) {
     let request = Scope::with_timeout(ms(900));
     let t0 = Instant::now();
     let r = request.clone();
     let call = tokio::spawn(async move {
-        Retry::new(|_: &Unavailable| Decision::Backoff)
+        Retry::new(move |_: &Unavailable| decision)
             .backoff(vec![ms(100)])
-            .run(&r, ChildSpec::read_only("users"), |_| async {
+            .run(&r, spec, |_| async {
                 tokio::time::sleep(ms(40)).await;
                 Err::<(), _>(Unavailable)
             })
             .await
             .unwrap_err()
     });
-    tokio::time::sleep(ms(10)).await;
+    tokio::time::sleep(ms(10)).await; // the first attempt is running
     request.close();
     let report = request.quiesce().await;
-    assert_eq!(Instant::now(), t0 + ms(140)); // the attempt, then the backoff
-    let err = call.await.unwrap();
+    let quiet_after = Instant::now() - t0;
+    (call.await.unwrap(), report, quiet_after)
+}
+
+/// A scope closed while the first attempt runs refuses the hold that a retry needs: the failed
+/// attempt's receipt then waits for the ledger, and the report still has both. The call runs
+/// as with a hold: it backs off, finds the watermark closed and stops with `Closed`.
+#[tokio::test(start_paused = true)]
+async fn a_scope_closed_under_a_failing_first_attempt_reports_ledger_and_receipt() {
+    let t0 = Instant::now();
+    let (err, report, quiet_after) =
+        close_under_a_failing_first_attempt(Decision::Backoff, ChildSpec::read_only("users")).await;
+    assert_eq!(quiet_after, ms(140)); // the attempt, then the backoff
     assert_eq!(err.stop(), &Stop::Closed);
     let ledger = err.ledger();
     assert_eq!(ledger.started(), 1);
@@ -165,26 +178,12 @@ async fn a_scope_closed_under_a_failing_first_attempt_reports_ledger_and_receipt
 /// ends and then records `EffectUnknown` (the call failed), after the ledger was attached.
 #[tokio::test(start_paused = true)]
 async fn a_scope_closed_under_an_unknown_idempotent_attempt_reports_its_effect() {
-    let request = Scope::with_timeout(ms(900));
-    let r = request.clone();
-    let call = tokio::spawn(async move {
-        Retry::new(|_: &Unavailable| Decision::EffectUnknown)
-            .backoff(vec![ms(100)])
-            .run(
-                &r,
-                ChildSpec::idempotent("put-order", "order-7"),
-                |_| async {
-                    tokio::time::sleep(ms(40)).await;
-                    Err::<(), _>(Unavailable)
-                },
-            )
-            .await
-            .unwrap_err()
-    });
-    tokio::time::sleep(ms(10)).await;
-    request.close();
-    let report = request.quiesce().await;
-    let err = call.await.unwrap();
+    let (err, report, quiet_after) = close_under_a_failing_first_attempt(
+        Decision::EffectUnknown,
+        ChildSpec::idempotent("put-order", "order-7"),
+    )
+    .await;
+    assert_eq!(quiet_after, ms(140));
     assert_eq!(err.stop(), &Stop::Closed);
     assert_eq!(report.retry_ledgers(), [&**err.ledger()]);
     assert_eq!((report.effect_unknown(), report.total()), (1, 1));
