@@ -62,11 +62,12 @@
 //! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
 //! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
 //! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
-//! take no other lock), so no cycle can form. Several locks of one node are held at once only
-//! by a node losing its last handle, which takes all of its own shards in index order and
-//! nothing else. [`quarantine_subtree`] and `close` hold a shard only while cloning `Arc`s out
-//! of it; unlinking holds one shard of the parent and nothing else. Callbacks and wakers are
-//! always invoked after every lock is released, so user code never runs under a tree lock.
+//! take no other lock), so no cycle can form. Within one node: the first child of a shard
+//! takes the node's `inner` while holding that shard (never the reverse), and a node losing
+//! its last handle takes all of its own shards in index order and nothing else.
+//! [`quarantine_subtree`] and `close` hold a shard only while cloning `Arc`s out of it;
+//! unlinking holds one shard of the parent and nothing else. Callbacks and wakers are always
+//! invoked after every lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
 
@@ -183,6 +184,10 @@ struct Inner {
     cancelled_at: u64,
     /// Waiters and callbacks, allocated by the first one (most nodes never have any).
     lists: Option<Box<Lists>>,
+    /// Bit `i`: registry shard `i` has had a child. Set (under this lock) before the first
+    /// child of a shard reads the state word, read by cancel and close under this lock, so
+    /// that they visit only shards in use (see `new_child`).
+    shards_in_use: u8,
 }
 
 #[derive(Default)]
@@ -307,6 +312,7 @@ impl<X, R> Node<X, R> {
                 cause: None,
                 cancelled_at: 0,
                 lists: None,
+                shards_in_use: 0,
             }),
             registry: LazyBox::new(),
             in_flight: Mutex::new(Slab::new()),
@@ -371,6 +377,15 @@ impl<X, R> Node<X, R> {
         self.shards().map(|s| s.data.lock().children.len()).sum()
     }
 
+    /// The registry shards whose bits are set in `in_use` (read under `inner`, which also
+    /// makes the registry's creation visible).
+    fn shards_in(&self, in_use: u8) -> impl Iterator<Item = &Shard<X, R>> {
+        self.shards()
+            .enumerate()
+            .filter(move |(i, _)| in_use & (1 << i) != 0)
+            .map(|(_, s)| s)
+    }
+
     /// The registry shards, if the node ever had a child.
     fn shards(&self) -> impl Iterator<Item = &Shard<X, R>> {
         self.registry
@@ -396,19 +411,19 @@ pub(crate) fn new_child<X, R>(
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
-    let registry = match parent.registry.get() {
-        Some(r) => r,
-        // The first child creates the registry under the parent's `inner` lock, which cancel
-        // and close also take before they look for a registry: either they see it (and walk
-        // it), or this creation comes after them and sees their bit below. (Without the lock,
-        // "init registry, load state" against "write state, load registry" is the
-        // store-buffering pattern, which acquire/release alone allows to miss both ways.)
-        None => {
-            let _inner = parent.inner.lock();
-            parent.registry.get_or_init()
-        }
-    };
+    let registry = parent.registry.get_or_init();
     let mut data = registry.shards[shard].data.lock();
+    if data.link.is_none() {
+        // The first child of this shard (links stay while the parent has handles, and the
+        // caller holds one). Announce the shard under `inner` before reading the state word:
+        // a cancel or close that marks the parent under `inner` after this sees the shard and
+        // walks it; one before it is seen by the state read below. (Without the lock,
+        // "announce, load state" against "write state, load announcements" is the
+        // store-buffering pattern, which acquire/release alone allows to miss both ways.)
+        // Lock order: this node's shard, then its own `inner`; nothing takes them the other
+        // way round.
+        parent.inner.lock().shards_in_use |= 1 << shard;
+    }
     let state = parent.state();
     if state.is_closed() {
         drop(data);
@@ -565,22 +580,23 @@ fn all_shards_empty<X, R>(registry: &Registry<X, R>) -> bool {
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
     let mut due = Due::default();
-    let (did, cause, walk) = mark_cancelled(node, cause, stamp, &mut due);
+    let (did, cause, in_use) = mark_cancelled(node, cause, stamp, &mut due);
     due.wake();
     let mut work = Vec::new();
-    if walk {
-        work.push((node.clone(), cause));
+    if in_use != 0 {
+        work.push((node.clone(), cause, in_use));
     }
-    while let Some((n, cause)) = work.pop() {
+    while let Some((n, cause, in_use)) = work.pop() {
         let child_cause = cause.for_child();
-        for shard in n.shards() {
+        for shard in n.shards_in(in_use) {
             let data = shard.data.lock();
             for (_, child) in data.children.iter() {
                 // Lock order: this shard, then the child's `inner` (never the reverse).
-                let (_, cause, walk) = mark_cancelled(child, child_cause.clone(), stamp, &mut due);
-                if walk {
+                let (_, cause, in_use) =
+                    mark_cancelled(child, child_cause.clone(), stamp, &mut due);
+                if in_use != 0 {
                     // Only nodes that ever had children are walked (leaves cost no `Arc`).
-                    work.push((child.clone(), cause));
+                    work.push((child.clone(), cause, in_use));
                 }
             }
         }
@@ -622,16 +638,16 @@ impl Due {
 }
 
 /// Cancels one node (not its children) unless it already is. Returns whether this call did it,
-/// the cause that holds for the node (for its children to inherit), and whether the node has a
-/// registry to walk (read under `inner`, see `new_child`).
+/// the cause that holds for the node (for its children to inherit), and the registry shards to
+/// walk (read under `inner`, see `new_child`).
 fn mark_cancelled<X, R>(
     n: &Node<X, R>,
     cause: Cause,
     stamp: u64,
     due: &mut Due,
-) -> (bool, Cause, bool) {
+) -> (bool, Cause, u8) {
     let mut inner = n.inner.lock();
-    let walk = n.registry.get().is_some();
+    let walk = inner.shards_in_use;
     if let Some(existing) = &inner.cause {
         // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
         // be walking below, so the caller walks too; its wakers and callbacks are its own.
@@ -648,7 +664,7 @@ fn mark_cancelled<X, R>(
             (!State(s).is_quiet()).then_some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
         })
     else {
-        return (false, cause, false);
+        return (false, cause, 0);
     };
     let prev = State(prev);
     inner.cause = Some(cause.clone());
@@ -683,12 +699,9 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
         if prev.active() == 0 {
             wake_quiet(&n);
         }
-        // Under `inner`: pairs with the registry's creation in `new_child`.
-        let registry = {
-            let _inner = n.inner.lock();
-            n.registry.get()
-        };
-        for shard in registry.into_iter().flat_map(|r| r.shards.iter()) {
+        // Under `inner`: pairs with the announcement of a shard in `new_child`.
+        let in_use = n.inner.lock().shards_in_use;
+        for shard in n.shards_in(in_use) {
             let data = shard.data.lock();
             work.extend(data.children.iter().map(|(_, c)| c.clone()));
         }
