@@ -580,23 +580,27 @@ fn all_shards_empty<X, R>(registry: &Registry<X, R>) -> bool {
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
     let mut due = Due::default();
-    let (did, cause, in_use) = mark_cancelled(node, cause, stamp, &mut due);
+    let (did, existing, in_use) = mark_cancelled(node, &cause, stamp, &mut due);
     due.wake();
-    let mut work = Vec::new();
-    if in_use != 0 {
-        work.push((node.clone(), cause, in_use));
+    if in_use == 0 {
+        // A leaf (or a completed node): nothing to walk.
+        due.run_callbacks();
+        return did;
     }
-    while let Some((n, cause, in_use)) = work.pop() {
-        let child_cause = cause.for_child();
+    // The cause of everything below: the same `ParentCancelled` for the whole walk, except
+    // under a node that someone else had cancelled first (its own cause wins below it).
+    let below = existing.as_ref().unwrap_or(&cause).for_child();
+    let mut work: Vec<(Arc<Node<X, R>>, Option<Cause>, u8)> = vec![(node.clone(), None, in_use)];
+    while let Some((n, own, in_use)) = work.pop() {
+        let child_cause = own.as_ref().unwrap_or(&below);
         for shard in n.shards_in(in_use) {
             let data = shard.data.lock();
             for (_, child) in data.children.iter() {
                 // Lock order: this shard, then the child's `inner` (never the reverse).
-                let (_, cause, in_use) =
-                    mark_cancelled(child, child_cause.clone(), stamp, &mut due);
+                let (_, existing, in_use) = mark_cancelled(child, child_cause, stamp, &mut due);
                 if in_use != 0 {
                     // Only nodes that ever had children are walked (leaves cost no `Arc`).
-                    work.push((child.clone(), cause, in_use));
+                    work.push((child.clone(), existing.map(|c| c.for_child()), in_use));
                 }
             }
         }
@@ -638,20 +642,20 @@ impl Due {
 }
 
 /// Cancels one node (not its children) unless it already is. Returns whether this call did it,
-/// the cause that holds for the node (for its children to inherit), and the registry shards to
-/// walk (read under `inner`, see `new_child`).
+/// the cause of whoever cancelled the node first if that was not this call (it holds for the
+/// node's children), and the registry shards to walk (read under `inner`, see `new_child`).
 fn mark_cancelled<X, R>(
     n: &Node<X, R>,
-    cause: Cause,
+    cause: &Cause,
     stamp: u64,
     due: &mut Due,
-) -> (bool, Cause, u8) {
+) -> (bool, Option<Cause>, u8) {
     let mut inner = n.inner.lock();
     let walk = inner.shards_in_use;
     if let Some(existing) = &inner.cause {
         // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
         // be walking below, so the caller walks too; its wakers and callbacks are its own.
-        return (false, existing.clone(), walk);
+        return (false, Some(existing.clone()), walk);
     }
     // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
     // publishes the cause (written below, before the lock is released; readers take the lock)
@@ -664,7 +668,7 @@ fn mark_cancelled<X, R>(
             (!State(s).is_quiet()).then_some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
         })
     else {
-        return (false, cause, 0);
+        return (false, None, 0);
     };
     let prev = State(prev);
     inner.cause = Some(cause.clone());
@@ -682,7 +686,7 @@ fn mark_cancelled<X, R>(
                 .extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
         }
     }
-    (true, cause, walk)
+    (true, None, walk)
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
