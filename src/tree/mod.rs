@@ -590,7 +590,8 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
     // The cause of everything below: the same `ParentCancelled` for the whole walk, except
     // under a node that someone else had cancelled first (its own cause wins below it).
     let below = existing.as_ref().unwrap_or(&cause).for_child();
-    let mut work: Vec<(Arc<Node<X, R>>, Option<Cause>, u8)> = vec![(node.clone(), None, in_use)];
+    // (node, the cause of its children if not `below`, its shards in use)
+    let mut work = vec![(node.clone(), None::<Cause>, in_use)];
     while let Some((n, own, in_use)) = work.pop() {
         let child_cause = own.as_ref().unwrap_or(&below);
         for shard in n.shards_in(in_use) {
