@@ -690,6 +690,15 @@ impl Scope {
     pub fn __live_children(&self) -> usize {
         self.node.child_count()
     }
+
+    /// A probe that tells whether this scope's node has been freed (for memory tests: no
+    /// reference cycle keeps a finished tree alive).
+    #[doc(hidden)]
+    #[cfg(not(loom))]
+    pub fn __freed_probe(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let node = Arc::downgrade(&self.node);
+        move || node.strong_count() == 0
+    }
 }
 
 impl Default for Scope {
