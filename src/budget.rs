@@ -160,15 +160,17 @@ impl ChildBudget {
     /// let err = ChildBudget::new().compute(Some(Duration::ZERO)).unwrap_err();
     /// assert_eq!(err.available(), Duration::ZERO);
     /// ```
+    #[inline]
     pub fn compute(
         &self,
         parent_remaining: Option<Duration>,
     ) -> Result<Option<Duration>, BudgetExhausted> {
         let from_parent = parent_remaining.map(|r| r.saturating_sub(self.reserve));
-        let budget = [from_parent, self.cap, self.operation]
-            .into_iter()
-            .flatten()
-            .min();
+        let min = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let budget = min(min(from_parent, self.cap), self.operation);
         match budget {
             Some(b) if b.is_zero() || b < self.min_useful => Err(BudgetExhausted {
                 available: b,

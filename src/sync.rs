@@ -102,3 +102,33 @@ impl<T: Default> LazyBox<T> {
         &self.0
     }
 }
+
+/// A small number that stays the same for the calling thread and differs between threads
+/// started one after the other (for spreading them over lock shards).
+#[cfg(not(loom))]
+pub(crate) fn thread_index() -> usize {
+    use std::cell::Cell;
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local!(static INDEX: Cell<usize> = const { Cell::new(usize::MAX) });
+    INDEX.with(|i| {
+        let mut v = i.get();
+        if v == usize::MAX {
+            // Relaxed: only spreads threads over shards, orders nothing.
+            v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            i.set(v);
+        }
+        v
+    })
+}
+
+/// Under loom: the model thread's number (0 for the main thread, then 1, 2, ... in spawn
+/// order), so that model threads use different shards, the same in every execution, without an
+/// extra modelled operation. loom exposes it only through `Debug` (`ThreadId(N)`).
+#[cfg(loom)]
+pub(crate) fn thread_index() -> usize {
+    let id = format!("{:?}", loom::thread::current().id());
+    id.trim_start_matches("ThreadId(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or(0)
+}

@@ -69,3 +69,77 @@ async fn grandchild_keeps_deadline_of_dropped_middle_scope() {
     drop(leaf);
     assert_eq!(root.__live_children(), 0);
 }
+
+#[test]
+fn children_on_many_threads_keep_a_handle_less_parent_linked_then_free_it() {
+    for round in 0..200 {
+        let root = Scope::new();
+        let parent = root.child().build().unwrap();
+        let freed = parent.__freed_probe();
+        let (made_tx, made_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let go_rx = std::sync::Arc::new(std::sync::Mutex::new(go_rx));
+        // Children built on four threads land in different registry shards of `parent`.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (parent, made_tx, go_rx) = (parent.clone(), made_tx.clone(), go_rx.clone());
+                std::thread::spawn(move || {
+                    let child = parent.child().build().unwrap();
+                    drop(parent);
+                    made_tx.send(()).unwrap();
+                    go_rx.lock().unwrap().recv().unwrap();
+                    child
+                })
+            })
+            .collect();
+        for _ in 0..4 {
+            made_rx.recv().unwrap();
+        }
+        // The last handle of `parent` goes while its four children live.
+        drop(parent);
+        assert_eq!(root.__live_children(), 1, "round {round}");
+        for _ in 0..4 {
+            go_tx.send(()).unwrap();
+        }
+        let children: Vec<Scope> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        root.cancel();
+        assert!(children.iter().all(Scope::is_cancelled), "round {round}");
+        // Dropped on as many threads, racing each other to retire the orphaned parent.
+        let droppers: Vec<_> = children
+            .into_iter()
+            .map(|c| std::thread::spawn(move || drop(c)))
+            .collect();
+        for d in droppers {
+            d.join().unwrap();
+        }
+        assert_eq!(root.__live_children(), 0, "round {round}");
+        assert!(freed(), "round {round}: the parent's node was not freed");
+    }
+}
+
+#[test]
+fn a_scope_with_children_is_freed_once_everything_is_dropped() {
+    let lone = Scope::new();
+    let freed_lone = lone.__freed_probe();
+    let kid = lone.child().build().unwrap();
+    drop(kid);
+    // A scope that had a child but still has its handle keeps its links; its last handle
+    // drops them.
+    drop(lone);
+    assert!(freed_lone());
+
+    let root = Scope::new();
+    let freed_root = root.__freed_probe();
+    let child = root.child().build().unwrap();
+    let freed_child = child.__freed_probe();
+    let grandchild = child.child().build().unwrap();
+    drop(root);
+    drop(child);
+    // Both are still needed: the grandchild's cancel path and deadline go through them.
+    assert!(!freed_root() && !freed_child());
+    drop(grandchild);
+    assert!(
+        freed_root() && freed_child(),
+        "a reference cycle outlived the tree"
+    );
+}

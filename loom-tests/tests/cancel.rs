@@ -293,6 +293,56 @@ fn dropped_middle_handle_keeps_grandchild_reachable() {
     });
 }
 
+/// Model 15: a scope loses its last handle while its children, linked in two different
+/// registry shards (built on two threads), are created and dropped.
+///
+/// Invariants 1 and 7: the middle scope is not retired while a child lives (the root's cancel
+/// still reaches it), and exactly one thread retires it — the one dropping its last handle if
+/// no child is left, else the last child to unlink — so it ends unlinked once; nothing leaks: loom's leak check also covers the parent-link cycle that a
+/// scope with handles keeps (invariant 8), which its last handle must break.
+#[test]
+fn last_handle_racing_children_on_two_shards() {
+    model("last_handle_racing_children_on_two_shards", || {
+        let root = Scope::new();
+        let middle = root.child().build().unwrap();
+        let near = middle.child().build().unwrap();
+        let handle = middle.clone();
+        let other = thread::spawn(move || {
+            // Another thread: another shard of `middle`'s registry.
+            let far = handle.child().build().unwrap();
+            drop(handle);
+            far
+        });
+        drop(middle);
+        drop(near);
+        let far = other.join().unwrap();
+        // Invariant 1: `middle` was not retired while `far` lived, so the root's cancel still
+        // reaches it.
+        root.cancel();
+        assert!(far.is_cancelled(), "live grandchild cut off from its root");
+        drop(far);
+        assert_eq!(root.__live_children(), 0);
+    });
+}
+
+/// Model 15 (roots): a root's last handle dropped while its only child is dropped on another
+/// thread, and a root that outlives nothing: loom's leak check shows that the link from child
+/// to root never keeps the root alive once both are gone.
+#[test]
+fn root_and_child_dropped_at_once() {
+    model("root_and_child_dropped_at_once", || {
+        let root = Scope::new();
+        let child = root.child().build().unwrap();
+        let grandchild = child.child().build().unwrap();
+        let t = thread::spawn(move || {
+            drop(child);
+            drop(grandchild);
+        });
+        drop(root);
+        t.join().unwrap();
+    });
+}
+
 /// Model 13: children of one parent are created and dropped on two threads — one builds a
 /// child and a grandchild and drops the child's handle first, the other builds a child and
 /// runs a registered job in it — while the parent is cancelled.

@@ -386,7 +386,7 @@ impl Future for Quiesce {
             }
             // Cancelled but not quiet: children get the grace period, counted from the cancel.
             let cancelled_at = instant_of(this.scope.node.cancelled_at());
-            let Some(at) = cancelled_at.checked_add(this.scope.node.ext.grace) else {
+            let Some(at) = cancelled_at.checked_add(this.scope.node.ext.grace()) else {
                 // A grace period too long to represent never ends: wait for the receipts.
                 return Poll::Pending;
             };

@@ -35,7 +35,7 @@ use crate::tree;
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ChildBuilder<'a> {
     parent: &'a Scope,
-    budget: ChildBudget,
+    reserve: Duration,
     cap: Option<Duration>,
     deadline: Option<Instant>,
     min_useful: Duration,
@@ -45,10 +45,11 @@ pub struct ChildBuilder<'a> {
 }
 
 impl<'a> ChildBuilder<'a> {
+    #[inline]
     pub(super) fn new(parent: &'a Scope) -> Self {
         ChildBuilder {
             parent,
-            budget: ChildBudget::new(),
+            reserve: Duration::ZERO,
             cap: None,
             deadline: None,
             min_useful: Duration::ZERO,
@@ -70,6 +71,7 @@ impl<'a> ChildBuilder<'a> {
     /// assert_eq!(c.remaining(), Some(Duration::from_millis(20)));
     /// # }
     /// ```
+    #[inline]
     pub fn timeout(self, timeout: Duration) -> Self {
         self.cap(timeout)
     }
@@ -87,6 +89,7 @@ impl<'a> ChildBuilder<'a> {
     /// assert_eq!(c.remaining(), Some(Duration::from_millis(300)));
     /// # }
     /// ```
+    #[inline]
     pub fn cap(mut self, cap: Duration) -> Self {
         self.cap = Some(self.cap.map_or(cap, |c| c.min(cap)));
         self
@@ -106,6 +109,7 @@ impl<'a> ChildBuilder<'a> {
     /// assert_eq!(c.deadline(), p.deadline());
     /// # }
     /// ```
+    #[inline]
     pub fn deadline(mut self, deadline: Instant) -> Self {
         self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
         self
@@ -124,8 +128,9 @@ impl<'a> ChildBuilder<'a> {
     /// assert_eq!(c.remaining(), Some(Duration::from_millis(70)));
     /// # }
     /// ```
+    #[inline]
     pub fn reserve(mut self, reserve: Duration) -> Self {
-        self.budget = self.budget.reserve(reserve);
+        self.reserve = reserve;
         self
     }
 
@@ -141,6 +146,7 @@ impl<'a> ChildBuilder<'a> {
     /// assert!(p.child().min_useful(Duration::from_millis(150)).build().is_err());
     /// # }
     /// ```
+    #[inline]
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
         self.min_useful = min_useful;
         self
@@ -155,6 +161,7 @@ impl<'a> ChildBuilder<'a> {
     /// let c = Scope::new().child().name("inventory").build().unwrap();
     /// assert_eq!(c.name(), Some("inventory"));
     /// ```
+    #[inline]
     pub fn name(mut self, name: impl Into<std::sync::Arc<str>>) -> Self {
         self.name = Some(name.into());
         self
@@ -171,6 +178,7 @@ impl<'a> ChildBuilder<'a> {
     /// let c = Scope::new().child().grace(Duration::from_millis(50)).build().unwrap();
     /// # drop(c);
     /// ```
+    #[inline]
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);
         self
@@ -179,6 +187,7 @@ impl<'a> ChildBuilder<'a> {
     /// Marks the child (and so every descendant) with `key`, for [`Scope::has_mark`]: the
     /// retry layer marks its attempts with the dependency name so that a nested retry of the
     /// same dependency does not multiply the attempts.
+    #[inline]
     pub(crate) fn mark(mut self, key: std::sync::Arc<str>) -> Self {
         self.mark = Some(key);
         self
@@ -206,17 +215,39 @@ impl<'a> ChildBuilder<'a> {
     /// assert!(p.child().build().is_err());
     /// ```
     #[track_caller]
+    #[inline]
     pub fn build(self) -> Result<Scope, Error> {
         let parent = self.parent;
         if parent.node.state().is_closed() {
             // Fast path of the check that `new_child` makes under the registry lock.
             return Err(refused(parent));
         }
+        let plain = parent.node.ext.deadline.is_none()
+            && self.cap.is_none()
+            && self.deadline.is_none()
+            && self.name.is_none()
+            && self.grace.is_none()
+            && self.mark.is_none();
+        if plain {
+            // No budget to compute and nothing of its own: the child inherits everything. (A
+            // separate function, so that the inlined check above is all a plain `build` costs
+            // at the call site besides it.)
+            return build_plain(parent);
+        }
+        self.build_bounded()
+    }
+
+    #[track_caller]
+    fn build_bounded(self) -> Result<Scope, Error> {
+        let parent = self.parent;
         let pext = &parent.node.ext;
         let bounded = pext.deadline.is_some() || self.cap.is_some() || self.deadline.is_some();
+        let mut now = None;
         let deadline = if bounded {
-            let now = Instant::now();
-            let mut budget = self.budget.min_useful(self.min_useful);
+            let now = *now.insert(Instant::now());
+            let mut budget = ChildBudget::new()
+                .reserve(self.reserve)
+                .min_useful(self.min_useful);
             if let Some(c) = self.cap {
                 budget = budget.cap(c);
             }
@@ -243,8 +274,16 @@ impl<'a> ChildBuilder<'a> {
             ext
         })
         .map_err(Error::from)?;
-        Ok(Scope::from_child_node(node, tightens))
+        Ok(Scope::from_child_node(node, now.filter(|_| tightens)))
     }
+}
+
+/// A child without a deadline, a name or marks of its own, under a parent without a deadline.
+fn build_plain(parent: &Scope) -> Result<Scope, Error> {
+    let pext = &parent.node.ext;
+    let node =
+        tree::new_child(&parent.node, |_| ScopeExt::plain_child_of(pext)).map_err(Error::from)?;
+    Ok(Scope::from_child_node(node, None))
 }
 
 fn refused(parent: &Scope) -> Error {

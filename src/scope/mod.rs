@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::cause::Cause;
 use crate::child::ChildSpec;
-use crate::sync::{Arc, AtomicUsize, Mutex, OnceLock, Ordering};
+use crate::sync::{Arc, AtomicUsize, LazyBox, Mutex, OnceLock, Ordering};
 use crate::tree::{self, Node};
 
 mod builder;
@@ -31,26 +31,59 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
 
 const NO_TIMER: usize = usize::MAX;
 
-/// What the scope layer keeps in each tree node.
+/// What the scope layer keeps in each tree node. Kept small: a node is allocated (and
+/// initialised) for every child scope, so what most scopes share with their parent sits behind
+/// one shared pointer.
 #[derive(Debug)]
 pub(crate) struct ScopeExt {
     pub(crate) deadline: Option<Instant>,
     pub(crate) name: Option<std::sync::Arc<str>>,
-    pub(crate) grace: Duration,
+    /// Grace period, request context, marks and the tree's timers, shared with the parent
+    /// unless this scope changed one of them; `None`: all defaults.
+    shared: Option<std::sync::Arc<Shared>>,
+    /// This scope's entry in the timers, if it tightened the deadline.
+    timer_key: AtomicUsize,
+    /// Immutable values attached for this scope's [`Report`](crate::Report) (e.g. retry
+    /// ledgers), oldest first, at most [`MAX_NOTES`]; allocated by the first one.
+    notes: LazyBox<Mutex<std::collections::VecDeque<Note>>>,
+}
+
+/// The part of [`ScopeExt`] that descendants inherit as it is.
+#[derive(Debug)]
+struct Shared {
+    grace: Duration,
     /// Request-wide data set on a root (by `wire` admission: operation id, priority, egress
     /// defaults) and shared by every descendant. Opaque to the core.
-    pub(crate) context: Option<Context>,
+    context: Option<Context>,
     /// The timers of this tree (shared with every descendant), if any scope of it has a
     /// deadline.
     timers: Option<Arc<Timers>>,
-    /// This scope's entry in `timers`, if it tightened the deadline.
-    timer_key: AtomicUsize,
     /// Marks inherited from the ancestors plus this scope's own (e.g. "an attempt of a retry
     /// for dependency X"), so that code running below can ask without walking the tree.
     marks: Option<std::sync::Arc<Mark>>,
-    /// Immutable values attached for this scope's [`Report`](crate::Report) (e.g. retry
-    /// ledgers), oldest first, at most [`MAX_NOTES`].
-    notes: Mutex<std::collections::VecDeque<Note>>,
+}
+
+impl Shared {
+    const DEFAULT: Shared = Shared {
+        grace: DEFAULT_GRACE,
+        context: None,
+        timers: None,
+        marks: None,
+    };
+}
+
+impl ScopeExt {
+    fn shared(&self) -> &Shared {
+        self.shared.as_deref().unwrap_or(&Shared::DEFAULT)
+    }
+
+    pub(crate) fn grace(&self) -> Duration {
+        self.shared().grace
+    }
+
+    fn timers(&self) -> Option<&Arc<Timers>> {
+        self.shared().timers.as_ref()
+    }
 }
 
 /// One mark of a scope and the marks it inherited (a persistent list: children share it).
@@ -229,29 +262,35 @@ impl Scope {
         name: Option<std::sync::Arc<str>>,
         context: Option<Context>,
     ) -> Scope {
+        let shared = (deadline.is_some() || context.is_some()).then(|| {
+            std::sync::Arc::new(Shared {
+                context,
+                timers: deadline.map(|_| Arc::new(Timers::default())),
+                ..Shared::DEFAULT
+            })
+        });
         let node = tree::new_root(ScopeExt {
             deadline,
             name,
-            grace: DEFAULT_GRACE,
-            context,
-            timers: deadline.map(|_| Arc::new(Timers::default())),
+            shared,
             timer_key: AtomicUsize::new(NO_TIMER),
-            marks: None,
-            notes: Mutex::new(std::collections::VecDeque::new()),
+            notes: LazyBox::new(),
         });
         let scope = Scope { node };
-        scope.arm_timer();
+        if deadline.is_some() {
+            scope.arm_timer(Instant::now());
+        }
         scope
     }
 
-    /// Starts the deadline timer of a scope that tightened its deadline.
+    /// Starts the deadline timer of a scope that tightened its deadline (`now`: the clock
+    /// reading its deadline was computed from).
     #[track_caller]
-    fn arm_timer(&self) {
+    fn arm_timer(&self, now: Instant) {
         let ext = &self.node.ext;
-        let (Some(deadline), Some(timers)) = (ext.deadline, &ext.timers) else {
+        let (Some(deadline), Some(timers)) = (ext.deadline, ext.timers()) else {
             return;
         };
-        let now = Instant::now();
         if deadline <= now {
             tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
             return;
@@ -295,6 +334,7 @@ impl Scope {
     /// parent.cancel();
     /// assert!(child.is_cancelled());
     /// ```
+    #[inline]
     pub fn child(&self) -> ChildBuilder<'_> {
         ChildBuilder::new(self)
     }
@@ -607,7 +647,7 @@ impl Scope {
 
     /// The request-wide context of this scope's root, if it was given one.
     pub(crate) fn context(&self) -> Option<&Context> {
-        self.node.ext.context.as_ref()
+        self.node.ext.shared().context.as_ref()
     }
 
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -616,7 +656,7 @@ impl Scope {
 
     /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]).
     pub(crate) fn has_mark(&self, key: &str) -> bool {
-        let mut m = self.node.ext.marks.as_deref();
+        let mut m = self.node.ext.shared().marks.as_deref();
         while let Some(mark) = m {
             if &*mark.key == key {
                 return true;
@@ -629,7 +669,7 @@ impl Scope {
     /// Attaches `note` for this scope's report; the oldest note goes once there are
     /// [`MAX_NOTES`].
     pub(crate) fn add_note(&self, note: Note) {
-        let mut notes = self.node.ext.notes.lock();
+        let mut notes = self.node.ext.notes.get_or_init().lock();
         if notes.len() == MAX_NOTES {
             notes.pop_front();
         }
@@ -638,13 +678,26 @@ impl Scope {
 
     /// The notes attached so far, oldest first.
     pub(crate) fn notes(&self) -> Vec<Note> {
-        self.node.ext.notes.lock().iter().cloned().collect()
+        self.node
+            .ext
+            .notes
+            .get()
+            .map_or_else(Vec::new, |n| n.lock().iter().cloned().collect())
     }
 
     /// Number of live child scopes (for memory tests).
     #[doc(hidden)]
     pub fn __live_children(&self) -> usize {
         self.node.child_count()
+    }
+
+    /// A probe that tells whether this scope's node has been freed (for memory tests: no
+    /// reference cycle keeps a finished tree alive).
+    #[doc(hidden)]
+    #[cfg(not(loom))]
+    pub fn __freed_probe(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let node = Arc::downgrade(&self.node);
+        move || node.strong_count() == 0
     }
 }
 
@@ -671,7 +724,7 @@ impl Drop for Scope {
             let ext = &node.ext;
             let key = ext.timer_key.load(Ordering::Relaxed);
             if key != NO_TIMER {
-                if let Some(t) = &ext.timers {
+                if let Some(t) = ext.timers() {
                     t.remove(key, node);
                 }
             }
@@ -735,6 +788,18 @@ pub(crate) fn nanos(d: u64) -> Duration {
 }
 
 impl ScopeExt {
+    /// The data of a child that inherits everything from `parent` (no deadline of its own, no
+    /// name, no mark).
+    pub(crate) fn plain_child_of(parent: &ScopeExt) -> ScopeExt {
+        ScopeExt {
+            deadline: parent.deadline,
+            name: None,
+            shared: parent.shared.clone(),
+            timer_key: AtomicUsize::new(NO_TIMER),
+            notes: LazyBox::new(),
+        }
+    }
+
     pub(crate) fn child_of(
         parent: &ScopeExt,
         deadline: Option<Instant>,
@@ -747,27 +812,36 @@ impl ScopeExt {
             (Some(_), None) => true,
             _ => false,
         };
-        let timers = if tightens && parent.timers.is_none() {
-            Some(Arc::new(Timers::default()))
+        let inherited = parent.shared();
+        let new_timers = tightens && inherited.timers.is_none();
+        let changed = new_timers || mark.is_some() || grace.is_some_and(|g| g != inherited.grace);
+        let shared = if changed {
+            Some(std::sync::Arc::new(Shared {
+                grace: grace.unwrap_or(inherited.grace),
+                context: inherited.context.clone(),
+                timers: if new_timers {
+                    Some(Arc::new(Timers::default()))
+                } else {
+                    inherited.timers.clone()
+                },
+                marks: match mark {
+                    Some(key) => Some(std::sync::Arc::new(Mark {
+                        key,
+                        next: inherited.marks.clone(),
+                    })),
+                    None => inherited.marks.clone(),
+                },
+            }))
         } else {
-            parent.timers.clone()
+            parent.shared.clone()
         };
         (
             ScopeExt {
                 deadline,
                 name,
-                grace: grace.unwrap_or(parent.grace),
-                context: parent.context.clone(),
-                timers,
+                shared,
                 timer_key: AtomicUsize::new(NO_TIMER),
-                marks: match mark {
-                    Some(key) => Some(std::sync::Arc::new(Mark {
-                        key,
-                        next: parent.marks.clone(),
-                    })),
-                    None => parent.marks.clone(),
-                },
-                notes: Mutex::new(std::collections::VecDeque::new()),
+                notes: LazyBox::new(),
             },
             tightens,
         )
@@ -775,10 +849,13 @@ impl ScopeExt {
 }
 
 impl Scope {
-    pub(crate) fn from_child_node(node: Arc<Core>, tightens: bool) -> Scope {
+    /// The handle of a new child node; `armed_at`: the clock reading its deadline was computed
+    /// from, if it tightened its deadline (and so needs a timer of its own).
+    #[track_caller]
+    pub(crate) fn from_child_node(node: Arc<Core>, armed_at: Option<Instant>) -> Scope {
         let s = Scope { node };
-        if tightens {
-            s.arm_timer();
+        if let Some(now) = armed_at {
+            s.arm_timer(now);
         }
         s
     }

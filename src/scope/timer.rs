@@ -37,6 +37,17 @@ struct TimerState {
     running: bool,
 }
 
+impl TimerState {
+    /// Adds an entry; returns its key.
+    fn push(&mut self, deadline: Instant, node: Arc<Core>) -> usize {
+        self.seq += 1;
+        let seq = self.seq;
+        let key = self.entries.insert((deadline, seq, node));
+        self.heap.push(Reverse((deadline, seq, key)));
+        key
+    }
+}
+
 impl Timers {
     /// Arms a deadline for `node`; returns the key for [`Timers::remove`].
     ///
@@ -48,20 +59,25 @@ impl Timers {
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
     #[track_caller]
     pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
-        // Before any state changes: outside a runtime this panics and leaves nothing behind.
-        let handle = tokio::runtime::Handle::try_current()
-            .expect("a scope with a deadline must be created inside a tokio runtime");
         let mut st = this.state.lock();
-        st.seq += 1;
-        let seq = st.seq;
-        let key = st.entries.insert((deadline, seq, node));
-        st.heap.push(Reverse((deadline, seq, key)));
         if !st.running {
-            st.running = true;
-            st.armed = Some(deadline);
             drop(st);
-            handle.spawn(drive(this.clone()));
-        } else if st.armed.is_none_or(|a| deadline < a) {
+            // Before any state changes: outside a runtime this panics and leaves nothing
+            // behind. Only a tree without a running driver needs the runtime's handle.
+            let handle = tokio::runtime::Handle::try_current()
+                .expect("a scope with a deadline must be created inside a tokio runtime");
+            st = this.state.lock();
+            if !st.running {
+                st.running = true;
+                st.armed = Some(deadline);
+                let key = st.push(deadline, node);
+                drop(st);
+                handle.spawn(drive(this.clone()));
+                return key;
+            }
+        }
+        let key = st.push(deadline, node);
+        if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
             this.wake.notify_one();

@@ -41,26 +41,40 @@
 //!    cancel that finds a node quiet without a cancel leaves it (and its quiet subtree) as it
 //!    is: `Completed` is final.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
-//!    sharded registry at creation and removed when its last handle drops and it has no linked
-//!    children left (a link counts as a handle of the parent, so a scope whose handles are gone
-//!    stays reachable by its ancestors' cancel while a descendant lives), so a long-lived parent
-//!    with millions of short-lived children keeps flat memory (slab slots are reused).
+//!    sharded registry at creation. A node *retires* once it has no public handle and no linked
+//!    child (a node whose handles are gone stays linked, and reachable by its ancestors'
+//!    cancel, while a descendant lives); retiring removes it from its parent's registry. Both
+//!    conditions only ever go one way (new handles and children are made through a handle), and
+//!    exactly one thread retires a node: the one that drops its last handle finding no child
+//!    (checked under all of its registry shards' locks at once), or else the one whose removal
+//!    of the last child finds it *orphaned* (a flag set under those same locks) and wins the
+//!    `ORPHANED -> RETIRED` compare-and-swap. So a long-lived parent with millions of
+//!    short-lived children keeps flat memory (slab slots are reused).
+//! 8. **Children do not write their parent.** A child reaches its parent through a [`Link`]
+//!    per (parent, registry shard), which the parent keeps in that shard while it has handles;
+//!    creating and dropping a child touches that shard (its lock, the link's count) but never
+//!    the parent's own counters, so threads creating children of one parent on different shards
+//!    do not contend. The parent drops its links (breaking the parent-link cycle) when it loses
+//!    its last handle; a link then lives as long as the children that hold it.
 //!
 //! # Lock order (deadlock safety)
 //!
 //! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
 //! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
 //! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
-//! take no other lock), so no cycle can form. [`quarantine_subtree`] and `close` hold a shard
-//! only while cloning `Arc`s out of it. Callbacks and wakers are always invoked after every
-//! lock is released, so user code never runs under a tree lock.
+//! take no other lock), so no cycle can form. Within one node: the first child of a shard
+//! takes the node's `inner` while holding that shard (never the reverse), and a node losing
+//! its last handle takes all of its own shards in index order and nothing else.
+//! [`quarantine_subtree`] and `close` hold a shard only while cloning `Arc`s out of it;
+//! unlinking holds one shard of the parent and nothing else. Callbacks and wakers are always
+//! invoked after every lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
 
 use slab::Slab;
 
 use crate::cause::Cause;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, LazyBox, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
 
 mod ticket;
 
@@ -170,6 +184,10 @@ struct Inner {
     cancelled_at: u64,
     /// Waiters and callbacks, allocated by the first one (most nodes never have any).
     lists: Option<Box<Lists>>,
+    /// Bit `i`: registry shard `i` has had a child. Set (under this lock) before the first
+    /// child of a shard reads the state word, read by cancel and close under this lock, so
+    /// that they visit only shards in use (see `new_child`).
+    shards_in_use: u8,
 }
 
 #[derive(Default)]
@@ -196,11 +214,18 @@ impl Inner {
     }
 }
 
-/// One shard of a node's children registry. Padded so that the hot start (lock and slab
-/// header) of two shards never shares a cache line, without an over-aligned allocation.
+/// One shard of a node's children registry. Padded so that the hot start (lock, slab header,
+/// link) of two shards never shares a cache line, without an over-aligned allocation.
 struct Shard<X, R> {
-    children: Mutex<Slab<Arc<Node<X, R>>>>,
+    data: Mutex<ShardData<X, R>>,
     _pad: [u8; 64],
+}
+
+struct ShardData<X, R> {
+    children: Slab<Arc<Node<X, R>>>,
+    /// The link that children of this shard hold to reach the parent, made by the first of them
+    /// and kept while the parent has handles (invariant 8).
+    link: Option<Arc<Link<X, R>>>,
 }
 
 /// A node's children, allocated with its first child.
@@ -212,26 +237,45 @@ impl<X, R> Default for Registry<X, R> {
     fn default() -> Self {
         Registry {
             shards: std::array::from_fn(|_| Shard {
-                children: Mutex::new(Slab::new()),
+                data: Mutex::new(ShardData {
+                    children: Slab::new(),
+                    link: None,
+                }),
                 _pad: [0; 64],
             }),
         }
     }
 }
 
+/// How a child reaches its parent: one per (parent, registry shard), shared by the children
+/// linked in that shard, so that creating one does not write the parent (invariant 8).
+struct Link<X, R> {
+    parent: Arc<Node<X, R>>,
+    shard: usize,
+}
+
+/// `Node::retire`: the node has a public handle (or is being dropped by its last one).
+const LIVE: u8 = 0;
+/// The last handle is gone but children are still linked: the last of them to unlink retires
+/// the node.
+const ORPHANED: u8 = 1;
+/// Unlinked from its parent by a child's unlink (invariant 7).
+const RETIRED: u8 = 2;
+
 /// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
 /// for unknown effects and quarantined children.
 pub(crate) struct Node<X, R> {
     /// See the module docs for the bit layout.
     state: AtomicU64,
-    /// Live public handles plus linked children (a child in `registry` counts one, so a
-    /// node whose handles are gone stays linked, and reachable by its ancestors' cancel, while
-    /// it has live descendants). Pairs: `AcqRel` decrement so the drop that takes it to zero
-    /// sees every other handle's writes before unlinking (invariants 1, 7).
+    /// Live public handles. Pairs: `AcqRel` decrement so the drop that takes it to zero sees
+    /// every other handle's writes before retiring the node (invariant 7).
     handles: AtomicUsize,
-    parent: Option<Arc<Node<X, R>>>,
-    /// (shard, key) of this node in `parent.registry`.
-    slot: (usize, usize),
+    /// `LIVE`, `ORPHANED` or `RETIRED` (invariant 7); changed only with the node's handles gone.
+    retire: AtomicU8,
+    /// The way to the parent (`None` for a root); `key` is this node's slot in the parent's
+    /// registry shard `up.shard`.
+    up: Option<Arc<Link<X, R>>>,
+    key: usize,
     inner: Mutex<Inner>,
     /// Children, sharded by creating thread; allocated with the first child.
     registry: LazyBox<Registry<X, R>>,
@@ -253,31 +297,22 @@ impl<X, R> std::fmt::Debug for Node<X, R> {
 }
 
 fn shard_for_this_thread() -> usize {
-    use std::cell::Cell;
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    thread_local!(static SHARD: Cell<usize> = const { Cell::new(usize::MAX) });
-    SHARD.with(|s| {
-        let mut v = s.get();
-        if v == usize::MAX {
-            // Relaxed: only spreads threads over shards, orders nothing.
-            v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHARDS;
-            s.set(v);
-        }
-        v
-    })
+    crate::sync::thread_index() % SHARDS
 }
 
 impl<X, R> Node<X, R> {
-    fn new(parent: Option<Arc<Node<X, R>>>, slot: (usize, usize), state: u64, ext: X) -> Self {
+    fn new(up: Option<Arc<Link<X, R>>>, key: usize, state: u64, ext: X) -> Self {
         Node {
             state: AtomicU64::new(state),
             handles: AtomicUsize::new(1),
-            parent,
-            slot,
+            retire: AtomicU8::new(LIVE),
+            up,
+            key,
             inner: Mutex::new(Inner {
                 cause: None,
                 cancelled_at: 0,
                 lists: None,
+                shards_in_use: 0,
             }),
             registry: LazyBox::new(),
             in_flight: Mutex::new(Slab::new()),
@@ -329,12 +364,26 @@ impl<X, R> Node<X, R> {
 
     /// The parent node (`None` for a root).
     pub(crate) fn parent(&self) -> Option<&Arc<Node<X, R>>> {
-        self.parent.as_ref()
+        self.up.as_ref().map(|l| &l.parent)
+    }
+
+    /// The parent node, borrowed for a walk up.
+    fn parent_node(&self) -> Option<&Node<X, R>> {
+        self.up.as_deref().map(|l| &*l.parent)
     }
 
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
-        self.shards().map(|s| s.children.lock().len()).sum()
+        self.shards().map(|s| s.data.lock().children.len()).sum()
+    }
+
+    /// The registry shards whose bits are set in `in_use` (read under `inner`, which also
+    /// makes the registry's creation visible).
+    fn shards_in(&self, in_use: u8) -> impl Iterator<Item = &Shard<X, R>> {
+        self.shards()
+            .enumerate()
+            .filter(move |(i, _)| in_use & (1 << i) != 0)
+            .map(|(_, s)| s)
     }
 
     /// The registry shards, if the node ever had a child.
@@ -348,7 +397,7 @@ impl<X, R> Node<X, R> {
 
 /// Creates a root node.
 pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
-    Arc::new(Node::new(None, (0, 0), 0, ext))
+    Arc::new(Node::new(None, 0, 0, ext))
 }
 
 /// Creates a child of `parent` and links it into the parent's registry.
@@ -362,37 +411,46 @@ pub(crate) fn new_child<X, R>(
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
-    let registry = match parent.registry.get() {
-        Some(r) => r,
-        // The first child creates the registry under the parent's `inner` lock, which cancel
-        // and close also take before they look for a registry: either they see it (and walk
-        // it), or this creation comes after them and sees their bit below. (Without the lock,
-        // "init registry, load state" against "write state, load registry" is the
+    let registry = parent.registry.get_or_init();
+    let mut data = registry.shards[shard].data.lock();
+    if data.link.is_none() {
+        // The first child of this shard (links stay while the parent has handles, and the
+        // caller holds one). Announce the shard under `inner` before reading the state word:
+        // a cancel or close that marks the parent under `inner` after this sees the shard and
+        // walks it; one before it is seen by the state read below. (Without the lock,
+        // "announce, load state" against "write state, load announcements" is the
         // store-buffering pattern, which acquire/release alone allows to miss both ways.)
-        None => {
-            let _inner = parent.inner.lock();
-            parent.registry.get_or_init()
-        }
-    };
-    let mut children = registry.shards[shard].children.lock();
+        // Lock order: this node's shard, then its own `inner`; nothing takes them the other
+        // way round.
+        parent.inner.lock().shards_in_use |= 1 << shard;
+    }
     let state = parent.state();
     if state.is_closed() {
-        drop(children);
+        drop(data);
         return Err(refusal(parent, state));
     }
-    let entry = children.vacant_entry();
+    // The caller holds a handle of `parent`, so the parent has not dropped its links.
+    let link = match &data.link {
+        Some(link) => link.clone(),
+        None => {
+            let link = Arc::new(Link {
+                parent: parent.clone(),
+                shard,
+            });
+            data.link = Some(link.clone());
+            link
+        }
+    };
+    let entry = data.children.vacant_entry();
     // A child starts at its parent's generation (so a ticket that recorded the parent's
     // generation compares equal), with its own flags clear.
     let child = Arc::new(Node::new(
-        Some(parent.clone()),
-        (shard, entry.key()),
+        Some(link),
+        entry.key(),
         state.generation() << GEN_SHIFT,
         ext(state),
     ));
     entry.insert(child.clone());
-    // The link counts as a handle of the parent until the child is unlinked (see
-    // `drop_handle`). Relaxed: the caller holds a handle of `parent`, so the count is > 0.
-    parent.handles.fetch_add(1, Ordering::Relaxed);
     Ok(child)
 }
 
@@ -410,29 +468,103 @@ pub(crate) fn add_handle<X, R>(node: &Node<X, R>) {
     node.handles.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Drops a public handle. When a node has neither handles nor linked children left, it is
-/// unlinked from its parent (invariant 7), `gone` is called with it, and the parent loses the
-/// count of that link, which may unlink the parent in turn.
+/// Drops a public handle. When the last one goes, the node retires (`gone` is called with it
+/// and it is unlinked from its parent) if it has no linked child; otherwise it is marked
+/// orphaned and the last child to unlink retires it (invariant 7). A retiring child may so
+/// retire its orphaned parent, and so on up.
 ///
 /// A node whose handles are all dropped stays linked while it has a linked child: otherwise a
-/// cancel of an ancestor could not reach that child any more (invariant 1). Zero is final:
-/// new handles and children are only made through an existing handle.
+/// cancel of an ancestor could not reach that child any more (invariant 1).
 pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X, R>)) {
+    // Acquire: sees every write made through the other handles, whose drops (Release) made
+    // the count 1. With the count at 1 the caller's handle is the only one, and a handle is
+    // only made from a handle, so nobody can raise it again: no read-modify-write is needed.
+    if node.handles.load(Ordering::Acquire) == 1 {
+        node.handles.store(0, Ordering::Relaxed);
+    } else if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return;
+    }
+    let orphaned = node
+        .registry
+        .get()
+        .is_some_and(|r| orphan_if_parent(node, r));
+    if !orphaned {
+        retire(node, &mut gone);
+    }
+}
+
+/// For a node that just lost its last handle (so no child can be added any more): drops its
+/// links, and marks it orphaned if it still has children. Decided under all of its shard locks
+/// at once, so that no child unlinks in between: either no child is left (the caller retires
+/// the node), or the node is marked orphaned before any of them can look.
+fn orphan_if_parent<X, R>(node: &Node<X, R>, registry: &Registry<X, R>) -> bool {
+    let mut links: [Option<Arc<Link<X, R>>>; SHARDS] = Default::default();
+    let orphaned = {
+        let mut shards: [_; SHARDS] = std::array::from_fn(|i| registry.shards[i].data.lock());
+        for (shard, link) in shards.iter_mut().zip(links.iter_mut()) {
+            // Break the parent-link cycle (invariant 8): links now live as long as the
+            // children that hold them.
+            *link = shard.link.take();
+        }
+        let orphaned = shards.iter().any(|s| !s.children.is_empty());
+        if orphaned {
+            // Relaxed: read only under one of these locks, or by the CAS in `retire`.
+            node.retire.store(ORPHANED, Ordering::Relaxed);
+        }
+        orphaned
+    };
+    // Dropped with no lock held. The last link may hold the last reference the node has on
+    // itself through them; the caller still holds `node`.
+    drop(links);
+    orphaned
+}
+
+/// Unlinks a retired node from its parent; if that was the last child of an orphaned parent,
+/// retires the parent too, and so on up.
+fn retire<X, R>(node: &Node<X, R>, gone: &mut impl FnMut(&Node<X, R>)) {
     let mut n = node;
-    // Every ancestor stays alive while `node` does (each child holds an `Arc` of its parent),
-    // and the caller holds `node`.
-    while n.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+    // Every ancestor stays alive while `node` does (each node holds a link, which holds its
+    // parent), and the caller holds `node`.
+    loop {
         gone(n);
-        let Some(parent) = &n.parent else { return };
-        let (shard, key) = n.slot;
-        // The slab holds an `Arc` of this node; take it out and drop it after the lock.
-        let removed = parent
-            .registry
-            .get()
-            .and_then(|r| r.shards[shard].children.lock().try_remove(key));
+        let Some(link) = &n.up else { return };
+        let parent = &*link.parent;
+        // The parent has a registry: `n` is in it.
+        let Some(registry) = parent.registry.get() else {
+            return;
+        };
+        let (removed, last) = {
+            let mut data = registry.shards[link.shard].data.lock();
+            let removed = data.children.try_remove(n.key);
+            let last =
+                data.children.is_empty() && parent.retire.load(Ordering::Relaxed) == ORPHANED;
+            (removed, last)
+        };
+        // The slab's `Arc` of `n` is dropped with no lock held.
         drop(removed);
+        if !last || !all_shards_empty(registry) {
+            return;
+        }
+        // Orphaned and childless: of the children that found it so, one retires it. AcqRel:
+        // the winner sees the other unlinks (also ordered by the shard locks).
+        if parent
+            .retire
+            .compare_exchange(ORPHANED, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
         n = parent;
     }
+}
+
+/// Whether no shard has a child, looking at one shard at a time (used once the node has no
+/// handle, when children can only leave).
+fn all_shards_empty<X, R>(registry: &Registry<X, R>) -> bool {
+    registry
+        .shards
+        .iter()
+        .all(|s| s.data.lock().children.is_empty())
 }
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins;
@@ -448,22 +580,28 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
     let mut due = Due::default();
-    let (did, cause, walk) = mark_cancelled(node, cause, stamp, &mut due);
+    let (did, existing, in_use) = mark_cancelled(node, &cause, stamp, &mut due);
     due.wake();
-    let mut work = Vec::new();
-    if walk {
-        work.push((node.clone(), cause));
+    if in_use == 0 {
+        // A leaf (or a completed node): nothing to walk.
+        due.run_callbacks();
+        return did;
     }
-    while let Some((n, cause)) = work.pop() {
-        let child_cause = cause.for_child();
-        for shard in n.shards() {
-            let children = shard.children.lock();
-            for (_, child) in children.iter() {
+    // The cause of everything below: the same `ParentCancelled` for the whole walk, except
+    // under a node that someone else had cancelled first (its own cause wins below it).
+    let below = existing.as_ref().unwrap_or(&cause).for_child();
+    // (node, the cause of its children if not `below`, its shards in use)
+    let mut work = vec![(node.clone(), None::<Cause>, in_use)];
+    while let Some((n, own, in_use)) = work.pop() {
+        let child_cause = own.as_ref().unwrap_or(&below);
+        for shard in n.shards_in(in_use) {
+            let data = shard.data.lock();
+            for (_, child) in data.children.iter() {
                 // Lock order: this shard, then the child's `inner` (never the reverse).
-                let (_, cause, walk) = mark_cancelled(child, child_cause.clone(), stamp, &mut due);
-                if walk {
+                let (_, existing, in_use) = mark_cancelled(child, child_cause, stamp, &mut due);
+                if in_use != 0 {
                     // Only nodes that ever had children are walked (leaves cost no `Arc`).
-                    work.push((child.clone(), cause));
+                    work.push((child.clone(), existing.map(|c| c.for_child()), in_use));
                 }
             }
         }
@@ -505,20 +643,20 @@ impl Due {
 }
 
 /// Cancels one node (not its children) unless it already is. Returns whether this call did it,
-/// the cause that holds for the node (for its children to inherit), and whether the node has a
-/// registry to walk (read under `inner`, see `new_child`).
+/// the cause of whoever cancelled the node first if that was not this call (it holds for the
+/// node's children), and the registry shards to walk (read under `inner`, see `new_child`).
 fn mark_cancelled<X, R>(
     n: &Node<X, R>,
-    cause: Cause,
+    cause: &Cause,
     stamp: u64,
     due: &mut Due,
-) -> (bool, Cause, bool) {
+) -> (bool, Option<Cause>, u8) {
     let mut inner = n.inner.lock();
-    let walk = n.registry.get().is_some();
+    let walk = inner.shards_in_use;
     if let Some(existing) = &inner.cause {
         // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
         // be walking below, so the caller walks too; its wakers and callbacks are its own.
-        return (false, existing.clone(), walk);
+        return (false, Some(existing.clone()), walk);
     }
     // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
     // publishes the cause (written below, before the lock is released; readers take the lock)
@@ -531,7 +669,7 @@ fn mark_cancelled<X, R>(
             (!State(s).is_quiet()).then_some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
         })
     else {
-        return (false, cause, false);
+        return (false, None, 0);
     };
     let prev = State(prev);
     inner.cause = Some(cause.clone());
@@ -549,7 +687,7 @@ fn mark_cancelled<X, R>(
                 .extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
         }
     }
-    (true, cause, walk)
+    (true, None, walk)
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
@@ -566,14 +704,11 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
         if prev.active() == 0 {
             wake_quiet(&n);
         }
-        // Under `inner`: pairs with the registry's creation in `new_child`.
-        let registry = {
-            let _inner = n.inner.lock();
-            n.registry.get()
-        };
-        for shard in registry.into_iter().flat_map(|r| r.shards.iter()) {
-            let children = shard.children.lock();
-            work.extend(children.iter().map(|(_, c)| c.clone()));
+        // Under `inner`: pairs with the announcement of a shard in `new_child`.
+        let in_use = n.inner.lock().shards_in_use;
+        for shard in n.shards_in(in_use) {
+            let data = shard.data.lock();
+            work.extend(data.children.iter().map(|(_, c)| c.clone()));
         }
     }
 }
@@ -603,7 +738,7 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
         }
         let need_parent = s.active() == 0;
         if need_parent {
-            if let Some(p) = &node.parent {
+            if let Some(p) = node.parent_node() {
                 take_unit(p)?;
             }
         }
@@ -618,7 +753,7 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
             Ok(_) => return Ok(s.generation()),
             Err(_) => {
                 if need_parent {
-                    if let Some(p) = &node.parent {
+                    if let Some(p) = node.parent_node() {
                         release_unit(p);
                     }
                 }
@@ -642,8 +777,8 @@ pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
         if prev.is_closed() {
             wake_quiet(n);
         }
-        match &n.parent {
-            Some(p) => n = &**p,
+        match n.parent_node() {
+            Some(p) => n = p,
             None => return,
         }
     }
@@ -770,7 +905,7 @@ fn count_receipt<X, R: Clone>(
                 _ => {}
             }
         }
-        n = cur.parent.as_deref();
+        n = cur.parent_node();
     }
 }
 
@@ -786,7 +921,7 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
                 .last_stamp
                 .fetch_max(stamp, Ordering::AcqRel);
         }
-        n = cur.parent.as_deref();
+        n = cur.parent_node();
     }
     release_unit(node);
 }
@@ -810,8 +945,8 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
             }
         }
         for shard in n.shards() {
-            let children = shard.children.lock();
-            work.extend(children.iter().map(|(_, c)| c.clone()));
+            let data = shard.data.lock();
+            work.extend(data.children.iter().map(|(_, c)| c.clone()));
         }
     }
     n_quarantined
