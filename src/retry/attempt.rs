@@ -287,7 +287,7 @@ impl<'s> Call<'s> {
         let now = Instant::now();
         Call {
             scope,
-            dependency: Arc::from(spec.name()),
+            dependency: spec.shared_name(),
             limits,
             retry_budget: retry_budget.filter(|_| owner),
             ledger: Ledger::new(spec, owner, limits.max_attempts, last_start, now),
@@ -372,9 +372,9 @@ impl<'s> Call<'s> {
         let mut child = self
             .scope
             .child()
-            .name(self.dependency.clone())
             .reserve(limits.reserve)
             .min_useful(limits.min_useful)
+            // Names the attempt after the dependency, and marks it (one retry owner).
             .mark(self.dependency.clone());
         if let Some(b) = budget {
             child = child.cap(b);

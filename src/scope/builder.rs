@@ -41,7 +41,7 @@ pub struct ChildBuilder<'a> {
     min_useful: Duration,
     name: Option<std::sync::Arc<str>>,
     grace: Option<Duration>,
-    mark: Option<std::sync::Arc<str>>,
+    marked: bool,
 }
 
 impl<'a> ChildBuilder<'a> {
@@ -55,7 +55,7 @@ impl<'a> ChildBuilder<'a> {
             min_useful: Duration::ZERO,
             name: None,
             grace: None,
-            mark: None,
+            marked: false,
         }
     }
 
@@ -184,12 +184,13 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
-    /// Marks the child (and so every descendant) with `key`, for [`Scope::has_mark`]: the
-    /// retry layer marks its attempts with the dependency name so that a nested retry of the
-    /// same dependency does not multiply the attempts.
+    /// Names the child `key` and marks it (and so every descendant) with it, for
+    /// [`Scope::has_mark`]: the retry layer marks its attempts with the dependency name so that
+    /// a nested retry of the same dependency does not multiply the attempts.
     #[inline]
     pub(crate) fn mark(mut self, key: std::sync::Arc<str>) -> Self {
-        self.mark = Some(key);
+        self.name = Some(key);
+        self.marked = true;
         self
     }
 
@@ -227,7 +228,7 @@ impl<'a> ChildBuilder<'a> {
             && self.deadline.is_none()
             && self.name.is_none()
             && self.grace.is_none()
-            && self.mark.is_none();
+            && !self.marked;
         if plain {
             // No budget to compute and nothing of its own: the child inherits everything. (A
             // separate function, so that the inlined check above is all a plain `build` costs
@@ -266,10 +267,10 @@ impl<'a> ChildBuilder<'a> {
             // Unbounded parent and child: an unbounded budget is always useful.
             None
         };
-        let (name, grace, mark) = (self.name, self.grace, self.mark);
+        let (name, grace, marked) = (self.name, self.grace, self.marked);
         let mut tightens = false;
         let node = tree::new_child(&parent.node, |_| {
-            let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace, mark);
+            let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace, marked);
             tightens = t;
             ext
         })

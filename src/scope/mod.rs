@@ -38,11 +38,13 @@ const NO_TIMER: usize = usize::MAX;
 pub(crate) struct ScopeExt {
     pub(crate) deadline: Option<Instant>,
     pub(crate) name: Option<std::sync::Arc<str>>,
-    /// Grace period, request context, marks and the tree's timers, shared with the parent
+    /// Grace period, request context and the tree's timers, shared with the parent
     /// unless this scope changed one of them; `None`: all defaults.
     shared: Option<std::sync::Arc<Shared>>,
     /// This scope's entry in the timers, if it tightened the deadline.
     timer_key: AtomicUsize,
+    /// Whether `name` is also a mark (see [`Scope::has_mark`]).
+    marked: bool,
     /// Immutable values attached for this scope's [`Report`](crate::Report) (e.g. retry
     /// ledgers), oldest first, at most [`MAX_NOTES`]; allocated by the first one.
     notes: LazyBox<Mutex<std::collections::VecDeque<Note>>>,
@@ -58,9 +60,6 @@ struct Shared {
     /// The timers of this tree (shared with every descendant), if any scope of it has a
     /// deadline.
     timers: Option<Arc<Timers>>,
-    /// Marks inherited from the ancestors plus this scope's own (e.g. "an attempt of a retry
-    /// for dependency X"), so that code running below can ask without walking the tree.
-    marks: Option<std::sync::Arc<Mark>>,
 }
 
 impl Shared {
@@ -68,7 +67,6 @@ impl Shared {
         grace: DEFAULT_GRACE,
         context: None,
         timers: None,
-        marks: None,
     };
 }
 
@@ -84,13 +82,6 @@ impl ScopeExt {
     fn timers(&self) -> Option<&Arc<Timers>> {
         self.shared().timers.as_ref()
     }
-}
-
-/// One mark of a scope and the marks it inherited (a persistent list: children share it).
-#[derive(Debug)]
-pub(crate) struct Mark {
-    key: std::sync::Arc<str>,
-    next: Option<std::sync::Arc<Mark>>,
 }
 
 /// The most notes a scope keeps: a long-lived scope drops its oldest notes rather than grow
@@ -274,6 +265,7 @@ impl Scope {
             name,
             shared,
             timer_key: AtomicUsize::new(NO_TIMER),
+            marked: false,
             notes: LazyBox::new(),
         });
         let scope = Scope { node };
@@ -654,14 +646,15 @@ impl Scope {
         CURRENT.sync_scope(self.clone(), f)
     }
 
-    /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]).
+    /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]). Walks up
+    /// the tree: marks are rare, and a scope keeps its own only (no allocation per mark).
     pub(crate) fn has_mark(&self, key: &str) -> bool {
-        let mut m = self.node.ext.shared().marks.as_deref();
-        while let Some(mark) = m {
-            if &*mark.key == key {
+        let mut n = Some(&*self.node);
+        while let Some(node) = n {
+            if node.ext.marked && node.ext.name.as_deref() == Some(key) {
                 return true;
             }
-            m = mark.next.as_deref();
+            n = node.parent().map(|p| &**p);
         }
         false
     }
@@ -796,16 +789,18 @@ impl ScopeExt {
             name: None,
             shared: parent.shared.clone(),
             timer_key: AtomicUsize::new(NO_TIMER),
+            marked: false,
             notes: LazyBox::new(),
         }
     }
 
+    /// The data of a child; `marked`: its name is a mark (see [`Scope::has_mark`]).
     pub(crate) fn child_of(
         parent: &ScopeExt,
         deadline: Option<Instant>,
         name: Option<std::sync::Arc<str>>,
         grace: Option<Duration>,
-        mark: Option<std::sync::Arc<str>>,
+        marked: bool,
     ) -> (ScopeExt, bool) {
         let tightens = match (deadline, parent.deadline) {
             (Some(d), Some(p)) => d < p,
@@ -814,7 +809,7 @@ impl ScopeExt {
         };
         let inherited = parent.shared();
         let new_timers = tightens && inherited.timers.is_none();
-        let changed = new_timers || mark.is_some() || grace.is_some_and(|g| g != inherited.grace);
+        let changed = new_timers || grace.is_some_and(|g| g != inherited.grace);
         let shared = if changed {
             Some(std::sync::Arc::new(Shared {
                 grace: grace.unwrap_or(inherited.grace),
@@ -823,13 +818,6 @@ impl ScopeExt {
                     Some(Arc::new(Timers::default()))
                 } else {
                     inherited.timers.clone()
-                },
-                marks: match mark {
-                    Some(key) => Some(std::sync::Arc::new(Mark {
-                        key,
-                        next: inherited.marks.clone(),
-                    })),
-                    None => inherited.marks.clone(),
                 },
             }))
         } else {
@@ -841,6 +829,7 @@ impl ScopeExt {
                 name,
                 shared,
                 timer_key: AtomicUsize::new(NO_TIMER),
+                marked,
                 notes: LazyBox::new(),
             },
             tightens,
