@@ -182,7 +182,11 @@ struct Inner {
     cause: Option<Cause>,
     /// Stamp of the cancel (caller-supplied clock, nanoseconds); 0 while not cancelled.
     cancelled_at: u64,
-    /// Waiters and callbacks, allocated by the first one (most nodes never have any).
+    /// The first task waiting in `cancelled()`, kept inline: most scopes that are waited on
+    /// at all have one waiter (the `run` around their work), which then costs no allocation.
+    first_waiter: Option<Waker>,
+    /// Waiters and callbacks, allocated by the first one that does not fit inline (most nodes
+    /// never have any).
     lists: Option<Box<Lists>>,
     /// Bit `i`: registry shard `i` has had a child. Set (under this lock) before the first
     /// child of a shard reads the state word, read by cancel and close under this lock, so
@@ -311,6 +315,7 @@ impl<X, R> Node<X, R> {
             inner: Mutex::new(Inner {
                 cause: None,
                 cancelled_at: 0,
+                first_waiter: None,
                 lists: None,
                 shards_in_use: 0,
             }),
@@ -674,6 +679,7 @@ fn mark_cancelled<X, R>(
     let prev = State(prev);
     inner.cause = Some(cause.clone());
     inner.cancelled_at = stamp;
+    due.wakers.extend(inner.first_waiter.take());
     if let Some(lists) = inner.lists.as_mut() {
         due.wakers.extend(lists.cancel_waiters.drain());
         due.callbacks
@@ -995,18 +1001,25 @@ pub(crate) fn poll_wait<X, R>(
         let removed = key
             .slot
             .take()
-            .and_then(|k| waiters(&mut inner, which).try_remove(k));
+            .and_then(|k| take_waiter(&mut inner, which, k));
         drop(inner);
         // Wakers are dropped with no lock held (dropping one may drop a task's output).
         drop(removed);
         key.waker = None;
         return true;
     }
-    let slab = waiters(&mut inner, which);
-    let replaced = match key.slot.and_then(|k| slab.get_mut(k)) {
-        Some(w) => Some(std::mem::replace(w, waker.clone())),
+    let replaced = match key.slot {
+        Some(INLINE) => inner.first_waiter.replace(waker.clone()),
+        Some(k) => waiters(&mut inner, which)
+            .get_mut(k)
+            .map(|w| std::mem::replace(w, waker.clone())),
+        None if matches!(which, Wait::Cancel) && inner.first_waiter.is_none() => {
+            inner.first_waiter = Some(waker.clone());
+            key.slot = Some(INLINE);
+            None
+        }
         None => {
-            key.slot = Some(slab.insert(waker.clone()));
+            key.slot = Some(waiters(&mut inner, which).insert(waker.clone()));
             None
         }
     };
@@ -1014,6 +1027,18 @@ pub(crate) fn poll_wait<X, R>(
     drop(replaced);
     key.waker = Some(waker.clone());
     false
+}
+
+/// The key of the inline cancel waiter (`Inner::first_waiter`); slab keys never reach it.
+const INLINE: usize = usize::MAX;
+
+/// Takes the waiter registered under `key` (inline or in its list), if still there.
+fn take_waiter(inner: &mut Inner, which: Wait, key: usize) -> Option<Waker> {
+    if key == INLINE {
+        inner.first_waiter.take()
+    } else {
+        waiters(inner, which).try_remove(key)
+    }
 }
 
 fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
@@ -1033,7 +1058,7 @@ pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut Wait
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become
         // permanent, and `poll_wait` never registers once it holds. So removing is safe.
-        let removed = waiters(&mut inner, which).try_remove(k);
+        let removed = take_waiter(&mut inner, which, k);
         drop(inner);
         drop(removed);
     }
