@@ -6,10 +6,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
+
 use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
+use crate::cause::Cause;
 use crate::error::Error;
-use crate::scope::Scope;
+use crate::scope::{now_stamp, Scope};
+use crate::sync::Arc;
+use crate::tree::{self, Kind, TicketCell, TicketState};
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
 /// [`Scope::shield`]: yields its output, or the error that stopped it.
@@ -103,6 +108,120 @@ impl TaskReceipt {
     }
 }
 
+pin_project! {
+    /// The future of a task spawned with [`Scope::spawn`]: runs `fut` with the scope current,
+    /// stops it when the scope is cancelled, and records the task's receipt.
+    ///
+    /// One struct instead of nested `async` blocks: it holds one handle of the scope (the task
+    /// local gets a clone for the length of each poll) and the ticket's cell, so the task that
+    /// tokio allocates and moves stays small.
+    struct Task<F> {
+        // `None` once stopped: the work is dropped before its receipt is recorded, as a
+        // stopped child must have stopped before it is counted (invariant 6).
+        #[pin]
+        fut: Option<F>,
+        scope: Scope,
+        // `None` once the receipt is recorded (with `fut`). While the task waits, the cell
+        // also holds its waker, which the scope's cancel wakes.
+        cell: Option<Arc<TicketCell<ChildSpec>>>,
+        // Set while `fut` is polled or dropped: if the task is dropped with it set, that call
+        // unwound, and the receipt is `Failed`.
+        polling: bool,
+    }
+
+    impl<F> PinnedDrop for Task<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if let Some(cell) = this.cell.take() {
+                // Aborted, dropped by a runtime shutting down, or unwound from a poll.
+                let receipt = Receipting {
+                    scope: this.scope,
+                    cell,
+                    kind: if *this.polling { Kind::Failed } else { Kind::Cancelled },
+                };
+                // The work stops before the receipt (which a panicking drop of it still
+                // records, as `Failed`).
+                this.fut.set(None);
+                drop(receipt);
+            }
+        }
+    }
+}
+
+/// Records a task's receipt when dropped: `kind`, or `Failed` when dropped by an unwind.
+struct Receipting<'a> {
+    scope: &'a Scope,
+    cell: Arc<TicketCell<ChildSpec>>,
+    kind: Kind,
+}
+
+impl Drop for Receipting<'_> {
+    fn drop(&mut self) {
+        let kind = if std::thread::panicking() {
+            Kind::Failed
+        } else {
+            self.kind
+        };
+        // Invariant 5: only the winner of the cell's CAS (this, or a quarantine) records.
+        if self.cell.finish_as(TicketState::Done).is_some() {
+            tree::record_receipt(&self.scope.node, &self.cell, kind, None, true, now_stamp);
+        }
+    }
+}
+
+impl<F: Future> Future for Task<F> {
+    type Output = Result<F::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let node = &this.scope.node;
+        // A cancelled scope never polls its work again (invariant 2): one load decides.
+        let out = if node.state().is_cancelled() {
+            Err(cancel_error(this.scope))
+        } else {
+            let Some(fut) = this.fut.as_mut().as_pin_mut() else {
+                panic!("a scope task polled after it completed");
+            };
+            *this.polling = true;
+            let polled = this.scope.sync_scope(|| fut.poll(cx));
+            *this.polling = false;
+            match polled {
+                Poll::Ready(out) => Ok(out),
+                // Pending: only now leave the waker for the cancel (work that finishes on its
+                // first poll never does). A cancel that came meanwhile is seen.
+                Poll::Pending => {
+                    let Some(cell) = this.cell.as_deref() else {
+                        unreachable!("the cell goes with the future");
+                    };
+                    if !tree::poll_cancel_ticket(node, cell, cx.waker()) {
+                        return Poll::Pending;
+                    }
+                    Err(cancel_error(this.scope))
+                }
+            }
+        };
+        let kind = if out.is_ok() {
+            Kind::Succeeded
+        } else {
+            Kind::Cancelled
+        };
+        let receipt = this.cell.take().map(|cell| Receipting {
+            scope: this.scope,
+            cell,
+            kind,
+        });
+        *this.polling = true;
+        this.fut.set(None);
+        *this.polling = false;
+        drop(receipt);
+        Poll::Ready(out)
+    }
+}
+
+fn cancel_error(scope: &Scope) -> Error {
+    Error::cancelled(scope.cause().unwrap_or(Cause::Cancelled { reason: None }))
+}
+
 fn task_spec() -> ChildSpec {
     ChildSpec::read_only_static("task")
 }
@@ -142,18 +261,43 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let dispatched = self.register(task_spec())?.dispatch()?;
-        let run = self.run(fut);
-        let inner = tokio::spawn(async move {
-            let mut receipt = TaskReceipt(Some(dispatched));
-            let out = run.await;
-            receipt.finish(match &out {
-                Ok(_) => Receipt::Succeeded,
-                Err(_) => Receipt::Cancelled,
-            });
-            out
+        let cell = self.register_dispatched_cell(task_spec())?;
+        let inner = tokio::spawn(Task {
+            fut: Some(fut),
+            scope: self.clone(),
+            cell: Some(cell),
+            polling: false,
         });
         Ok(JoinHandle { inner })
+    }
+
+    /// Registers a child and dispatches it at once (a task).
+    ///
+    /// The unit is taken by one CAS on the scope's state word that requires an open watermark
+    /// in the generation it records: that is the dispatch CAS's condition, so the same CAS
+    /// serves as both (module docs of `tree`, invariant 2), and no second RMW of the contended
+    /// word is needed. Then, as [`Ticket::dispatch`](super::Ticket::dispatch) does, a deadline
+    /// that has passed is made the cancel, and the child is refused with a `Cancelled`
+    /// receipt (registered, never dispatched): a child is never sent at or after its deadline.
+    fn register_dispatched_cell(
+        &self,
+        spec: ChildSpec,
+    ) -> Result<Arc<TicketCell<ChildSpec>>, Error> {
+        let cell = tree::register(&self.node, |key, generation| {
+            TicketCell::new(key, generation, spec)
+        })?;
+        let expired = self.deadline().is_some() && self.expire_if_due(tokio::time::Instant::now());
+        if !expired && cell.mark_dispatched() {
+            return Ok(cell);
+        }
+        // Invariant 5: whoever wins the cell's CAS (this, or a quarantine) records.
+        if cell.finish_as(TicketState::Done).is_some() {
+            tree::record_receipt(&self.node, &cell, Kind::Cancelled, None, false, now_stamp);
+        }
+        Err(match self.cause() {
+            Some(cause) => Error::cancelled(cause),
+            None => Error::closed(),
+        })
     }
 
     /// Runs blocking `f` on tokio's blocking pool, tracked by this scope.

@@ -60,7 +60,7 @@ use std::task::Waker;
 use slab::Slab;
 
 use crate::cause::Cause;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, LazyBox, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
 
 mod ticket;
 
@@ -124,18 +124,33 @@ pub(crate) enum Kind {
 }
 
 /// Per-kind receipt counters of a subtree (rolled up to every ancestor when recorded).
+///
+/// Sharded by the recording thread, like the registry: tasks finishing on different worker
+/// threads add to different cache lines, and a read sums the shards. Receipts are counted
+/// before their unit is released, so a reader who observed quiet sees every shard's final
+/// value (invariant 6).
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
-    by_kind: [AtomicU64; 5],
+    by_kind: [CountShard; SHARDS],
     /// Sum over receipts recorded after this node was cancelled of (receipt stamp - cancel stamp).
     orphan_nanos: AtomicU64,
     /// Stamp of the last receipt or guard release, for "time from cancel to quiet".
     last_stamp: AtomicU64,
 }
 
+/// The receipt counters of one shard, padded to a cache line of their own.
+#[derive(Debug, Default)]
+struct CountShard {
+    kinds: [AtomicU64; 5],
+    _pad: [u64; 3],
+}
+
 impl Counts {
     pub(crate) fn get(&self, kind: Kind) -> u64 {
-        self.by_kind[kind as usize].load(Ordering::Acquire)
+        self.by_kind
+            .iter()
+            .map(|s| s.kinds[kind as usize].load(Ordering::Acquire))
+            .fold(0, u64::wrapping_add)
     }
     pub(crate) fn orphan_nanos(&self) -> u64 {
         self.orphan_nanos.load(Ordering::Acquire)
@@ -219,6 +234,71 @@ impl<X, R> Default for Registry<X, R> {
     }
 }
 
+/// Number of in-flight shards per node (a power of two): tickets registered one after another
+/// by one thread go to different shards, so that their receipts, recorded on whichever thread
+/// ends them, seldom wait for the registering thread's lock.
+const IN_FLIGHT_SHARDS: usize = 4;
+const IN_FLIGHT_SHARD_BITS: u32 = IN_FLIGHT_SHARDS.trailing_zeros();
+const IN_FLIGHT_SHARD_MASK: usize = IN_FLIGHT_SHARDS - 1;
+
+/// One shard of a node's in-flight tickets, padded like [`Shard`].
+struct InFlightShard<R> {
+    cells: Mutex<Slab<Arc<TicketCell<R>>>>,
+    _pad: [u8; 64],
+}
+
+/// The tickets of a node that have no receipt yet, shared (an `Arc`) with the node's cancel
+/// callback that wakes the tasks among them (see [`poll_cancel_ticket`]).
+pub(crate) struct InFlight<R> {
+    shards: [InFlightShard<R>; IN_FLIGHT_SHARDS],
+    /// 1 once a task has registered (or is registering) the cancel callback.
+    armed: AtomicU8,
+}
+
+impl<R> Default for InFlight<R> {
+    fn default() -> Self {
+        InFlight {
+            shards: std::array::from_fn(|_| InFlightShard {
+                cells: Mutex::new(Slab::new()),
+                _pad: [0; 64],
+            }),
+            armed: AtomicU8::new(0),
+        }
+    }
+}
+
+impl<R> std::fmt::Debug for InFlight<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").finish_non_exhaustive()
+    }
+}
+
+impl<R> InFlight<R> {
+    /// Wakes the task of every ticket in flight (the node was cancelled). Lock order: a shard,
+    /// then a cell's waker lock; wakers run after both are released.
+    fn wake_all(&self) {
+        let mut wakers = Vec::new();
+        for shard in &self.shards {
+            let cells = shard.cells.lock();
+            wakers.extend(cells.iter().filter_map(|(_, c)| c.waker()));
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// The in-flight shard for the next ticket this thread registers (round robin).
+fn next_in_flight_shard() -> usize {
+    use std::cell::Cell;
+    thread_local!(static NEXT: Cell<usize> = const { Cell::new(0) });
+    NEXT.with(|n| {
+        let v = n.get();
+        n.set(v.wrapping_add(1));
+        v & IN_FLIGHT_SHARD_MASK
+    })
+}
+
 /// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
 /// for unknown effects and quarantined children.
 pub(crate) struct Node<X, R> {
@@ -235,8 +315,9 @@ pub(crate) struct Node<X, R> {
     inner: Mutex<Inner>,
     /// Children, sharded by creating thread; allocated with the first child.
     registry: LazyBox<Registry<X, R>>,
-    /// Tickets registered here that have no receipt yet (for quarantine).
-    in_flight: Mutex<Slab<Arc<TicketCell<R>>>>,
+    /// Tickets registered here that have no receipt yet (for quarantine, and for waking the
+    /// tasks among them on cancel); allocated with the first ticket.
+    in_flight: LazyBox<Arc<InFlight<R>>>,
     /// Receipt counters of this subtree; allocated with the first receipt below.
     counts: LazyBox<Counts>,
     /// Unknown effects and quarantined children of this subtree (rare).
@@ -280,7 +361,7 @@ impl<X, R> Node<X, R> {
                 lists: None,
             }),
             registry: LazyBox::new(),
-            in_flight: Mutex::new(Slab::new()),
+            in_flight: LazyBox::new(),
             counts: LazyBox::new(),
             records: Mutex::new(None),
             ext,
@@ -682,17 +763,69 @@ pub(crate) fn register<X, R>(
     Ok(list_in_flight(node, generation, make))
 }
 
-/// Lists a ticket whose unit was just taken, in `generation`, as in flight.
+/// Lists a ticket whose unit was just taken, in `generation`, as in flight. `make` gets the
+/// ticket's key (its in-flight shard and slot).
 fn list_in_flight<X, R>(
     node: &Node<X, R>,
     generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Arc<TicketCell<R>> {
-    let mut in_flight = node.in_flight.lock();
-    let entry = in_flight.vacant_entry();
-    let cell = Arc::new(make(entry.key(), generation));
+    let shard = next_in_flight_shard();
+    let mut cells = node.in_flight.get_or_init().shards[shard].cells.lock();
+    let entry = cells.vacant_entry();
+    let cell = Arc::new(make(
+        (entry.key() << IN_FLIGHT_SHARD_BITS) | shard,
+        generation,
+    ));
     entry.insert(cell.clone());
     cell
+}
+
+/// Removes a ticket from the in-flight list (its receipt is recorded).
+fn unlist_in_flight<X, R>(node: &Node<X, R>, cell: &TicketCell<R>) {
+    let key = cell.key();
+    if let Some(in_flight) = node.in_flight.get() {
+        let removed = in_flight.shards[key & IN_FLIGHT_SHARD_MASK]
+            .cells
+            .lock()
+            .try_remove(key >> IN_FLIGHT_SHARD_BITS);
+        // The list's `Arc` is dropped after the lock (it may be the last one, with a waker).
+        drop(removed);
+    }
+}
+
+/// Polls for the cancel of `node` on behalf of the task of `cell`, a ticket in flight in
+/// `node`: returns `true` if `node` is cancelled; otherwise keeps `waker` in the cell, where the
+/// cancel finds it, and returns `false`.
+///
+/// No lock of the node is taken: the node's cancel runs one callback (registered here by the
+/// first task that waits, with [`on_cancel`]) that wakes the waker of every ticket in flight.
+/// No wake-up is lost: the cell's waker lock orders this poll against that callback. If the
+/// callback locked the cell first, it ran after the cancel's RMW of the state word, so the load
+/// below sees `CANCELLED`; otherwise it finds the waker. A cell listed after the callback's walk
+/// of its shard was listed after the cancel, and its task sees the bit on its first poll.
+pub(crate) fn poll_cancel_ticket<X, R: Send + 'static>(
+    node: &Node<X, R>,
+    cell: &TicketCell<R>,
+    waker: &Waker,
+) -> bool {
+    cell.set_waker(waker);
+    let in_flight = node.in_flight.get_or_init();
+    // The first waiting task registers the callback. The flag orders nothing itself: a task
+    // that finds it set while the callback is not registered yet is covered by the argument
+    // above, whether the callback then runs at once (cancel already happened) or later.
+    if in_flight.armed.load(Ordering::Acquire) == 0
+        && in_flight
+            .armed
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
+        let shared = in_flight.clone();
+        // Runs at once if the node is already cancelled; otherwise stays registered until the
+        // cancel or the node's end (one callback per node).
+        let _registered = on_cancel(node, Box::new(move |_| shared.wake_all()));
+    }
+    node.state().is_cancelled()
 }
 
 /// Registers a shielded cleanup: like [`register`], but allowed after the watermark closed as
@@ -731,7 +864,7 @@ pub(crate) fn record_receipt<X, R: Clone>(
     clock: impl Fn() -> u64,
 ) {
     count_receipt(node, kind, record, ran, &clock);
-    node.in_flight.lock().try_remove(cell.key());
+    unlist_in_flight(node, cell);
     release_unit(node);
 }
 
@@ -746,10 +879,11 @@ fn count_receipt<X, R: Clone>(
     clock: &dyn Fn() -> u64,
 ) {
     let mut stamp = None;
+    let shard = shard_for_this_thread();
     let mut n = Some(node);
     while let Some(cur) = n {
         let counts = cur.counts.get_or_init();
-        counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
+        counts.by_kind[shard].kinds[kind as usize].fetch_add(1, Ordering::AcqRel);
         if cur.state().is_cancelled() {
             let stamp = *stamp.get_or_insert_with(clock);
             counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
@@ -798,13 +932,23 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
-        let cells: Vec<Arc<TicketCell<R>>> =
-            n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
+        let cells: Vec<Arc<TicketCell<R>>> = n.in_flight.get().map_or_else(Vec::new, |f| {
+            f.shards
+                .iter()
+                .flat_map(|s| {
+                    s.cells
+                        .lock()
+                        .iter()
+                        .map(|(_, c)| c.clone())
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        });
         for cell in cells {
             if let Some(was) = cell.finish_as(TicketState::Quarantined) {
                 let ran = was == TicketState::Dispatched;
                 count_receipt(&n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
-                n.in_flight.lock().try_remove(cell.key());
+                unlist_in_flight(&n, &cell);
                 release_unit(&n);
                 n_quarantined += 1;
             }

@@ -1,5 +1,7 @@
 //! The shared cell of one registered child: its state and its identity.
 
+use std::task::Waker;
+
 use crate::sync::{AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
@@ -36,6 +38,9 @@ pub(crate) struct TicketCell<R> {
     /// What the child is; its owner may add to it after dispatch (a provider handle), so
     /// that a quarantine reports what the owner knew.
     info: Mutex<R>,
+    /// The waker of the task that runs this child, while it waits (tasks only): the node's
+    /// cancel wakes it (see `poll_cancel_ticket`).
+    waker: Mutex<Option<Waker>>,
 }
 
 impl<R> TicketCell<R> {
@@ -45,7 +50,25 @@ impl<R> TicketCell<R> {
             key,
             generation,
             info: Mutex::new(info),
+            waker: Mutex::new(None),
         }
+    }
+
+    /// Keeps `waker` for the node's cancel (replacing an older one).
+    pub(crate) fn set_waker(&self, waker: &Waker) {
+        let mut slot = self.waker.lock();
+        let old = match &mut *slot {
+            Some(w) if w.will_wake(waker) => None,
+            other => other.replace(waker.clone()),
+        };
+        drop(slot);
+        // Dropped with no lock held.
+        drop(old);
+    }
+
+    /// A copy of the waker kept by [`set_waker`](Self::set_waker).
+    pub(crate) fn waker(&self) -> Option<Waker> {
+        self.waker.lock().clone()
     }
 
     pub(crate) fn key(&self) -> usize {
