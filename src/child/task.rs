@@ -13,8 +13,7 @@ use super::ticket::Dispatched;
 use crate::cause::Cause;
 use crate::error::Error;
 use crate::scope::{now_stamp, Scope};
-use crate::sync::Arc;
-use crate::tree::{self, Kind, TicketCell, TicketState};
+use crate::tree::{self, Kind, TaskKey};
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
 /// [`Scope::shield`]: yields its output, or the error that stopped it.
@@ -121,9 +120,9 @@ pin_project! {
         #[pin]
         fut: Option<F>,
         scope: Scope,
-        // `None` once the receipt is recorded (with `fut`). While the task waits, the cell
-        // also holds its waker, which the scope's cancel wakes.
-        cell: Option<Arc<TicketCell<ChildSpec>>>,
+        // Its entry in the scope's in-flight list, which holds its waker while it waits (for
+        // the scope's cancel); `None` once the receipt is recorded (with `fut`).
+        task: Option<TaskKey>,
         // Set while `fut` is polled or dropped: if the task is dropped with it set, that call
         // unwound, and the receipt is `Failed`.
         polling: bool,
@@ -132,11 +131,11 @@ pin_project! {
     impl<F> PinnedDrop for Task<F> {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
-            if let Some(cell) = this.cell.take() {
+            if let Some(task) = this.task.take() {
                 // Aborted, dropped by a runtime shutting down, or unwound from a poll.
                 let receipt = Receipting {
                     scope: this.scope,
-                    cell,
+                    task,
                     kind: if *this.polling { Kind::Failed } else { Kind::Cancelled },
                 };
                 // The work stops before the receipt (which a panicking drop of it still
@@ -151,7 +150,7 @@ pin_project! {
 /// Records a task's receipt when dropped: `kind`, or `Failed` when dropped by an unwind.
 struct Receipting<'a> {
     scope: &'a Scope,
-    cell: Arc<TicketCell<ChildSpec>>,
+    task: TaskKey,
     kind: Kind,
 }
 
@@ -162,10 +161,8 @@ impl Drop for Receipting<'_> {
         } else {
             self.kind
         };
-        // Invariant 5: only the winner of the cell's CAS (this, or a quarantine) records.
-        if self.cell.finish_as(TicketState::Done).is_some() {
-            tree::record_receipt(&self.scope.node, &self.cell, kind, None, true, now_stamp);
-        }
+        // Invariant 5: unless a quarantine took the task out of the list first.
+        tree::record_task_receipt(&self.scope.node, self.task, kind, true, now_stamp);
     }
 }
 
@@ -190,10 +187,10 @@ impl<F: Future> Future for Task<F> {
                 // Pending: only now leave the waker for the cancel (work that finishes on its
                 // first poll never does). A cancel that came meanwhile is seen.
                 Poll::Pending => {
-                    let Some(cell) = this.cell.as_deref() else {
-                        unreachable!("the cell goes with the future");
+                    let Some(task) = *this.task else {
+                        unreachable!("the task's entry goes with the future");
                     };
-                    if !tree::poll_cancel_ticket(node, cell, cx.waker()) {
+                    if !tree::poll_cancel_task(node, task, cx.waker()) {
                         return Poll::Pending;
                     }
                     Err(cancel_error(this.scope))
@@ -205,9 +202,9 @@ impl<F: Future> Future for Task<F> {
         } else {
             Kind::Cancelled
         };
-        let receipt = this.cell.take().map(|cell| Receipting {
+        let receipt = this.task.take().map(|task| Receipting {
             scope: this.scope,
-            cell,
+            task,
             kind,
         });
         *this.polling = true;
@@ -261,43 +258,29 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let cell = self.register_dispatched_cell(task_spec())?;
+        let task = self.register_task(task_spec())?;
         let inner = tokio::spawn(Task {
             fut: Some(fut),
             scope: self.clone(),
-            cell: Some(cell),
+            task: Some(task),
             polling: false,
         });
         Ok(JoinHandle { inner })
     }
 
-    /// Registers a child and dispatches it at once (a task).
+    /// Registers a task and dispatches it at once.
     ///
-    /// The unit is taken by one CAS on the scope's state word that requires an open watermark
-    /// in the generation it records: that is the dispatch CAS's condition, so the same CAS
-    /// serves as both (module docs of `tree`, invariant 2), and no second RMW of the contended
-    /// word is needed. Then, as [`Ticket::dispatch`](super::Ticket::dispatch) does, a deadline
-    /// that has passed is made the cancel, and the child is refused with a `Cancelled`
-    /// receipt (registered, never dispatched): a child is never sent at or after its deadline.
-    fn register_dispatched_cell(
-        &self,
-        spec: ChildSpec,
-    ) -> Result<Arc<TicketCell<ChildSpec>>, Error> {
-        let cell = tree::register(&self.node, |key, generation| {
-            TicketCell::new(key, generation, spec)
-        })?;
-        let expired = self.deadline().is_some() && self.expire_if_due(tokio::time::Instant::now());
-        if !expired && cell.mark_dispatched() {
-            return Ok(cell);
+    /// One CAS on the scope's state word takes the unit and dispatches (see
+    /// `tree::register_task`, invariant 2). Then, as [`Ticket::dispatch`](super::Ticket::dispatch)
+    /// does, a deadline that has passed is made the cancel and the task is refused, with a
+    /// `Cancelled` receipt (registered, never run): nothing is sent at or after its deadline.
+    fn register_task(&self, spec: ChildSpec) -> Result<TaskKey, Error> {
+        let task = tree::register_task(&self.node, spec)?;
+        if self.deadline().is_none() || !self.expire_if_due(tokio::time::Instant::now()) {
+            return Ok(task);
         }
-        // Invariant 5: whoever wins the cell's CAS (this, or a quarantine) records.
-        if cell.finish_as(TicketState::Done).is_some() {
-            tree::record_receipt(&self.node, &cell, Kind::Cancelled, None, false, now_stamp);
-        }
-        Err(match self.cause() {
-            Some(cause) => Error::cancelled(cause),
-            None => Error::closed(),
-        })
+        tree::record_task_receipt(&self.node, task, Kind::Cancelled, false, now_stamp);
+        Err(cancel_error(self))
     }
 
     /// Runs blocking `f` on tokio's blocking pool, tracked by this scope.

@@ -60,11 +60,11 @@ use std::task::Waker;
 use slab::Slab;
 
 use crate::cause::Cause;
-use crate::sync::{Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, LazyBox, Mutex, Ordering};
 
 mod ticket;
 
-pub(crate) use ticket::{TicketCell, TicketState};
+pub(crate) use ticket::{InFlight, TaskKey, TicketCell, TicketState};
 
 const ACTIVE_MASK: u64 = (1 << 32) - 1;
 const CLOSED: u64 = 1 << 32;
@@ -232,71 +232,6 @@ impl<X, R> Default for Registry<X, R> {
             }),
         }
     }
-}
-
-/// Number of in-flight shards per node (a power of two): tickets registered one after another
-/// by one thread go to different shards, so that their receipts, recorded on whichever thread
-/// ends them, seldom wait for the registering thread's lock.
-const IN_FLIGHT_SHARDS: usize = 4;
-const IN_FLIGHT_SHARD_BITS: u32 = IN_FLIGHT_SHARDS.trailing_zeros();
-const IN_FLIGHT_SHARD_MASK: usize = IN_FLIGHT_SHARDS - 1;
-
-/// One shard of a node's in-flight tickets, padded like [`Shard`].
-struct InFlightShard<R> {
-    cells: Mutex<Slab<Arc<TicketCell<R>>>>,
-    _pad: [u8; 64],
-}
-
-/// The tickets of a node that have no receipt yet, shared (an `Arc`) with the node's cancel
-/// callback that wakes the tasks among them (see [`poll_cancel_ticket`]).
-pub(crate) struct InFlight<R> {
-    shards: [InFlightShard<R>; IN_FLIGHT_SHARDS],
-    /// 1 once a task has registered (or is registering) the cancel callback.
-    armed: AtomicU8,
-}
-
-impl<R> Default for InFlight<R> {
-    fn default() -> Self {
-        InFlight {
-            shards: std::array::from_fn(|_| InFlightShard {
-                cells: Mutex::new(Slab::new()),
-                _pad: [0; 64],
-            }),
-            armed: AtomicU8::new(0),
-        }
-    }
-}
-
-impl<R> std::fmt::Debug for InFlight<R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InFlight").finish_non_exhaustive()
-    }
-}
-
-impl<R> InFlight<R> {
-    /// Wakes the task of every ticket in flight (the node was cancelled). Lock order: a shard,
-    /// then a cell's waker lock; wakers run after both are released.
-    fn wake_all(&self) {
-        let mut wakers = Vec::new();
-        for shard in &self.shards {
-            let cells = shard.cells.lock();
-            wakers.extend(cells.iter().filter_map(|(_, c)| c.waker()));
-        }
-        for w in wakers {
-            w.wake();
-        }
-    }
-}
-
-/// The in-flight shard for the next ticket this thread registers (round robin).
-fn next_in_flight_shard() -> usize {
-    use std::cell::Cell;
-    thread_local!(static NEXT: Cell<usize> = const { Cell::new(0) });
-    NEXT.with(|n| {
-        let v = n.get();
-        n.set(v.wrapping_add(1));
-        v & IN_FLIGHT_SHARD_MASK
-    })
 }
 
 /// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
@@ -770,50 +705,63 @@ fn list_in_flight<X, R>(
     generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Arc<TicketCell<R>> {
-    let shard = next_in_flight_shard();
-    let mut cells = node.in_flight.get_or_init().shards[shard].cells.lock();
-    let entry = cells.vacant_entry();
-    let cell = Arc::new(make(
-        (entry.key() << IN_FLIGHT_SHARD_BITS) | shard,
-        generation,
-    ));
-    entry.insert(cell.clone());
-    cell
+    node.in_flight
+        .get_or_init()
+        .list_ticket(|key| make(key, generation))
 }
 
-/// Removes a ticket from the in-flight list (its receipt is recorded).
-fn unlist_in_flight<X, R>(node: &Node<X, R>, cell: &TicketCell<R>) {
-    let key = cell.key();
-    if let Some(in_flight) = node.in_flight.get() {
-        let removed = in_flight.shards[key & IN_FLIGHT_SHARD_MASK]
-            .cells
-            .lock()
-            .try_remove(key >> IN_FLIGHT_SHARD_BITS);
-        // The list's `Arc` is dropped after the lock (it may be the last one, with a waker).
-        drop(removed);
-    }
-}
-
-/// Polls for the cancel of `node` on behalf of the task of `cell`, a ticket in flight in
-/// `node`: returns `true` if `node` is cancelled; otherwise keeps `waker` in the cell, where the
-/// cancel finds it, and returns `false`.
+/// Registers a spawned task: takes a unit and lists the task, inline, as in flight.
 ///
-/// No lock of the node is taken: the node's cancel runs one callback (registered here by the
-/// first task that waits, with [`on_cancel`]) that wakes the waker of every ticket in flight.
-/// No wake-up is lost: the cell's waker lock orders this poll against that callback. If the
-/// callback locked the cell first, it ran after the cancel's RMW of the state word, so the load
-/// below sees `CANCELLED`; otherwise it finds the waker. A cell listed after the callback's walk
-/// of its shard was listed after the cancel, and its task sees the bit on its first poll.
-pub(crate) fn poll_cancel_ticket<X, R: Send + 'static>(
+/// The unit CAS requires an open watermark in the generation the state word has, which is the
+/// dispatch CAS's condition (invariant 2): a task registered here is dispatched by the same
+/// CAS, with no second RMW of the state word. In the word's modification order that CAS comes
+/// before any cancel of this node (whose RMW sets `CLOSED`), and the cancel, which walks down
+/// to this node through its linked ancestors, then wakes the task (see [`poll_cancel_task`]).
+pub(crate) fn register_task<X, R>(node: &Node<X, R>, info: R) -> Result<TaskKey, Refused> {
+    take_unit(node)?;
+    Ok(node.in_flight.get_or_init().list_task(info))
+}
+
+/// Records the receipt of a task of `node`, unless a quarantine took it first (then returns
+/// `false`): counted in `node` and every ancestor before the unit is released (invariants 5, 6).
+pub(crate) fn record_task_receipt<X, R: Clone>(
     node: &Node<X, R>,
-    cell: &TicketCell<R>,
+    task: TaskKey,
+    kind: Kind,
+    ran: bool,
+    clock: impl Fn() -> u64,
+) -> bool {
+    let listed = node.in_flight.get().is_some_and(|f| f.unlist_task(task));
+    if listed {
+        count_receipt(node, kind, None, ran, &clock);
+        release_unit(node);
+    }
+    listed
+}
+
+/// Polls for the cancel of `node` on behalf of `task`, listed in flight in `node`: returns
+/// `true` if `node` is cancelled; otherwise keeps `waker` in the task's entry, where the cancel
+/// finds it, and returns `false`.
+///
+/// No lock of the node itself is taken: the node's cancel runs one callback (registered here by
+/// the first task that waits, with [`on_cancel`]) that wakes the waker of every listed task.
+/// No wake-up is lost: the entry's shard lock orders this poll against that callback. If the
+/// callback took the lock first, it ran after the cancel's RMW of the state word, so the load
+/// below sees `CANCELLED`; otherwise it finds the waker. A task listed after the callback's
+/// walk of its shard was listed after the cancel, and sees the bit on its first poll.
+pub(crate) fn poll_cancel_task<X, R: Send + 'static>(
+    node: &Node<X, R>,
+    task: TaskKey,
     waker: &Waker,
 ) -> bool {
-    cell.set_waker(waker);
     let in_flight = node.in_flight.get_or_init();
+    if !in_flight.set_task_waker(task, waker) {
+        // Quarantined: only ever after a cancel.
+        return node.state().is_cancelled();
+    }
     // The first waiting task registers the callback. The flag orders nothing itself: a task
     // that finds it set while the callback is not registered yet is covered by the argument
-    // above, whether the callback then runs at once (cancel already happened) or later.
+    // above, whether the callback then runs at once (the cancel already happened) or later.
     if in_flight.armed.load(Ordering::Acquire) == 0
         && in_flight
             .armed
@@ -864,7 +812,9 @@ pub(crate) fn record_receipt<X, R: Clone>(
     clock: impl Fn() -> u64,
 ) {
     count_receipt(node, kind, record, ran, &clock);
-    unlist_in_flight(node, cell);
+    if let Some(in_flight) = node.in_flight.get() {
+        in_flight.unlist_ticket(cell.key());
+    }
     release_unit(node);
 }
 
@@ -932,26 +882,8 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
-        let cells: Vec<Arc<TicketCell<R>>> = n.in_flight.get().map_or_else(Vec::new, |f| {
-            f.shards
-                .iter()
-                .flat_map(|s| {
-                    s.cells
-                        .lock()
-                        .iter()
-                        .map(|(_, c)| c.clone())
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        });
-        for cell in cells {
-            if let Some(was) = cell.finish_as(TicketState::Quarantined) {
-                let ran = was == TicketState::Dispatched;
-                count_receipt(&n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
-                unlist_in_flight(&n, &cell);
-                release_unit(&n);
-                n_quarantined += 1;
-            }
+        if let Some(in_flight) = n.in_flight.get() {
+            n_quarantined += quarantine_in_flight(&n, in_flight, stamp);
         }
         for shard in n.shards() {
             let children = shard.children.lock();
@@ -959,6 +891,28 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
         }
     }
     n_quarantined
+}
+
+/// Quarantines the children in flight in `n` (see [`quarantine_subtree`]); returns how many.
+fn quarantine_in_flight<X, R: Clone>(n: &Node<X, R>, in_flight: &InFlight<R>, stamp: u64) -> usize {
+    let mut count = 0;
+    let (cells, tasks) = in_flight.take_for_quarantine();
+    for cell in cells {
+        if let Some(was) = cell.finish_as(TicketState::Quarantined) {
+            let ran = was == TicketState::Dispatched;
+            count_receipt(n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
+            in_flight.unlist_ticket(cell.key());
+            release_unit(n);
+            count += 1;
+        }
+    }
+    // Tasks taken out of the list are decided: their late receipts find nothing (invariant 5).
+    for info in tasks {
+        count_receipt(n, Kind::Quarantined, Some(info), true, &|| stamp);
+        release_unit(n);
+        count += 1;
+    }
+    count
 }
 
 /// A registered waiter: its key in one of the node's waiter slabs.
