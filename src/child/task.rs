@@ -258,14 +258,30 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        let inner = tokio::spawn(self.task(fut)?);
+        Ok(JoinHandle { inner })
+    }
+
+    /// The future of a task: registered and dispatched, not spawned yet.
+    fn task<F: Future>(&self, fut: F) -> Result<Task<F>, Error> {
         let task = self.register_task(task_spec())?;
-        let inner = tokio::spawn(Task {
+        Ok(Task {
             fut: Some(fut),
             scope: self.clone(),
             task: Some(task),
             polling: false,
-        });
-        Ok(JoinHandle { inner })
+        })
+    }
+
+    /// What [`spawn`](Scope::spawn) would run as the task, registered and dispatched but not
+    /// spawned: for the loom models, which have no runtime to spawn on (polling it is running
+    /// the task; dropping it unpolled is aborting it).
+    #[doc(hidden)]
+    pub fn __task<F: Future>(
+        &self,
+        fut: F,
+    ) -> Result<impl Future<Output = Result<F::Output, Error>>, Error> {
+        self.task(fut)
     }
 
     /// Registers a task and dispatches it at once.

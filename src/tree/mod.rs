@@ -27,13 +27,18 @@
 //!    and bumps the generation with one read-modify-write on the same word. The modification
 //!    order of that word puts every dispatch either before the cancel (whose propagation then
 //!    reaches the dispatched work through this node) or after it (and the CAS fails).
+//!    A spawned task is registered and dispatched by one CAS ([`register_task`]): taking a unit
+//!    is a CAS from a word without `CLOSED`, in the generation it holds, which is the dispatch
+//!    CAS's condition, so the same modification-order argument holds for it (loom models 15, 16).
 //! 3. **No registration after the watermark closes.** Taking a unit is a CAS that fails when
 //!    `CLOSED` is set. A node going from 0 to 1 units first takes a unit in its parent (so the
 //!    parent's `CLOSED` bit is checked too) and gives it back if it loses the race.
 //! 4. (Budgets never grow: enforced by `budget` and the scope builder, not here.)
 //! 5. **Exactly one receipt per ticket.** A ticket's [`TicketCell`] moves out of
 //!    `PREPARED`/`DISPATCHED` by one CAS, made either by its owner (receipt, drop) or by
-//!    quarantine; only the winner records a receipt and releases the unit.
+//!    quarantine; only the winner records a receipt and releases the unit. A spawned task has
+//!    no cell: its entry in the in-flight list is taken out under the shard lock by exactly one
+//!    of its receipt and a quarantine (a sequence number tells a reused slot apart).
 //! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
@@ -52,7 +57,8 @@
 //! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
 //! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
 //! take no other lock), so no cycle can form. [`quarantine_subtree`] and `close` hold a shard
-//! only while cloning `Arc`s out of it. Callbacks and wakers are always invoked after every
+//! only while cloning `Arc`s out of it. An in-flight shard is a leaf lock: nothing is taken
+//! while one is held. Callbacks and wakers are always invoked after every
 //! lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
