@@ -161,6 +161,9 @@ pub(crate) struct InFlight<R> {
     shards: [InFlightShard<R>; SHARDS],
     /// 1 once a task has registered (or is registering) the cancel callback.
     pub(super) armed: AtomicU8,
+    /// 1 once the cancel callback runs: set before it wakes the tasks, so that a task that
+    /// stores its waker and then reads this (not the node's busy state word) loses no wake-up.
+    cancelled: AtomicU8,
 }
 
 impl<R> Default for InFlight<R> {
@@ -174,6 +177,7 @@ impl<R> Default for InFlight<R> {
                 _pad: [0; 64],
             }),
             armed: AtomicU8::new(0),
+            cancelled: AtomicU8::new(0),
         }
     }
 }
@@ -283,8 +287,18 @@ impl<R> InFlight<R> {
         true
     }
 
-    /// Wakes every waiting task (the node was cancelled). Wakers run after the lock.
+    /// Whether the cancel callback has run (see [`wake_all`](Self::wake_all)).
+    pub(super) fn is_cancelled(&self) -> bool {
+        // Acquire: pairs with the Release store in `wake_all`.
+        self.cancelled.load(Ordering::Acquire) != 0
+    }
+
+    /// Wakes every waiting task (the node was cancelled): first marks the list cancelled, then
+    /// takes each shard's lock to copy the wakers. Wakers run after the lock.
     pub(super) fn wake_all(&self) {
+        // Release: a task whose shard lock comes after this one's sees it (the lock orders
+        // them too); one whose lock comes before has left its waker for the walk below.
+        self.cancelled.store(1, Ordering::Release);
         let mut wakers = Vec::new();
         for shard in &self.shards {
             let cells = shard.cells.lock();
