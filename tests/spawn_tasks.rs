@@ -87,8 +87,16 @@ async fn spawn_blocking_yields_the_output_and_succeeds() {
     assert_eq!(s.quiesce().await.succeeded(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
+/// Blocks its thread until released, ignoring any cancel; says when it started.
+type Stuck = Box<dyn FnOnce() + Send>;
+
+/// Starts a child with `start` (which runs the `Stuck` it is given, then returns "late") in a
+/// scope with a short grace period, cancels the scope while the child is stuck, and checks that
+/// `quiesce()` quarantines it under `name` and that its late outcome changes nothing.
+async fn stuck_child_is_quarantined(
+    name: &str,
+    start: impl FnOnce(&Scope, Stuck) -> cancel_scope::JoinHandle<&'static str>,
+) {
     let s = Scope::new()
         .child()
         .grace(Duration::from_millis(20))
@@ -96,18 +104,18 @@ async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
         .unwrap();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let h = s
-        .spawn_blocking(move || {
+    let h = start(
+        &s,
+        Box::new(move || {
             started_tx.send(()).unwrap();
             release_rx.recv().unwrap(); // ignores the cancel until released
-            "late"
-        })
-        .unwrap();
+        }),
+    );
     started_rx.await.unwrap();
     s.cancel();
     let report = s.quiesce().await;
-    assert_eq!(report.quarantined(), 1);
-    assert_eq!(report.quarantined_children()[0].name(), "blocking");
+    assert_eq!((report.quarantined(), report.total()), (1, 1));
+    assert_eq!(report.quarantined_children()[0].name(), name);
     assert_eq!(report.state(), Lifecycle::CancelledStable);
     // The late outcome is ignored: the report does not change.
     release_tx.send(()).unwrap();
@@ -116,32 +124,28 @@ async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_ignores_the_cancel_is_quarantined_and_its_late_outcome_ignored() {
-    let s = Scope::new()
-        .child()
-        .grace(Duration::from_millis(20))
-        .build()
-        .unwrap();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let h = s
-        .spawn(async move {
-            started_tx.send(()).unwrap();
-            // Blocks its worker thread: the cancel cannot stop it at an await point.
-            release_rx.recv().unwrap();
+async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
+    stuck_child_is_quarantined("blocking", |s, stuck| {
+        s.spawn_blocking(move || {
+            stuck();
             "late"
         })
-        .unwrap();
-    started_rx.await.unwrap();
-    s.cancel();
-    let report = s.quiesce().await;
-    assert_eq!((report.quarantined(), report.total()), (1, 1));
-    assert_eq!(report.quarantined_children()[0].name(), "task");
-    assert_eq!(report.state(), Lifecycle::CancelledStable);
-    // It ends after all; its own receipt is ignored and the report does not change.
-    release_tx.send(()).unwrap();
-    assert_eq!(h.await.unwrap(), "late");
-    assert_eq!(s.quiesce().await, report);
+        .unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ignores_the_cancel_is_quarantined_and_its_late_outcome_ignored() {
+    stuck_child_is_quarantined("task", |s, stuck| {
+        // Blocks its worker thread: the cancel cannot stop it at an await point.
+        s.spawn(async move {
+            stuck();
+            "late"
+        })
+        .unwrap()
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
