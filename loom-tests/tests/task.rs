@@ -21,7 +21,7 @@ use loom::thread;
 /// the canceller reads both after `cancel_because` returns; a task that was registered and
 /// dispatched (by one CAS) must have its flag seen. No lost wake-up: each dispatched task,
 /// waiting with its waker in the scope's in-flight list, is woken by the cancel's callback
-/// (registered by the node's first task, the two racing) and ends `Err(deadline)` —
+/// (registered by the first task that waits, the two racing) and ends `Err(deadline)` —
 /// loom reports a deadlock if a `block_on` is never woken. Invariant 5: the report counts one
 /// `Cancelled` receipt per dispatched task.
 #[test]
