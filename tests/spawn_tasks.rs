@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::{Lifecycle, Scope};
+use cancel_scope::{Cause, Lifecycle, Scope};
 
 #[tokio::test]
 async fn spawn_after_cancel_is_refused_without_running_the_future() {
@@ -87,8 +87,16 @@ async fn spawn_blocking_yields_the_output_and_succeeds() {
     assert_eq!(s.quiesce().await.succeeded(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
+/// Blocks its thread until released, ignoring any cancel; says when it started.
+type Stuck = Box<dyn FnOnce() + Send>;
+
+/// Starts a child with `start` (which runs the `Stuck` it is given, then returns "late") in a
+/// scope with a short grace period, cancels the scope while the child is stuck, and checks that
+/// `quiesce()` quarantines it under `name` and that its late outcome changes nothing.
+async fn stuck_child_is_quarantined(
+    name: &str,
+    start: impl FnOnce(&Scope, Stuck) -> cancel_scope::JoinHandle<&'static str>,
+) {
     let s = Scope::new()
         .child()
         .grace(Duration::from_millis(20))
@@ -96,21 +104,111 @@ async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
         .unwrap();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let h = s
-        .spawn_blocking(move || {
+    let h = start(
+        &s,
+        Box::new(move || {
             started_tx.send(()).unwrap();
             release_rx.recv().unwrap(); // ignores the cancel until released
-            "late"
-        })
-        .unwrap();
+        }),
+    );
     started_rx.await.unwrap();
     s.cancel();
     let report = s.quiesce().await;
-    assert_eq!(report.quarantined(), 1);
-    assert_eq!(report.quarantined_children()[0].name(), "blocking");
+    assert_eq!((report.quarantined(), report.total()), (1, 1));
+    assert_eq!(report.quarantined_children()[0].name(), name);
     assert_eq!(report.state(), Lifecycle::CancelledStable);
     // The late outcome is ignored: the report does not change.
     release_tx.send(()).unwrap();
     assert_eq!(h.await.unwrap(), "late");
     assert_eq!(s.quiesce().await, report);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
+    stuck_child_is_quarantined("blocking", |s, stuck| {
+        s.spawn_blocking(move || {
+            stuck();
+            "late"
+        })
+        .unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ignores_the_cancel_is_quarantined_and_its_late_outcome_ignored() {
+    stuck_child_is_quarantined("task", |s, stuck| {
+        // Blocks its worker thread: the cancel cannot stop it at an await point.
+        s.spawn(async move {
+            stuck();
+            "late"
+        })
+        .unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_wakes_every_waiting_task_of_the_scope_and_its_children() {
+    let root = Scope::new();
+    let children: Vec<Scope> = (0..3).map(|_| root.child().build().unwrap()).collect();
+    let mut handles = Vec::new();
+    for i in 0..60 {
+        // Work that never completes and no timer: only the cancel can end it.
+        let scope = if i % 4 == 0 { &root } else { &children[i % 3] };
+        handles.push(scope.spawn(std::future::pending::<()>()).unwrap());
+    }
+    tokio::task::yield_now().await; // let the tasks poll once and wait
+    root.cancel_because(Cause::ClientGone);
+    for h in handles {
+        assert_eq!(
+            h.await.unwrap_err().cause().map(Cause::origin),
+            Some(&Cause::ClientGone)
+        );
+    }
+    let r = root.quiesce().await;
+    assert_eq!((r.cancelled(), r.total()), (60, 60));
+    assert_eq!(r.state(), Lifecycle::CancelledStable);
+}
+
+#[tokio::test]
+async fn a_task_whose_finished_work_panics_when_dropped_records_failed() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("drop");
+        }
+    }
+    /// Ready at once, and keeps its guard until the task drops it.
+    struct Work(#[allow(dead_code)] PanicsOnDrop);
+    impl std::future::Future for Work {
+        type Output = ();
+        fn poll(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<()> {
+            std::task::Poll::Ready(())
+        }
+    }
+    let s = Scope::new();
+    let h = s.spawn(Work(PanicsOnDrop)).unwrap();
+    assert!(h.await.unwrap_err().is_panic());
+    s.close();
+    let r = s.quiesce().await;
+    assert_eq!((r.failed(), r.total()), (1, 1));
+}
+
+#[tokio::test]
+async fn a_task_whose_work_panics_after_a_pending_poll_records_failed_once() {
+    let s = Scope::new();
+    let h = s
+        .spawn(async {
+            tokio::task::yield_now().await;
+            panic!("boom");
+        })
+        .unwrap();
+    assert!(h.await.unwrap_err().is_panic());
+    s.close();
+    let r = s.quiesce().await;
+    assert_eq!((r.failed(), r.total()), (1, 1));
 }

@@ -293,7 +293,7 @@ fn dropped_middle_handle_keeps_grandchild_reachable() {
     });
 }
 
-/// Model 15: a scope loses its last handle while its children, linked in two different
+/// Model 18: a scope loses its last handle while its children, linked in two different
 /// registry shards (built on two threads), are created and dropped.
 ///
 /// Invariants 1 and 7: the middle scope is not retired while a child lives (the root's cancel
@@ -325,7 +325,7 @@ fn last_handle_racing_children_on_two_shards() {
     });
 }
 
-/// Model 15 (roots): a root's last handle dropped while its only child is dropped on another
+/// Model 18 (roots): a root's last handle dropped while its only child is dropped on another
 /// thread, and a root that outlives nothing: loom's leak check shows that the link from child
 /// to root never keeps the root alive once both are gone.
 #[test]

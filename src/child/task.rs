@@ -6,10 +6,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
+
 use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
+use crate::cause::Cause;
 use crate::error::Error;
-use crate::scope::Scope;
+use crate::scope::{now_stamp, Scope};
+use crate::tree::{self, Kind, TaskKey};
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
 /// [`Scope::shield`]: yields its output, or the error that stopped it.
@@ -103,6 +107,118 @@ impl TaskReceipt {
     }
 }
 
+pin_project! {
+    /// The future of a task spawned with [`Scope::spawn`]: runs `fut` with the scope current,
+    /// stops it when the scope is cancelled, and records the task's receipt.
+    ///
+    /// One struct instead of nested `async` blocks: it holds one handle of the scope (the task
+    /// local gets a clone for the length of each poll) and the ticket's cell, so the task that
+    /// tokio allocates and moves stays small.
+    struct Task<F> {
+        // `None` once stopped: the work is dropped before its receipt is recorded, as a
+        // stopped child must have stopped before it is counted (invariant 6).
+        #[pin]
+        fut: Option<F>,
+        scope: Scope,
+        // Its entry in the scope's in-flight list, which holds its waker while it waits (for
+        // the scope's cancel); `None` once the receipt is recorded (with `fut`).
+        task: Option<TaskKey>,
+        // Set while `fut` is polled or dropped: if the task is dropped with it set, that call
+        // unwound, and the receipt is `Failed`.
+        polling: bool,
+    }
+
+    impl<F> PinnedDrop for Task<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if let Some(task) = this.task.take() {
+                // Aborted, dropped by a runtime shutting down, or unwound from a poll.
+                let receipt = Receipting {
+                    scope: this.scope,
+                    task,
+                    kind: if *this.polling { Kind::Failed } else { Kind::Cancelled },
+                };
+                // The work stops before the receipt (which a panicking drop of it still
+                // records, as `Failed`).
+                this.fut.set(None);
+                drop(receipt);
+            }
+        }
+    }
+}
+
+/// Records a task's receipt when dropped: `kind`, or `Failed` when dropped by an unwind.
+struct Receipting<'a> {
+    scope: &'a Scope,
+    task: TaskKey,
+    kind: Kind,
+}
+
+impl Drop for Receipting<'_> {
+    fn drop(&mut self) {
+        let kind = if std::thread::panicking() {
+            Kind::Failed
+        } else {
+            self.kind
+        };
+        // Invariant 5: unless a quarantine took the task out of the list first.
+        tree::record_task_receipt(&self.scope.node, self.task, kind, true, now_stamp);
+    }
+}
+
+impl<F: Future> Future for Task<F> {
+    type Output = Result<F::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let node = &this.scope.node;
+        // A cancelled scope never polls its work again (invariant 2): one load decides.
+        let out = if node.state().is_cancelled() {
+            Err(cancel_error(this.scope))
+        } else {
+            let Some(fut) = this.fut.as_mut().as_pin_mut() else {
+                panic!("a scope task polled after it completed");
+            };
+            *this.polling = true;
+            let polled = this.scope.sync_scope(|| fut.poll(cx));
+            *this.polling = false;
+            match polled {
+                Poll::Ready(out) => Ok(out),
+                // Pending: only now leave the waker for the cancel (work that finishes on its
+                // first poll never does). A cancel that came meanwhile is seen.
+                Poll::Pending => {
+                    let Some(task) = *this.task else {
+                        unreachable!("the task's entry goes with the future");
+                    };
+                    if !tree::poll_cancel_task(node, task, cx.waker()) {
+                        return Poll::Pending;
+                    }
+                    Err(cancel_error(this.scope))
+                }
+            }
+        };
+        let kind = if out.is_ok() {
+            Kind::Succeeded
+        } else {
+            Kind::Cancelled
+        };
+        let receipt = this.task.take().map(|task| Receipting {
+            scope: this.scope,
+            task,
+            kind,
+        });
+        *this.polling = true;
+        this.fut.set(None);
+        *this.polling = false;
+        drop(receipt);
+        Poll::Ready(out)
+    }
+}
+
+fn cancel_error(scope: &Scope) -> Error {
+    Error::cancelled(scope.cause().unwrap_or(Cause::Cancelled { reason: None }))
+}
+
 fn task_spec() -> ChildSpec {
     ChildSpec::read_only_static("task")
 }
@@ -142,18 +258,45 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let dispatched = self.register(task_spec())?.dispatch()?;
-        let run = self.run(fut);
-        let inner = tokio::spawn(async move {
-            let mut receipt = TaskReceipt(Some(dispatched));
-            let out = run.await;
-            receipt.finish(match &out {
-                Ok(_) => Receipt::Succeeded,
-                Err(_) => Receipt::Cancelled,
-            });
-            out
-        });
+        let inner = tokio::spawn(self.task(fut)?);
         Ok(JoinHandle { inner })
+    }
+
+    /// The future of a task: registered and dispatched, not spawned yet.
+    fn task<F: Future>(&self, fut: F) -> Result<Task<F>, Error> {
+        let task = self.register_task(task_spec())?;
+        Ok(Task {
+            fut: Some(fut),
+            scope: self.clone(),
+            task: Some(task),
+            polling: false,
+        })
+    }
+
+    /// What [`spawn`](Scope::spawn) would run as the task, registered and dispatched but not
+    /// spawned: for the loom models, which have no runtime to spawn on (polling it is running
+    /// the task; dropping it unpolled is aborting it).
+    #[doc(hidden)]
+    pub fn __task<F: Future>(
+        &self,
+        fut: F,
+    ) -> Result<impl Future<Output = Result<F::Output, Error>>, Error> {
+        self.task(fut)
+    }
+
+    /// Registers a task and dispatches it at once.
+    ///
+    /// One CAS on the scope's state word takes the unit and dispatches (see
+    /// `tree::register_task`, invariant 2). Then, as [`Ticket::dispatch`](super::Ticket::dispatch)
+    /// does, a deadline that has passed is made the cancel and the task is refused, with a
+    /// `Cancelled` receipt (registered, never run): nothing is sent at or after its deadline.
+    fn register_task(&self, spec: ChildSpec) -> Result<TaskKey, Error> {
+        let task = tree::register_task(&self.node, spec)?;
+        if self.deadline().is_none() || !self.expire_if_due(tokio::time::Instant::now()) {
+            return Ok(task);
+        }
+        tree::record_task_receipt(&self.node, task, Kind::Cancelled, false, now_stamp);
+        Err(cancel_error(self))
     }
 
     /// Runs blocking `f` on tokio's blocking pool, tracked by this scope.

@@ -27,13 +27,18 @@
 //!    and bumps the generation with one read-modify-write on the same word. The modification
 //!    order of that word puts every dispatch either before the cancel (whose propagation then
 //!    reaches the dispatched work through this node) or after it (and the CAS fails).
+//!    A spawned task is registered and dispatched by one CAS ([`register_task`]): taking a unit
+//!    is a CAS from a word without `CLOSED`, in the generation it holds, which is the dispatch
+//!    CAS's condition, so the same modification-order argument holds for it (loom models 15, 16).
 //! 3. **No registration after the watermark closes.** Taking a unit is a CAS that fails when
 //!    `CLOSED` is set. A node going from 0 to 1 units first takes a unit in its parent (so the
 //!    parent's `CLOSED` bit is checked too) and gives it back if it loses the race.
 //! 4. (Budgets never grow: enforced by `budget` and the scope builder, not here.)
 //! 5. **Exactly one receipt per ticket.** A ticket's [`TicketCell`] moves out of
 //!    `PREPARED`/`DISPATCHED` by one CAS, made either by its owner (receipt, drop) or by
-//!    quarantine; only the winner records a receipt and releases the unit.
+//!    quarantine; only the winner records a receipt and releases the unit. A spawned task has
+//!    no cell: its entry in the in-flight list is taken out under the shard lock by exactly one
+//!    of its receipt and a quarantine (a sequence number tells a reused slot apart).
 //! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
@@ -66,8 +71,9 @@
 //! takes the node's `inner` while holding that shard (never the reverse), and a node losing
 //! its last handle takes all of its own shards in index order and nothing else.
 //! [`quarantine_subtree`] and `close` hold a shard only while cloning `Arc`s out of it;
-//! unlinking holds one shard of the parent and nothing else. Callbacks and wakers are always
-//! invoked after every lock is released, so user code never runs under a tree lock.
+//! unlinking holds one shard of the parent and nothing else. An in-flight shard is a leaf
+//! lock: nothing is taken while one is held. Callbacks and wakers are always invoked after
+//! every lock is released, so user code never runs under a tree lock.
 
 use std::task::Waker;
 
@@ -78,7 +84,7 @@ use crate::sync::{Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Orderin
 
 mod ticket;
 
-pub(crate) use ticket::{TicketCell, TicketState};
+pub(crate) use ticket::{InFlight, TaskKey, TicketCell, TicketState};
 
 const ACTIVE_MASK: u64 = (1 << 32) - 1;
 const CLOSED: u64 = 1 << 32;
@@ -138,18 +144,33 @@ pub(crate) enum Kind {
 }
 
 /// Per-kind receipt counters of a subtree (rolled up to every ancestor when recorded).
+///
+/// Sharded by the recording thread, like the registry: tasks finishing on different worker
+/// threads add to different cache lines, and a read sums the shards. Receipts are counted
+/// before their unit is released, so a reader who observed quiet sees every shard's final
+/// value (invariant 6).
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
-    by_kind: [AtomicU64; 5],
+    by_kind: [CountShard; SHARDS],
     /// Sum over receipts recorded after this node was cancelled of (receipt stamp - cancel stamp).
     orphan_nanos: AtomicU64,
     /// Stamp of the last receipt or guard release, for "time from cancel to quiet".
     last_stamp: AtomicU64,
 }
 
+/// The receipt counters of one shard, padded to a cache line of their own.
+#[derive(Debug, Default)]
+struct CountShard {
+    kinds: [AtomicU64; 5],
+    _pad: [u64; 3],
+}
+
 impl Counts {
     pub(crate) fn get(&self, kind: Kind) -> u64 {
-        self.by_kind[kind as usize].load(Ordering::Acquire)
+        self.by_kind
+            .iter()
+            .map(|s| s.kinds[kind as usize].load(Ordering::Acquire))
+            .fold(0, u64::wrapping_add)
     }
     pub(crate) fn orphan_nanos(&self) -> u64 {
         self.orphan_nanos.load(Ordering::Acquire)
@@ -283,8 +304,9 @@ pub(crate) struct Node<X, R> {
     inner: Mutex<Inner>,
     /// Children, sharded by creating thread; allocated with the first child.
     registry: LazyBox<Registry<X, R>>,
-    /// Tickets registered here that have no receipt yet (for quarantine).
-    in_flight: Mutex<Slab<Arc<TicketCell<R>>>>,
+    /// Tickets registered here that have no receipt yet (for quarantine, and for waking the
+    /// tasks among them on cancel); allocated with the first ticket.
+    in_flight: LazyBox<Arc<InFlight<R>>>,
     /// Receipt counters of this subtree; allocated with the first receipt below.
     counts: LazyBox<Counts>,
     /// Unknown effects and quarantined children of this subtree (rare).
@@ -320,7 +342,7 @@ impl<X, R> Node<X, R> {
                 shards_in_use: 0,
             }),
             registry: LazyBox::new(),
-            in_flight: Mutex::new(Slab::new()),
+            in_flight: LazyBox::new(),
             counts: LazyBox::new(),
             records: Mutex::new(None),
             ext,
@@ -823,17 +845,86 @@ pub(crate) fn register<X, R>(
     Ok(list_in_flight(node, generation, make))
 }
 
-/// Lists a ticket whose unit was just taken, in `generation`, as in flight.
+/// Lists a ticket whose unit was just taken, in `generation`, as in flight. `make` gets the
+/// ticket's key (its in-flight shard and slot).
 fn list_in_flight<X, R>(
     node: &Node<X, R>,
     generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Arc<TicketCell<R>> {
-    let mut in_flight = node.in_flight.lock();
-    let entry = in_flight.vacant_entry();
-    let cell = Arc::new(make(entry.key(), generation));
-    entry.insert(cell.clone());
-    cell
+    node.in_flight
+        .get_or_init()
+        .list_ticket(|key| make(key, generation))
+}
+
+/// Registers a spawned task: takes a unit and lists the task, inline, as in flight.
+///
+/// The unit CAS requires an open watermark in the generation the state word has, which is the
+/// dispatch CAS's condition (invariant 2): a task registered here is dispatched by the same
+/// CAS, with no second RMW of the state word. In the word's modification order that CAS comes
+/// before any cancel of this node (whose RMW sets `CLOSED`), and the cancel, which walks down
+/// to this node through its linked ancestors, then wakes the task (see [`poll_cancel_task`]).
+pub(crate) fn register_task<X, R>(node: &Node<X, R>, info: R) -> Result<TaskKey, Refused> {
+    take_unit(node)?;
+    Ok(node.in_flight.get_or_init().list_task(info))
+}
+
+/// Records the receipt of a task of `node`, unless a quarantine took it first (then returns
+/// `false`): counted in `node` and every ancestor before the unit is released (invariants 5, 6).
+pub(crate) fn record_task_receipt<X, R: Clone>(
+    node: &Node<X, R>,
+    task: TaskKey,
+    kind: Kind,
+    ran: bool,
+    clock: impl Fn() -> u64,
+) -> bool {
+    let listed = node.in_flight.get().is_some_and(|f| f.unlist_task(task));
+    if listed {
+        count_receipt(node, kind, None, ran, &clock);
+        release_unit(node);
+    }
+    listed
+}
+
+/// Polls for the cancel of `node` on behalf of `task`, listed in flight in `node`: returns
+/// `true` if the cancel has reached the task's list; otherwise keeps `waker` in the task's
+/// entry, where the cancel finds it, and returns `false`.
+///
+/// No lock of the node itself is taken, nor its state word read (every spawn and receipt of
+/// the node writes that word, so from a worker thread reading it is a cache miss): the node's
+/// cancel runs one callback (registered here by the first task that waits, with [`on_cancel`])
+/// that marks the in-flight list cancelled and then wakes the waker of every listed task. No wake-up
+/// is lost: the entry's shard lock orders this poll against that callback. If the callback
+/// took the lock first, it had set the mark, and the load below sees it; otherwise it finds
+/// the waker. A task listed after the callback's walk of its shard was listed after the cancel,
+/// and sees the state word's `CANCELLED` when it is first polled.
+pub(crate) fn poll_cancel_task<X, R: Send + 'static>(
+    node: &Node<X, R>,
+    task: TaskKey,
+    waker: &Waker,
+) -> bool {
+    let Some(in_flight) = node.in_flight.get() else {
+        unreachable!("a task is listed in flight");
+    };
+    if !in_flight.set_task_waker(task, waker) {
+        // Quarantined: only ever after a cancel.
+        return true;
+    }
+    // The first waiting task registers the callback. The flag orders nothing itself: a task
+    // that finds it set while the callback is not registered yet is covered by the argument
+    // above, whether the callback then runs at once (the cancel already happened) or later.
+    if in_flight.armed.load(Ordering::Acquire) == 0
+        && in_flight
+            .armed
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
+        let shared = in_flight.clone();
+        // Runs at once if the node is already cancelled (it sets the mark read below);
+        // otherwise stays registered until the cancel or the node's end (one per node).
+        let _registered = on_cancel(node, Box::new(move |_| shared.wake_all()));
+    }
+    in_flight.is_cancelled()
 }
 
 /// Registers a shielded cleanup: like [`register`], but allowed after the watermark closed as
@@ -872,7 +963,9 @@ pub(crate) fn record_receipt<X, R: Clone>(
     clock: impl Fn() -> u64,
 ) {
     count_receipt(node, kind, record, ran, &clock);
-    node.in_flight.lock().try_remove(cell.key());
+    if let Some(in_flight) = node.in_flight.get() {
+        in_flight.unlist_ticket(cell.key());
+    }
     release_unit(node);
 }
 
@@ -887,10 +980,11 @@ fn count_receipt<X, R: Clone>(
     clock: &dyn Fn() -> u64,
 ) {
     let mut stamp = None;
+    let shard = shard_for_this_thread();
     let mut n = Some(node);
     while let Some(cur) = n {
         let counts = cur.counts.get_or_init();
-        counts.by_kind[kind as usize].fetch_add(1, Ordering::AcqRel);
+        counts.by_kind[shard].kinds[kind as usize].fetch_add(1, Ordering::AcqRel);
         if cur.state().is_cancelled() {
             let stamp = *stamp.get_or_insert_with(clock);
             counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
@@ -939,16 +1033,8 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
-        let cells: Vec<Arc<TicketCell<R>>> =
-            n.in_flight.lock().iter().map(|(_, c)| c.clone()).collect();
-        for cell in cells {
-            if let Some(was) = cell.finish_as(TicketState::Quarantined) {
-                let ran = was == TicketState::Dispatched;
-                count_receipt(&n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
-                n.in_flight.lock().try_remove(cell.key());
-                release_unit(&n);
-                n_quarantined += 1;
-            }
+        if let Some(in_flight) = n.in_flight.get() {
+            n_quarantined += quarantine_in_flight(&n, in_flight, stamp);
         }
         for shard in n.shards() {
             let data = shard.data.lock();
@@ -956,6 +1042,28 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
         }
     }
     n_quarantined
+}
+
+/// Quarantines the children in flight in `n` (see [`quarantine_subtree`]); returns how many.
+fn quarantine_in_flight<X, R: Clone>(n: &Node<X, R>, in_flight: &InFlight<R>, stamp: u64) -> usize {
+    let mut count = 0;
+    let (cells, tasks) = in_flight.take_for_quarantine();
+    for cell in cells {
+        if let Some(was) = cell.finish_as(TicketState::Quarantined) {
+            let ran = was == TicketState::Dispatched;
+            count_receipt(n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
+            in_flight.unlist_ticket(cell.key());
+            release_unit(n);
+            count += 1;
+        }
+    }
+    // Tasks taken out of the list are decided: their late receipts find nothing (invariant 5).
+    for info in tasks {
+        count_receipt(n, Kind::Quarantined, Some(info), true, &|| stamp);
+        release_unit(n);
+        count += 1;
+    }
+    count
 }
 
 /// A registered waiter: its key in one of the node's waiter slabs.

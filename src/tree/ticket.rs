@@ -1,6 +1,11 @@
-//! The shared cell of one registered child: its state and its identity.
+//! The shared cell of one registered child (its state and its identity), and the list of a
+//! node's children in flight: registered tickets and spawned tasks without a receipt yet.
 
-use crate::sync::{AtomicU8, Mutex, Ordering};
+use std::task::Waker;
+
+use slab::Slab;
+
+use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,5 +110,236 @@ impl<R> TicketCell<R> {
                 Err(actual) => cur = actual,
             }
         }
+    }
+}
+
+/// Number of in-flight shards per node (a power of two). Children registered one after
+/// another by one thread go to different shards, so that their receipts, recorded on whichever
+/// thread ends them, seldom wait for the registering thread's lock.
+const SHARDS: usize = 4;
+const SHARD_BITS: u32 = SHARDS.trailing_zeros();
+const SHARD_MASK: usize = SHARDS - 1;
+
+/// Where a spawned task is listed in its node's in-flight list: its shard and slot, and a
+/// sequence number, because a slot can be reused once a quarantine took the task out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TaskKey {
+    key: usize,
+    seq: u64,
+}
+
+/// One child in flight.
+enum Entry<R> {
+    /// A ticket: its state lives in the shared cell (the owner moves it without this lock).
+    Ticket(Arc<TicketCell<R>>),
+    /// A spawned task, kept inline (no allocation of its own): whoever takes the entry out of
+    /// the list under the shard lock, the task's receipt or a quarantine, records the one
+    /// receipt (invariant 5).
+    Task {
+        seq: u64,
+        info: R,
+        /// The task's waker while it waits, for the node's cancel.
+        waker: Option<Waker>,
+    },
+}
+
+struct ShardCells<R> {
+    slab: Slab<Entry<R>>,
+    next_seq: u64,
+}
+
+/// One shard of a node's in-flight list, padded so that two shards' locks never share a
+/// cache line.
+struct InFlightShard<R> {
+    cells: Mutex<ShardCells<R>>,
+    _pad: [u8; 64],
+}
+
+/// The children of a node that have no receipt yet. Shared (an `Arc`) with the node's cancel
+/// callback that wakes the waiting tasks among them (see `poll_cancel_task`).
+pub(crate) struct InFlight<R> {
+    shards: [InFlightShard<R>; SHARDS],
+    /// 1 once a task has registered (or is registering) the cancel callback.
+    pub(super) armed: AtomicU8,
+    /// 1 once the cancel callback runs: set before it wakes the tasks, so that a task that
+    /// stores its waker and then reads this (not the node's busy state word) loses no wake-up.
+    cancelled: AtomicU8,
+}
+
+impl<R> Default for InFlight<R> {
+    fn default() -> Self {
+        InFlight {
+            shards: std::array::from_fn(|_| InFlightShard {
+                cells: Mutex::new(ShardCells {
+                    slab: Slab::new(),
+                    next_seq: 0,
+                }),
+                _pad: [0; 64],
+            }),
+            armed: AtomicU8::new(0),
+            cancelled: AtomicU8::new(0),
+        }
+    }
+}
+
+impl<R> std::fmt::Debug for InFlight<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").finish_non_exhaustive()
+    }
+}
+
+/// The shard for the next child this thread registers (round robin). Always the first under
+/// loom: a counter that lives on from one explored execution to the next would make the model
+/// nondeterministic (and one shard is the case where everything contends).
+fn next_shard() -> usize {
+    use std::cell::Cell;
+    if cfg!(loom) {
+        return 0;
+    }
+    thread_local!(static NEXT: Cell<usize> = const { Cell::new(0) });
+    NEXT.with(|n| {
+        let v = n.get();
+        n.set(v.wrapping_add(1));
+        v & SHARD_MASK
+    })
+}
+
+impl<R> InFlight<R> {
+    /// Lists a ticket; `make` gets its key.
+    pub(super) fn list_ticket(
+        &self,
+        make: impl FnOnce(usize) -> TicketCell<R>,
+    ) -> Arc<TicketCell<R>> {
+        let shard = next_shard();
+        let mut cells = self.shards[shard].cells.lock();
+        let entry = cells.slab.vacant_entry();
+        let cell = Arc::new(make((entry.key() << SHARD_BITS) | shard));
+        entry.insert(Entry::Ticket(cell.clone()));
+        cell
+    }
+
+    /// Unlists a ticket (its receipt is recorded: the owner or a quarantine won its CAS).
+    pub(super) fn unlist_ticket(&self, key: usize) {
+        let removed = self.shards[key & SHARD_MASK]
+            .cells
+            .lock()
+            .slab
+            .try_remove(key >> SHARD_BITS);
+        // Dropped after the lock.
+        drop(removed);
+    }
+
+    /// Lists a task.
+    pub(super) fn list_task(&self, info: R) -> TaskKey {
+        let shard = next_shard();
+        let mut cells = self.shards[shard].cells.lock();
+        let seq = cells.next_seq;
+        cells.next_seq = seq.wrapping_add(1);
+        let key = cells.slab.insert(Entry::Task {
+            seq,
+            info,
+            waker: None,
+        });
+        TaskKey {
+            key: (key << SHARD_BITS) | shard,
+            seq,
+        }
+    }
+
+    /// Takes a task out of the list for its receipt. `false`: a quarantine took it first.
+    pub(super) fn unlist_task(&self, task: TaskKey) -> bool {
+        let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
+        let slot = task.key >> SHARD_BITS;
+        if !matches!(cells.slab.get(slot), Some(Entry::Task { seq, .. }) if *seq == task.seq) {
+            return false;
+        }
+        let removed = cells.slab.remove(slot);
+        drop(cells);
+        // The waker (a reference to a task) is dropped with no lock held.
+        drop(removed);
+        true
+    }
+
+    /// Keeps the waker of a listed task (replacing an older one). `false`: not listed any more.
+    pub(super) fn set_task_waker(&self, task: TaskKey, waker: &Waker) -> bool {
+        let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
+        let old = match cells.slab.get_mut(task.key >> SHARD_BITS) {
+            Some(Entry::Task {
+                seq,
+                waker: Some(w),
+                ..
+            }) if *seq == task.seq => {
+                if w.will_wake(waker) {
+                    return true;
+                }
+                std::mem::replace(w, waker.clone())
+            }
+            Some(Entry::Task {
+                seq, waker: slot, ..
+            }) if *seq == task.seq => {
+                *slot = Some(waker.clone());
+                return true;
+            }
+            _ => return false,
+        };
+        drop(cells);
+        drop(old);
+        true
+    }
+
+    /// Whether the cancel callback has run (see [`wake_all`](Self::wake_all)).
+    pub(super) fn is_cancelled(&self) -> bool {
+        // Acquire: pairs with the Release store in `wake_all`.
+        self.cancelled.load(Ordering::Acquire) != 0
+    }
+
+    /// Wakes every waiting task (the node was cancelled): first marks the list cancelled, then
+    /// takes each shard's lock to copy the wakers. Wakers run after the lock.
+    pub(super) fn wake_all(&self) {
+        // Release: a task whose shard lock comes after this one's sees it (the lock orders
+        // them too); one whose lock comes before has left its waker for the walk below.
+        self.cancelled.store(1, Ordering::Release);
+        let mut wakers = Vec::new();
+        for shard in &self.shards {
+            let cells = shard.cells.lock();
+            wakers.extend(cells.slab.iter().filter_map(|(_, e)| match e {
+                Entry::Task { waker, .. } => waker.clone(),
+                Entry::Ticket(_) => None,
+            }));
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// For a quarantine: copies of the listed tickets' cells (each is decided by its CAS), and
+    /// the infos of the listed tasks, which are taken out here (decided by this lock).
+    pub(super) fn take_for_quarantine(&self) -> (Vec<Arc<TicketCell<R>>>, Vec<R>) {
+        let mut tickets = Vec::new();
+        let mut tasks = Vec::new();
+        let mut wakers = Vec::new();
+        for shard in &self.shards {
+            let mut cells = shard.cells.lock();
+            let task_slots: Vec<usize> = cells
+                .slab
+                .iter()
+                .filter_map(|(k, e)| match e {
+                    Entry::Ticket(c) => {
+                        tickets.push(c.clone());
+                        None
+                    }
+                    Entry::Task { .. } => Some(k),
+                })
+                .collect();
+            for k in task_slots {
+                if let Entry::Task { info, waker, .. } = cells.slab.remove(k) {
+                    tasks.push(info);
+                    wakers.extend(waker);
+                }
+            }
+        }
+        // Dropped with no lock held.
+        drop(wakers);
+        (tickets, tasks)
     }
 }

@@ -1,0 +1,147 @@
+//! loom models of spawned tasks: the one compare-and-swap that registers and dispatches a task
+//! racing a cancel, the cancel waking the tasks that wait, and a task's receipt racing a
+//! quarantine (DESIGN.md invariants 2, 5 and 6).
+//!
+//! There is no runtime under loom: `Scope::__task` gives the future that `spawn` would hand
+//! to tokio, and a model thread polls it with `block_on` (running the task) or drops it
+//! unpolled (aborting it).
+#![cfg(loom)]
+
+use cancel_scope::{Cause, Lifecycle, Scope};
+use cancel_scope_loom_tests::{model, model_bounded, THREE_THREAD_PREEMPTIONS};
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Model 15: two tasks are spawned in one scope, each on its own thread, and wait (their work
+/// never completes) while the scope's deadline cancel runs on a third.
+///
+/// Invariant 2: spawning either fails with the cancel's cause or happens-before the cancel.
+/// The witness, as in model 6: each spawner writes a flag (`Relaxed`) just before `__task`,
+/// the canceller reads both after `cancel_because` returns; a task that was registered and
+/// dispatched (by one CAS) must have its flag seen. No lost wake-up: each dispatched task,
+/// waiting with its waker in the scope's in-flight list, is woken by the cancel's callback
+/// (registered by the first task that waits, the two racing) and ends `Err(deadline)` —
+/// loom reports a deadlock if a `block_on` is never woken. Invariant 5: the report counts one
+/// `Cancelled` receipt per dispatched task.
+#[test]
+fn spawned_tasks_waiting_racing_cancel() {
+    model_bounded(
+        "spawned_tasks_waiting_racing_cancel",
+        THREE_THREAD_PREEMPTIONS,
+        || {
+            let scope = Scope::new();
+            let spawner = |flag: Arc<AtomicBool>| {
+                let scope = scope.clone();
+                thread::spawn(move || {
+                    flag.store(true, Ordering::Relaxed);
+                    match scope.__task(std::future::pending::<()>()) {
+                        Ok(task) => {
+                            let err = loom::future::block_on(task).unwrap_err();
+                            assert!(err.is_deadline_exceeded(), "unexpected error {err:?}");
+                            true
+                        }
+                        Err(e) => {
+                            assert!(e.is_deadline_exceeded(), "unexpected error {e:?}");
+                            false
+                        }
+                    }
+                })
+            };
+            let flags = [
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicBool::new(false)),
+            ];
+            let spawners = flags.clone().map(spawner);
+            scope.cancel_because(Cause::DeadlineExceeded);
+            let seen = flags.map(|f| f.load(Ordering::Relaxed));
+            let mut dispatched = 0;
+            for (spawner, seen) in spawners.into_iter().zip(seen) {
+                if spawner.join().unwrap() {
+                    dispatched += 1;
+                    assert!(seen, "a task dispatched after the cancel");
+                }
+            }
+            let report = loom::future::block_on(scope.quiesce());
+            assert_eq!(report.total(), dispatched);
+            assert_eq!(report.cancelled(), dispatched);
+            assert_eq!(report.state(), Lifecycle::CancelledStable);
+        },
+    );
+}
+
+/// Model 16: a task in a child scope is spawned and waits while the root is cancelled: the
+/// cancel walks down to the child scope and its callback wakes the task (invariants 1, 2).
+#[test]
+fn spawned_task_in_child_scope_racing_root_cancel() {
+    model("spawned_task_in_child_scope_racing_root_cancel", || {
+        let root = Scope::new();
+        let sub = root.child().build().unwrap();
+        let flag = Arc::new(AtomicBool::new(false));
+        let spawner = {
+            let (sub, flag) = (sub.clone(), flag.clone());
+            thread::spawn(move || {
+                flag.store(true, Ordering::Relaxed);
+                match sub.__task(std::future::pending::<()>()) {
+                    Ok(task) => {
+                        let err = loom::future::block_on(task).unwrap_err();
+                        assert_eq!(
+                            err.cause().map(Cause::origin),
+                            Some(&Cause::ClientGone),
+                            "{err:?}"
+                        );
+                        assert!(matches!(err.cause(), Some(Cause::ParentCancelled(_))));
+                        true
+                    }
+                    Err(_) => false,
+                }
+            })
+        };
+        root.cancel_because(Cause::ClientGone);
+        let seen = flag.load(Ordering::Relaxed);
+        let dispatched = spawner.join().unwrap();
+        if dispatched {
+            assert!(seen, "a task dispatched after the cancel");
+        }
+        let report = loom::future::block_on(root.quiesce());
+        assert_eq!(report.cancelled(), u64::from(dispatched));
+        assert_eq!(report.state(), Lifecycle::CancelledStable);
+    });
+}
+
+/// Model 17: two tasks end on one thread — one runs to completion, one is dropped unpolled
+/// (aborted) — while the scope is cancelled, quarantined and quiesced on another.
+///
+/// Invariant 5: each task has exactly one receipt — its own (`Succeeded`, `Cancelled`) or
+/// `Quarantined` — whoever takes its entry out of the in-flight list first. Invariant 6: the
+/// report read when `quiesce()` resolves does not change with the late receipts.
+#[test]
+fn task_receipt_racing_quarantine() {
+    model("task_receipt_racing_quarantine", || {
+        let scope = Scope::new();
+        let runs = scope.__task(std::future::ready(7)).unwrap();
+        let aborted = scope.__task(std::future::ready(8)).unwrap();
+        let owner = thread::spawn(move || {
+            let out = loom::future::block_on(runs);
+            drop(aborted);
+            out
+        });
+        scope.cancel();
+        let quarantined = scope.__quarantine_now();
+        let report = loom::future::block_on(scope.quiesce());
+        let out = owner.join().unwrap();
+
+        assert_eq!(report.total(), 2, "{report:?}");
+        assert_eq!(report.quarantined(), quarantined as u64);
+        assert_eq!(
+            report.cancelled() + report.succeeded() + report.quarantined(),
+            2
+        );
+        // The task's work ran only if it was not stopped by the cancel first.
+        assert!(report.succeeded() <= u64::from(out.is_ok()));
+        assert_eq!(report.quarantined_children().len(), quarantined);
+        assert_eq!(report.state(), Lifecycle::CancelledStable);
+        // Invariant 6: the late receipts changed nothing.
+        assert_eq!(loom::future::block_on(scope.quiesce()), report);
+    });
+}
