@@ -306,7 +306,7 @@ pub(crate) struct Node<X, R> {
     registry: LazyBox<Registry<X, R>>,
     /// Tickets registered here that have no receipt yet (for quarantine, and for waking the
     /// tasks among them on cancel); allocated with the first ticket.
-    in_flight: LazyBox<Arc<InFlight<R>>>,
+    in_flight: LazyBox<InFlight<R>>,
     /// Receipt counters of this subtree; allocated with the first receipt below.
     counts: LazyBox<Counts>,
     /// Unknown effects and quarantined children of this subtree (rare).
@@ -702,6 +702,11 @@ fn mark_cancelled<X, R>(
     inner.cause = Some(cause.clone());
     inner.cancelled_at = stamp;
     due.wakers.extend(inner.first_waiter.take());
+    if let Some(in_flight) = n.in_flight.get() {
+        // Spawned tasks waiting in this node (see `poll_cancel_task`). Lock order: `inner`,
+        // then an in-flight shard, a leaf lock.
+        in_flight.cancel(&mut due.wakers);
+    }
     if let Some(lists) = inner.lists.as_mut() {
         due.wakers.extend(lists.cancel_waiters.drain());
         due.callbacks
@@ -864,9 +869,14 @@ fn list_in_flight<X, R>(
 /// CAS, with no second RMW of the state word. In the word's modification order that CAS comes
 /// before any cancel of this node (whose RMW sets `CLOSED`), and the cancel, which walks down
 /// to this node through its linked ancestors, then wakes the task (see [`poll_cancel_task`]).
+///
+/// The in-flight list exists before the unit CAS: a cancel whose RMW comes after that CAS in
+/// the word's modification order synchronizes with it, so it finds the list, marks it and
+/// wakes whatever task is waiting in it (see [`poll_cancel_task`]).
 pub(crate) fn register_task<X, R>(node: &Node<X, R>, info: R) -> Result<TaskKey, Refused> {
+    let in_flight = node.in_flight.get_or_init();
     take_unit(node)?;
-    Ok(node.in_flight.get_or_init().list_task(info))
+    Ok(in_flight.list_task(info))
 }
 
 /// Records the receipt of a task of `node`, unless a quarantine took it first (then returns
@@ -892,37 +902,19 @@ pub(crate) fn record_task_receipt<X, R: Clone>(
 ///
 /// No lock of the node itself is taken, nor its state word read (every spawn and receipt of
 /// the node writes that word, so from a worker thread reading it is a cache miss): the node's
-/// cancel runs one callback (registered here by the first task that waits, with [`on_cancel`])
-/// that marks the in-flight list cancelled and then wakes the waker of every listed task. No wake-up
-/// is lost: the entry's shard lock orders this poll against that callback. If the callback
-/// took the lock first, it had set the mark, and the load below sees it; otherwise it finds
-/// the waker. A task listed after the callback's walk of its shard was listed after the cancel,
-/// and sees the state word's `CANCELLED` when it is first polled.
-pub(crate) fn poll_cancel_task<X, R: Send + 'static>(
-    node: &Node<X, R>,
-    task: TaskKey,
-    waker: &Waker,
-) -> bool {
+/// cancel ([`mark_cancelled`], after its RMW of the state word) marks the in-flight list
+/// cancelled and then wakes the waker of every listed task. No wake-up is lost: the entry's
+/// shard lock orders this poll against that walk. If the walk took the lock first, the mark
+/// was set before it, and the load below sees it; otherwise the walk finds the waker. A task
+/// listed after the walk of its shard was listed after the cancel, and sees the state word's
+/// `CANCELLED` when it is first polled.
+pub(crate) fn poll_cancel_task<X, R>(node: &Node<X, R>, task: TaskKey, waker: &Waker) -> bool {
     let Some(in_flight) = node.in_flight.get() else {
         unreachable!("a task is listed in flight");
     };
     if !in_flight.set_task_waker(task, waker) {
         // Quarantined: only ever after a cancel.
         return true;
-    }
-    // The first waiting task registers the callback. The flag orders nothing itself: a task
-    // that finds it set while the callback is not registered yet is covered by the argument
-    // above, whether the callback then runs at once (the cancel already happened) or later.
-    if in_flight.armed.load(Ordering::Acquire) == 0
-        && in_flight
-            .armed
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    {
-        let shared = in_flight.clone();
-        // Runs at once if the node is already cancelled (it sets the mark read below);
-        // otherwise stays registered until the cancel or the node's end (one per node).
-        let _registered = on_cancel(node, Box::new(move |_| shared.wake_all()));
     }
     in_flight.is_cancelled()
 }

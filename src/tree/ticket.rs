@@ -155,14 +155,13 @@ struct InFlightShard<R> {
     _pad: [u8; 64],
 }
 
-/// The children of a node that have no receipt yet. Shared (an `Arc`) with the node's cancel
-/// callback that wakes the waiting tasks among them (see `poll_cancel_task`).
+/// The children of a node that have no receipt yet. The node's cancel marks it and wakes the
+/// waiting tasks among them (see `poll_cancel_task`).
 pub(crate) struct InFlight<R> {
     shards: [InFlightShard<R>; SHARDS],
-    /// 1 once a task has registered (or is registering) the cancel callback.
-    pub(super) armed: AtomicU8,
-    /// 1 once the cancel callback runs: set before it wakes the tasks, so that a task that
-    /// stores its waker and then reads this (not the node's busy state word) loses no wake-up.
+    /// 1 once the node's cancel reached this list: set before it wakes the tasks, so that a
+    /// task that stores its waker and then reads this (not the node's busy state word) loses
+    /// no wake-up.
     cancelled: AtomicU8,
 }
 
@@ -176,7 +175,6 @@ impl<R> Default for InFlight<R> {
                 }),
                 _pad: [0; 64],
             }),
-            armed: AtomicU8::new(0),
             cancelled: AtomicU8::new(0),
         }
     }
@@ -287,28 +285,24 @@ impl<R> InFlight<R> {
         true
     }
 
-    /// Whether the cancel callback has run (see [`wake_all`](Self::wake_all)).
+    /// Whether the node's cancel has reached this list (see [`cancel`](Self::cancel)).
     pub(super) fn is_cancelled(&self) -> bool {
-        // Acquire: pairs with the Release store in `wake_all`.
+        // Acquire: pairs with the Release store in `cancel`.
         self.cancelled.load(Ordering::Acquire) != 0
     }
 
-    /// Wakes every waiting task (the node was cancelled): first marks the list cancelled, then
-    /// takes each shard's lock to copy the wakers. Wakers run after the lock.
-    pub(super) fn wake_all(&self) {
+    /// The node was cancelled: marks the list cancelled, then takes each shard's lock to copy
+    /// the waiting tasks' wakers into `wakers` (woken by the caller with no lock held).
+    pub(super) fn cancel(&self, wakers: &mut Vec<Waker>) {
         // Release: a task whose shard lock comes after this one's sees it (the lock orders
         // them too); one whose lock comes before has left its waker for the walk below.
         self.cancelled.store(1, Ordering::Release);
-        let mut wakers = Vec::new();
         for shard in &self.shards {
             let cells = shard.cells.lock();
             wakers.extend(cells.slab.iter().filter_map(|(_, e)| match e {
                 Entry::Task { waker, .. } => waker.clone(),
                 Entry::Ticket(_) => None,
             }));
-        }
-        for w in wakers {
-            w.wake();
         }
     }
 
