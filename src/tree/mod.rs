@@ -239,8 +239,9 @@ impl Inner {
     }
 }
 
-/// One shard of a node's children registry. Padded so that the hot start (lock, slab header,
-/// link) of two shards never shares a cache line, without an over-aligned allocation.
+/// One shard of a node's children registry, allocated by its first child. Padded so that the
+/// hot start (lock, slab header, link) of two shards never shares a cache line, without an
+/// over-aligned allocation.
 struct Shard<X, R> {
     data: Mutex<ShardData<X, R>>,
     _pad: [u8; 64],
@@ -253,21 +254,14 @@ struct ShardData<X, R> {
     link: Option<Arc<Link<X, R>>>,
 }
 
-/// A node's children, allocated with its first child.
-struct Registry<X, R> {
-    shards: [Shard<X, R>; SHARDS],
-}
-
-impl<X, R> Default for Registry<X, R> {
+impl<X, R> Default for Shard<X, R> {
     fn default() -> Self {
-        Registry {
-            shards: std::array::from_fn(|_| Shard {
-                data: Mutex::new(ShardData {
-                    children: Slab::new(),
-                    link: None,
-                }),
-                _pad: [0; 64],
+        Shard {
+            data: Mutex::new(ShardData {
+                children: Slab::new(),
+                link: None,
             }),
+            _pad: [0; 64],
         }
     }
 }
@@ -286,6 +280,10 @@ const LIVE: u8 = 0;
 const ORPHANED: u8 = 1;
 /// Unlinked from its parent by a child's unlink (invariant 7).
 const RETIRED: u8 = 2;
+/// The bits of `Node::retire` that hold `LIVE`, `ORPHANED` or `RETIRED`.
+const STATE_BITS: u8 = 3;
+/// Flag in `Node::retire`: a registry shard exists (set by the first child of each shard).
+const HAS_SHARDS: u8 = 4;
 
 /// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
 /// for unknown effects and quarantined children.
@@ -295,7 +293,8 @@ pub(crate) struct Node<X, R> {
     /// Live public handles. Pairs: `AcqRel` decrement so the drop that takes it to zero sees
     /// every other handle's writes before retiring the node (invariant 7).
     handles: AtomicUsize,
-    /// `LIVE`, `ORPHANED` or `RETIRED` (invariant 7); changed only with the node's handles gone.
+    /// Low two bits: `LIVE`, `ORPHANED` or `RETIRED` (invariant 7), changed only with the
+    /// node's handles gone; plus `HAS_SHARDS`, set through a handle by a shard's first child.
     retire: AtomicU8,
     /// The way to the parent (`None` for a root); `key` is this node's slot in the parent's
     /// registry shard `up.shard`.
@@ -303,7 +302,7 @@ pub(crate) struct Node<X, R> {
     key: usize,
     inner: Mutex<Inner>,
     /// Children, sharded by creating thread; allocated with the first child.
-    registry: LazyBox<Registry<X, R>>,
+    registry: [LazyBox<Shard<X, R>>; SHARDS],
     /// Tickets registered here that have no receipt yet (for quarantine, and for waking the
     /// tasks among them on cancel); allocated with the first ticket.
     in_flight: LazyBox<InFlight<R>>,
@@ -341,7 +340,7 @@ impl<X, R> Node<X, R> {
                 lists: None,
                 shards_in_use: 0,
             }),
-            registry: LazyBox::new(),
+            registry: std::array::from_fn(|_| LazyBox::new()),
             in_flight: LazyBox::new(),
             counts: LazyBox::new(),
             records: Mutex::new(None),
@@ -405,20 +404,18 @@ impl<X, R> Node<X, R> {
     }
 
     /// The registry shards whose bits are set in `in_use` (read under `inner`, which also
-    /// makes the registry's creation visible).
+    /// makes their creation visible).
     fn shards_in(&self, in_use: u8) -> impl Iterator<Item = &Shard<X, R>> {
-        self.shards()
+        self.registry
+            .iter()
             .enumerate()
             .filter(move |(i, _)| in_use & (1 << i) != 0)
-            .map(|(_, s)| s)
+            .filter_map(|(_, s)| s.get())
     }
 
-    /// The registry shards, if the node ever had a child.
+    /// The registry shards that exist (that have had a child).
     fn shards(&self) -> impl Iterator<Item = &Shard<X, R>> {
-        self.registry
-            .get()
-            .into_iter()
-            .flat_map(|r| r.shards.iter())
+        self.registry.iter().filter_map(LazyBox::get)
     }
 }
 
@@ -438,8 +435,7 @@ pub(crate) fn new_child<X, R>(
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
-    let registry = parent.registry.get_or_init();
-    let mut data = registry.shards[shard].data.lock();
+    let mut data = parent.registry[shard].get_or_init().data.lock();
     if data.link.is_none() {
         // The first child of this shard (links stay while the parent has handles, and the
         // caller holds one). Announce the shard under `inner` before reading the state word:
@@ -460,6 +456,9 @@ pub(crate) fn new_child<X, R>(
     let link = match &data.link {
         Some(link) => link.clone(),
         None => {
+            // Relaxed: read by the drop of the parent's last handle, which synchronizes with
+            // this thread through the handle count.
+            parent.retire.fetch_or(HAS_SHARDS, Ordering::Relaxed);
             let link = Arc::new(Link {
                 parent: parent.clone(),
                 shard,
@@ -511,11 +510,7 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
     } else if node.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
         return;
     }
-    let orphaned = node
-        .registry
-        .get()
-        .is_some_and(|r| orphan_if_parent(node, r));
-    if !orphaned {
+    if !orphan_if_parent(node) {
         retire(node, &mut gone);
     }
 }
@@ -524,19 +519,28 @@ pub(crate) fn drop_handle<X, R>(node: &Node<X, R>, mut gone: impl FnMut(&Node<X,
 /// links, and marks it orphaned if it still has children. Decided under all of its shard locks
 /// at once, so that no child unlinks in between: either no child is left (the caller retires
 /// the node), or the node is marked orphaned before any of them can look.
-fn orphan_if_parent<X, R>(node: &Node<X, R>, registry: &Registry<X, R>) -> bool {
+fn orphan_if_parent<X, R>(node: &Node<X, R>) -> bool {
+    if node.retire.load(Ordering::Relaxed) & HAS_SHARDS == 0 {
+        // Never had a child (most nodes). Relaxed: the bit was set through a handle, whose
+        // drop (Release) the caller's handle count (Acquire) synchronized with.
+        return false;
+    }
     let mut links: [Option<Arc<Link<X, R>>>; SHARDS] = Default::default();
     let orphaned = {
-        let mut shards: [_; SHARDS] = std::array::from_fn(|i| registry.shards[i].data.lock());
+        // Every shard that exists: none can be created any more (that takes a handle).
+        let mut shards: [_; SHARDS] =
+            std::array::from_fn(|i| node.registry[i].get().map(|s| s.data.lock()));
         for (shard, link) in shards.iter_mut().zip(links.iter_mut()) {
-            // Break the parent-link cycle (invariant 8): links now live as long as the
-            // children that hold them.
-            *link = shard.link.take();
+            if let Some(shard) = shard {
+                // Break the parent-link cycle (invariant 8): links now live as long as the
+                // children that hold them.
+                *link = shard.link.take();
+            }
         }
-        let orphaned = shards.iter().any(|s| !s.children.is_empty());
+        let orphaned = shards.iter().flatten().any(|s| !s.children.is_empty());
         if orphaned {
             // Relaxed: read only under one of these locks, or by the CAS in `retire`.
-            node.retire.store(ORPHANED, Ordering::Relaxed);
+            node.retire.fetch_or(ORPHANED, Ordering::Relaxed);
         }
         orphaned
     };
@@ -556,29 +560,30 @@ fn retire<X, R>(node: &Node<X, R>, gone: &mut impl FnMut(&Node<X, R>)) {
         gone(n);
         let Some(link) = &n.up else { return };
         let parent = &*link.parent;
-        // The parent has a registry: `n` is in it.
-        let Some(registry) = parent.registry.get() else {
+        // The parent has this shard: `n` is in it.
+        let Some(shard) = parent.registry[link.shard].get() else {
             return;
         };
         let (removed, last) = {
-            let mut data = registry.shards[link.shard].data.lock();
+            let mut data = shard.data.lock();
             let removed = data.children.try_remove(n.key);
-            let last =
-                data.children.is_empty() && parent.retire.load(Ordering::Relaxed) == ORPHANED;
+            let last = data.children.is_empty()
+                && parent.retire.load(Ordering::Relaxed) & STATE_BITS == ORPHANED;
             (removed, last)
         };
         // The slab's `Arc` of `n` is dropped with no lock held.
         drop(removed);
-        if !last || !all_shards_empty(registry) {
+        if !last || !all_shards_empty(parent) {
             return;
         }
         // Orphaned and childless: of the children that found it so, one retires it. AcqRel:
         // the winner sees the other unlinks (also ordered by the shard locks).
-        if parent
+        let retired = parent
             .retire
-            .compare_exchange(ORPHANED, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| {
+                (r & STATE_BITS == ORPHANED).then_some((r & !STATE_BITS) | RETIRED)
+            });
+        if retired.is_err() {
             return;
         }
         n = parent;
@@ -587,11 +592,8 @@ fn retire<X, R>(node: &Node<X, R>, gone: &mut impl FnMut(&Node<X, R>)) {
 
 /// Whether no shard has a child, looking at one shard at a time (used once the node has no
 /// handle, when children can only leave).
-fn all_shards_empty<X, R>(registry: &Registry<X, R>) -> bool {
-    registry
-        .shards
-        .iter()
-        .all(|s| s.data.lock().children.is_empty())
+fn all_shards_empty<X, R>(node: &Node<X, R>) -> bool {
+    node.shards().all(|s| s.data.lock().children.is_empty())
 }
 
 /// Cancels `node` and every descendant. Returns whether this call did it (first cause wins;
