@@ -309,7 +309,7 @@ pub(crate) struct Node<X, R> {
     /// Receipt counters of this subtree; allocated with the first receipt below.
     counts: LazyBox<Counts>,
     /// Unknown effects and quarantined children of this subtree (rare).
-    records: Mutex<Option<Box<Records<R>>>>,
+    records: LazyBox<Mutex<Records<R>>>,
     pub(crate) ext: X,
 }
 
@@ -343,7 +343,7 @@ impl<X, R> Node<X, R> {
             registry: std::array::from_fn(|_| LazyBox::new()),
             in_flight: LazyBox::new(),
             counts: LazyBox::new(),
-            records: Mutex::new(None),
+            records: LazyBox::new(),
             ext,
         }
     }
@@ -382,8 +382,8 @@ impl<X, R> Node<X, R> {
 
     /// Runs `f` over the effect and quarantine records of this subtree.
     pub(crate) fn with_records<T>(&self, f: impl FnOnce(&Records<R>) -> T) -> T {
-        match self.records.lock().as_deref() {
-            Some(r) => f(r),
+        match self.records.get() {
+            Some(r) => f(&r.lock()),
             None => f(&Records::default()),
         }
     }
@@ -991,8 +991,7 @@ fn count_receipt<X, R: Clone>(
             }
         }
         if let Some(r) = &record {
-            let mut recs = cur.records.lock();
-            let recs = recs.get_or_insert_with(Box::default);
+            let mut recs = cur.records.get_or_init().lock();
             match kind {
                 Kind::EffectUnknown => recs.effects.push(r.clone()),
                 Kind::Quarantined => recs.quarantined.push(r.clone()),
