@@ -454,9 +454,10 @@ async fn run(
             }
         }
         Op::Spawn(body) => {
-            // `spawn` registers, then dispatches. A scope that is still open registers the
-            // task even if the dispatch then fails (its deadline passed in this very instant):
-            // that task has a `Cancelled` receipt too. Only a closed scope registers nothing.
+            // `spawn` registers and dispatches with one CAS, then checks the deadline. A scope
+            // that is still open registers the task even if its deadline passed in this very
+            // instant (the task then never runs and has a `Cancelled` receipt). Only a closed
+            // scope registers nothing.
             let open = !scope.is_closed();
             let spawned = scope.spawn(exec(body.clone(), ctx.clone()));
             ctx.count(u64::from(open));
