@@ -5,7 +5,7 @@
 use std::sync::Arc as StdArc;
 
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
-use cancel_scope_loom_tests::model;
+use cancel_scope_loom_tests::{model, model_bounded, THREE_THREAD_PREEMPTIONS};
 use loom::thread;
 
 /// The cause a descendant of a scope cancelled with `cause` must carry.
@@ -394,4 +394,62 @@ fn siblings_created_and_dropped_racing_cancel() {
         assert_eq!(report.total() - report.succeeded(), report.cancelled());
         assert_eq!(report.state(), Lifecycle::CancelledStable);
     });
+}
+
+/// Model 19: a cancel of a scope racing the cancel of its root, with the scope's subtree two
+/// levels deep (found by review: a walk that passed its own cause below a grandchild).
+///
+/// Invariant 1: the first cause wins for the whole subtree of the scope cancelled first, at
+/// every depth: the grandchild's origin is the child's.
+#[test]
+fn grandchild_below_precancelled_node_keeps_its_origin() {
+    model(
+        "grandchild_below_precancelled_node_keeps_its_origin",
+        || {
+            let root = Scope::new();
+            let x = root.child().build().unwrap();
+            let y = x.child().build().unwrap();
+            let z = y.child().build().unwrap();
+            let tx = {
+                let x = x.clone();
+                thread::spawn(move || {
+                    x.cancel_because(Cause::DeadlineExceeded);
+                })
+            };
+            root.cancel_because(Cause::ClientGone);
+            tx.join().unwrap();
+            let (xc, yc, zc) = (x.cause().unwrap(), y.cause().unwrap(), z.cause().unwrap());
+            assert_eq!(yc.origin(), xc.origin(), "x={xc:?} y={yc:?} z={zc:?}");
+            assert_eq!(zc.origin(), yc.origin(), "x={xc:?} y={yc:?} z={zc:?}");
+        },
+    );
+}
+
+/// Model 20: the last handle of a scope dropped while its last two children, linked in two
+/// different registry shards, are dropped on two other threads.
+///
+/// Invariant 7: the orphaned parent is retired exactly once (the cross-shard emptiness check
+/// and the `ORPHANED -> RETIRED` compare-and-swap), and nothing leaks.
+#[test]
+fn orphaned_parent_last_children_on_two_shards_unlink_at_once() {
+    model_bounded(
+        "orphaned_parent_last_children_on_two_shards_unlink_at_once",
+        THREE_THREAD_PREEMPTIONS,
+        || {
+            let root = Scope::new();
+            let middle = root.child().build().unwrap();
+            let c1 = middle.child().build().unwrap();
+            let m2 = middle.clone();
+            // Built on another thread: another shard of `middle`'s registry.
+            let c2 = thread::spawn(move || m2.child().build().unwrap())
+                .join()
+                .unwrap();
+            let t1 = thread::spawn(move || drop(c1));
+            let t2 = thread::spawn(move || drop(c2));
+            drop(middle);
+            t1.join().unwrap();
+            t2.join().unwrap();
+            assert_eq!(root.__live_children(), 0);
+        },
+    );
 }

@@ -20,8 +20,8 @@ use loom::thread;
 /// The witness, as in model 6: each spawner writes a flag (`Relaxed`) just before `__task`,
 /// the canceller reads both after `cancel_because` returns; a task that was registered and
 /// dispatched (by one CAS) must have its flag seen. No lost wake-up: each dispatched task,
-/// waiting with its waker in the scope's in-flight list, is woken by the cancel's callback
-/// (registered by the first task that waits, the two racing) and ends `Err(deadline)` —
+/// waiting with its waker in the scope's in-flight list, is woken by the cancel, which marks
+/// that list and wakes the wakers it holds, and ends `Err(deadline)` —
 /// loom reports a deadlock if a `block_on` is never woken. Invariant 5: the report counts one
 /// `Cancelled` receipt per dispatched task.
 #[test]
@@ -71,7 +71,8 @@ fn spawned_tasks_waiting_racing_cancel() {
 }
 
 /// Model 16: a task in a child scope is spawned and waits while the root is cancelled: the
-/// cancel walks down to the child scope and its callback wakes the task (invariants 1, 2).
+/// cancel walks down to the child scope, marks its in-flight list and wakes the task
+/// (invariants 1, 2).
 #[test]
 fn spawned_task_in_child_scope_racing_root_cancel() {
     model("spawned_task_in_child_scope_racing_root_cancel", || {

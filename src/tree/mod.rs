@@ -630,7 +630,10 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
                 let (_, existing, in_use) = mark_cancelled(child, child_cause, stamp, &mut due);
                 if in_use != 0 {
                     // Only nodes that ever had children are walked (leaves cost no `Arc`).
-                    work.push((child.clone(), existing.map(|c| c.for_child()), in_use));
+                    // Below a node someone else cancelled first, its cause holds at every
+                    // depth (invariant 1): a child this walk marked passes on the cause it got.
+                    let own = existing.map(|c| c.for_child()).or_else(|| own.clone());
+                    work.push((child.clone(), own, in_use));
                 }
             }
         }
@@ -876,6 +879,8 @@ fn list_in_flight<X, R>(
 /// the word's modification order synchronizes with it, so it finds the list, marks it and
 /// wakes whatever task is waiting in it (see [`poll_cancel_task`]).
 pub(crate) fn register_task<X, R>(node: &Node<X, R>, info: R) -> Result<TaskKey, Refused> {
+    // Keep this order: the list must exist before the unit CAS (see above). loom cannot check
+    // it (`LazyBox` is eager under loom).
     let in_flight = node.in_flight.get_or_init();
     take_unit(node)?;
     Ok(in_flight.list_task(info))
