@@ -212,3 +212,62 @@ async fn a_task_whose_work_panics_after_a_pending_poll_records_failed_once() {
     let r = s.quiesce().await;
     assert_eq!((r.failed(), r.total()), (1, 1));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn current_is_the_task_scope_then_a_nested_run_then_the_task_scope_again() {
+    let parent = Scope::new();
+    let task_scope = parent.child().name("task").build().unwrap();
+    let inner = task_scope.child().name("inner").build().unwrap();
+    let names = task_scope
+        .spawn(async move {
+            let before = Scope::current().name().map(str::to_owned);
+            let during = inner
+                .run(async {
+                    tokio::task::yield_now().await;
+                    Scope::current().name().map(str::to_owned)
+                })
+                .await
+                .unwrap();
+            tokio::task::yield_now().await;
+            let after = Scope::current().name().map(str::to_owned);
+            (before, during, after)
+        })
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        names,
+        (
+            Some("task".to_owned()),
+            Some("inner".to_owned()),
+            Some("task".to_owned())
+        )
+    );
+    // Outside any task the thread has no current scope left behind.
+    assert!(Scope::try_current().is_none());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_panicking_poll_leaves_no_current_scope_behind() {
+    let scope = Scope::new();
+    let failing = scope.child().name("failing").build().unwrap();
+    let h = failing
+        .spawn(async {
+            tokio::task::yield_now().await;
+            panic!("boom");
+        })
+        .unwrap();
+    assert!(h.await.is_err());
+    assert!(Scope::try_current().is_none());
+    // The next task polled on this thread sees its own scope, and its receipt is recorded.
+    let next = scope.child().name("next").build().unwrap();
+    let name = next
+        .spawn(async { Scope::current().name().map(str::to_owned) })
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(name.as_deref(), Some("next"));
+    failing.close();
+    let report = failing.quiesce().await;
+    assert_eq!(report.failed(), 1);
+}
