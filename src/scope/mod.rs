@@ -782,7 +782,9 @@ pub(crate) fn nanos(d: u64) -> Duration {
 
 impl ScopeExt {
     /// The data of a child that inherits everything from `parent` (no deadline of its own, no
-    /// name, no mark).
+    /// name, no mark): what `child_of(parent, parent.deadline, None, None, false)` gives, kept
+    /// apart because every plain child creation runs it (calling `child_of` there measured
+    /// about 15 % slower on `child_create_drop`).
     pub(crate) fn plain_child_of(parent: &ScopeExt) -> ScopeExt {
         ScopeExt {
             deadline: parent.deadline,

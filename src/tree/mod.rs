@@ -436,26 +436,19 @@ pub(crate) fn new_child<X, R>(
 ) -> Result<Arc<Node<X, R>>, Refused> {
     let shard = shard_for_this_thread();
     let mut data = parent.registry[shard].get_or_init().data.lock();
-    if data.link.is_none() {
-        // The first child of this shard (links stay while the parent has handles, and the
-        // caller holds one). Announce the shard under `inner` before reading the state word:
-        // a cancel or close that marks the parent under `inner` after this sees the shard and
-        // walks it; one before it is seen by the state read below. (Without the lock,
-        // "announce, load state" against "write state, load announcements" is the
-        // store-buffering pattern, which acquire/release alone allows to miss both ways.)
-        // Lock order: this node's shard, then its own `inner`; nothing takes them the other
-        // way round.
-        parent.inner.lock().shards_in_use |= 1 << shard;
-    }
-    let state = parent.state();
-    if state.is_closed() {
-        drop(data);
-        return Err(refusal(parent, state));
-    }
-    // The caller holds a handle of `parent`, so the parent has not dropped its links.
+    // The caller holds a handle of `parent`, so the parent has not dropped its links: no link
+    // means the first child of this shard.
     let link = match &data.link {
         Some(link) => link.clone(),
         None => {
+            // Announce the shard under `inner` before reading the state word: a cancel or
+            // close that marks the parent under `inner` after this sees the shard and walks
+            // it; one before it is seen by the state read below. (Without the lock,
+            // "announce, load state" against "write state, load announcements" is the
+            // store-buffering pattern, which acquire/release alone allows to miss both ways.)
+            // Lock order: this node's shard, then its own `inner`; nothing takes them the
+            // other way round.
+            parent.inner.lock().shards_in_use |= 1 << shard;
             // Relaxed: read by the drop of the parent's last handle, which synchronizes with
             // this thread through the handle count.
             parent.retire.fetch_or(HAS_SHARDS, Ordering::Relaxed);
@@ -467,6 +460,11 @@ pub(crate) fn new_child<X, R>(
             link
         }
     };
+    let state = parent.state();
+    if state.is_closed() {
+        drop(data);
+        return Err(refusal(parent, state));
+    }
     let entry = data.children.vacant_entry();
     // A child starts at its parent's generation (so a ticket that recorded the parent's
     // generation compares equal), with its own flags clear.
