@@ -175,8 +175,13 @@ async fn explicit_cancel_at_50ms_stops_the_server_statement() {
 
     let canceller = tokio::spawn({
         let scope = scope.clone();
+        let mut watch = observer(&pg).await;
         async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // The 50 ms, and at least until the statement runs on the server (so that
+            // only the server-side cancel can stop it, whatever the machine's speed).
+            let at = Instant::now() + Duration::from_millis(50);
+            wait_active(&mut watch, pid).await;
+            tokio::time::sleep_until(at).await;
             scope.cancel_with("user pressed stop");
             Instant::now()
         }
