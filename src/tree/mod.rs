@@ -80,7 +80,7 @@ use std::task::Waker;
 use slab::Slab;
 
 use crate::cause::Cause;
-use crate::sync::{Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
+use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
 
 mod ticket;
 
@@ -226,6 +226,30 @@ struct Lists {
 }
 
 impl Inner {
+    /// A fresh node's `inner`. A constant, so that a new node copies it from one place
+    /// instead of assembling it field by field on the stack (which costs a store-forwarding
+    /// stall per node when the pieces are copied on into the node).
+    const EMPTY: Inner = Inner {
+        cause: None,
+        cancelled_at: 0,
+        first_waiter: None,
+        lists: None,
+        shards_in_use: 0,
+    };
+
+    /// A fresh node's locked `inner`, copied from a constant (see [`Inner::EMPTY`]).
+    #[cfg(not(loom))]
+    fn new_lock() -> Mutex<Inner> {
+        #[allow(clippy::declare_interior_mutable_const)] // copied, never shared
+        const LOCK: Mutex<Inner> = Mutex::new(Inner::EMPTY);
+        LOCK
+    }
+
+    #[cfg(loom)]
+    fn new_lock() -> Mutex<Inner> {
+        Mutex::new(Inner::EMPTY)
+    }
+
     fn lists(&mut self) -> &mut Lists {
         self.lists.get_or_insert_with(Box::default)
     }
@@ -333,13 +357,7 @@ impl<X, R> Node<X, R> {
             retire: AtomicU8::new(LIVE),
             up,
             key,
-            inner: Mutex::new(Inner {
-                cause: None,
-                cancelled_at: 0,
-                first_waiter: None,
-                lists: None,
-                shards_in_use: 0,
-            }),
+            inner: Inner::new_lock(),
             registry: std::array::from_fn(|_| LazyBox::new()),
             in_flight: LazyBox::new(),
             counts: LazyBox::new(),
@@ -421,7 +439,7 @@ impl<X, R> Node<X, R> {
 
 /// Creates a root node.
 pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
-    Arc::new(Node::new(None, 0, 0, ext))
+    arc_in_place(|| Node::new(None, 0, 0, ext))
 }
 
 /// Creates a child of `parent` and links it into the parent's registry.
@@ -468,12 +486,9 @@ pub(crate) fn new_child<X, R>(
     let entry = data.children.vacant_entry();
     // A child starts at its parent's generation (so a ticket that recorded the parent's
     // generation compares equal), with its own flags clear.
-    let child = Arc::new(Node::new(
-        Some(link),
-        entry.key(),
-        state.generation() << GEN_SHIFT,
-        ext(state),
-    ));
+    let key = entry.key();
+    let child =
+        arc_in_place(|| Node::new(Some(link), key, state.generation() << GEN_SHIFT, ext(state)));
     entry.insert(child.clone());
     Ok(child)
 }

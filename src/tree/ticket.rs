@@ -5,7 +5,7 @@ use std::task::Waker;
 
 use slab::Slab;
 
-use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
+use crate::sync::{arc_in_place, Arc, AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,7 +211,8 @@ impl<R> InFlight<R> {
         let shard = next_shard();
         let mut cells = self.shards[shard].cells.lock();
         let entry = cells.slab.vacant_entry();
-        let cell = Arc::new(make((entry.key() << SHARD_BITS) | shard));
+        let key = (entry.key() << SHARD_BITS) | shard;
+        let cell = arc_in_place(|| make(key));
         entry.insert(Entry::Ticket(cell.clone()));
         cell
     }
