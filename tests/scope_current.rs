@@ -95,3 +95,50 @@ async fn handler_code_derives_children_from_the_current_scope() {
         .unwrap();
     assert_eq!(remaining, Some(Duration::from_millis(450)));
 }
+
+/// Work that takes the current scope when it is dropped (and is never ready).
+struct TakesCurrentOnDrop(std::sync::Arc<std::sync::Mutex<Option<Scope>>>);
+
+impl std::future::Future for TakesCurrentOnDrop {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for TakesCurrentOnDrop {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Scope::try_current();
+    }
+}
+
+#[test]
+fn the_current_scope_taken_while_run_drops_its_work_is_a_live_handle() {
+    let parent = Scope::new();
+    let work = parent.child().name("work").build().unwrap();
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let run = work.run(TakesCurrentOnDrop(slot.clone()));
+    drop(work);
+    // The run future holds the last handle; its work is dropped with `work` current.
+    drop(run);
+    let taken = slot
+        .lock()
+        .unwrap()
+        .take()
+        .expect("current while the work is dropped");
+    assert_eq!(taken.name(), Some("work"));
+    assert_eq!(
+        parent.__live_children(),
+        1,
+        "the taken handle keeps it linked"
+    );
+    let sibling = parent.child().build().unwrap();
+    drop(taken);
+    assert_eq!(
+        parent.__live_children(),
+        1,
+        "unlinked once, the sibling stays"
+    );
+    parent.cancel();
+    assert!(sibling.is_cancelled());
+}

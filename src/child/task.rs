@@ -112,8 +112,8 @@ pin_project! {
     /// stops it when the scope is cancelled, and records the task's receipt.
     ///
     /// One struct instead of nested `async` blocks: it holds one handle of the scope (the task
-    /// local gets a clone for the length of each poll) and the ticket's cell, so the task that
-    /// tokio allocates and moves stays small.
+    /// local gets a reference to its node for the length of each poll) and the ticket's cell,
+    /// so the task that tokio allocates and moves stays small.
     struct Task<F> {
         // `None` once stopped: the work is dropped before its receipt is recorded, as a
         // stopped child must have stopped before it is counted (invariant 6).

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 
-use super::Scope;
+use super::{Current, Scope};
 use crate::cause::Cause;
 use crate::error::Error;
 use crate::tree::{self, Wait, WaiterKey};
@@ -99,17 +99,19 @@ pin_project! {
     /// ```
     #[must_use = "futures do nothing unless polled"]
     pub struct Run<F: Future> {
-        cancelled: Cancelled,
+        // Declared (so dropped) first: the work is dropped with the scope current, and the
+        // handle in `cancelled` must outlive that (see `Current`).
         #[pin]
-        fut: TaskLocalFuture<Scope, F>,
+        fut: TaskLocalFuture<Current, F>,
+        cancelled: Cancelled,
     }
 }
 
 impl<F: Future> Run<F> {
-    pub(super) fn new(scope: Scope, fut: TaskLocalFuture<Scope, F>) -> Self {
+    pub(super) fn new(scope: Scope, fut: TaskLocalFuture<Current, F>) -> Self {
         Run {
-            cancelled: Cancelled::new(scope),
             fut,
+            cancelled: Cancelled::new(scope),
         }
     }
 }

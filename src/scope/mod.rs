@@ -135,8 +135,15 @@ impl fmt::Debug for Note {
 }
 
 tokio::task_local! {
-    static CURRENT: Scope;
+    static CURRENT: Current;
 }
+
+/// What the task-local keeps of the current scope: its node, not a handle (one reference
+/// count instead of two, per poll of a task and per `run`). It is only ever set while a
+/// handle of the same node is alive — `run`'s future holds one and drops it after the
+/// task-local future, a task holds one while it polls — so a handle made from it in
+/// [`Scope::try_current`] is made while the node has a handle (invariant 7).
+pub(crate) struct Current(Arc<Core>);
 
 /// A node of the cancellation tree: a deadline, a cancel cause, and the work registered under
 /// it.
@@ -589,7 +596,7 @@ impl Scope {
     /// # }
     /// ```
     pub fn run<F: Future>(&self, fut: F) -> Run<F> {
-        Run::new(self.clone(), CURRENT.scope(self.clone(), fut))
+        Run::new(self.clone(), CURRENT.scope(Current(self.node.clone()), fut))
     }
 
     /// The scope of the running task, set by [`Scope::run`], [`Scope::spawn`] and the
@@ -628,7 +635,14 @@ impl Scope {
     /// assert!(Scope::try_current().is_none());
     /// ```
     pub fn try_current() -> Option<Scope> {
-        CURRENT.try_with(Scope::clone).ok()
+        CURRENT
+            .try_with(|current| {
+                tree::add_handle(&current.0);
+                Scope {
+                    node: current.0.clone(),
+                }
+            })
+            .ok()
     }
 
     /// Waits for the cancel and returns its cause.
@@ -643,7 +657,7 @@ impl Scope {
     }
 
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        CURRENT.sync_scope(self.clone(), f)
+        CURRENT.sync_scope(Current(self.node.clone()), f)
     }
 
     /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]). Walks up
