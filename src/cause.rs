@@ -116,9 +116,15 @@ impl Cause {
 
     /// What a child of a scope cancelled with `self` gets.
     pub(crate) fn for_child(&self) -> Cause {
+        Cause::ParentCancelled(self.origin_shared())
+    }
+
+    /// The origin cause, shared (what `ParentCancelled` holds for the children of a scope
+    /// cancelled with `self`).
+    pub(crate) fn origin_shared(&self) -> Arc<Cause> {
         match self {
-            Cause::ParentCancelled(_) => self.clone(),
-            other => Cause::ParentCancelled(Arc::new(other.clone())),
+            Cause::ParentCancelled(origin) => origin.clone(),
+            other => Arc::new(other.clone()),
         }
     }
 }

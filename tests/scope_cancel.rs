@@ -62,6 +62,23 @@ fn a_child_cancelled_first_keeps_its_own_cause() {
 }
 
 #[test]
+fn a_sibling_cancelled_first_passes_its_cause_to_no_one_else() {
+    let root = Scope::new();
+    // Walked first (slot 0), a leaf cancelled first with its own cause.
+    let early = root.child().build().unwrap();
+    let later = root.child().build().unwrap();
+    let grandchild = later.child().build().unwrap();
+    early.cancel_with("early");
+    root.cancel_with("root");
+    assert_eq!(early.cause().unwrap().reason(), Some("early"));
+    for s in [&later, &grandchild] {
+        let cause = s.cause().unwrap();
+        assert!(matches!(cause, Cause::ParentCancelled(_)), "{cause:?}");
+        assert_eq!(cause.reason(), Some("root"));
+    }
+}
+
+#[test]
 fn no_child_can_be_created_under_a_cancelled_or_closed_scope() {
     let s = Scope::new();
     s.cancel_because(Cause::ClientGone);

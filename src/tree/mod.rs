@@ -622,31 +622,63 @@ fn all_shards_empty<X, R>(node: &Node<X, R>) -> bool {
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
     let mut due = Due::default();
-    let (did, existing, in_use) = mark_cancelled(node, &cause, stamp, &mut due);
+    let mut first = None;
+    let marked = mark_cancelled(node, &cause, stamp, &mut due, &mut first);
     due.wake();
-    if in_use == 0 {
+    if marked.in_use == 0 {
         // A leaf (or a completed node): nothing to walk.
         due.run_callbacks();
-        return did;
+        return marked.did;
     }
     // The cause of everything below: the same `ParentCancelled` for the whole walk, except
     // under a node that someone else had cancelled first (its own cause wins below it).
-    let below = existing.as_ref().unwrap_or(&cause).for_child();
-    // (node, the cause of its children if not `below`, its shards in use)
-    let mut work = vec![(node.clone(), None::<Cause>, in_use)];
-    while let Some((n, own, in_use)) = work.pop() {
-        let child_cause = own.as_ref().unwrap_or(&below);
-        for shard in n.shards_in(in_use) {
+    let below = first.as_ref().unwrap_or(&cause).for_child();
+    // Everything here is a word (no byte fields, no `Cause` by value): the items are moved
+    // in and out of the vector, and mixed-width copies cost store-forwarding stalls.
+    struct Walk<X, R> {
+        node: Arc<Node<X, R>>,
+        /// The origin of its children's cause, if not the one of `below`.
+        own: Option<std::sync::Arc<Cause>>,
+        in_use: usize,
+    }
+    let mut work = vec![Walk {
+        node: node.clone(),
+        own: None,
+        in_use: usize::from(marked.in_use),
+    }];
+    while let Some(Walk {
+        node: n,
+        own,
+        in_use,
+    }) = work.pop()
+    {
+        let own_cause;
+        let child_cause = match &own {
+            Some(origin) => {
+                own_cause = Cause::ParentCancelled(origin.clone());
+                &own_cause
+            }
+            None => &below,
+        };
+        for shard in n.shards_in(in_use as u8) {
             let data = shard.data.lock();
             for (_, child) in data.children.iter() {
                 // Lock order: this shard, then the child's `inner` (never the reverse).
-                let (_, existing, in_use) = mark_cancelled(child, child_cause, stamp, &mut due);
-                if in_use != 0 {
+                let marked = mark_cancelled(child, child_cause, stamp, &mut due, &mut first);
+                let first = first.take();
+                if marked.in_use != 0 {
                     // Only nodes that ever had children are walked (leaves cost no `Arc`).
                     // Below a node someone else cancelled first, its cause holds at every
                     // depth (invariant 1): a child this walk marked passes on the cause it got.
-                    let own = existing.map(|c| c.for_child()).or_else(|| own.clone());
-                    work.push((child.clone(), own, in_use));
+                    let own = match first {
+                        Some(existing) => Some(existing.origin_shared()),
+                        None => own.clone(),
+                    };
+                    work.push(Walk {
+                        node: child.clone(),
+                        own,
+                        in_use: usize::from(marked.in_use),
+                    });
                 }
             }
         }
@@ -656,7 +688,7 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
     // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
     // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
     due.run_callbacks();
-    did
+    marked.did
 }
 
 /// Wakers and callbacks collected under locks, run after they are released.
@@ -687,21 +719,34 @@ impl Due {
     }
 }
 
-/// Cancels one node (not its children) unless it already is. Returns whether this call did it,
-/// the cause of whoever cancelled the node first if that was not this call (it holds for the
-/// node's children), and the registry shards to walk (read under `inner`, see `new_child`).
+/// What [`mark_cancelled`] did (returned in registers).
+#[derive(Clone, Copy)]
+struct Marked {
+    /// This call cancelled the node.
+    did: bool,
+    /// The registry shards to walk (read under `inner`, see `new_child`).
+    in_use: u8,
+}
+
+/// Cancels one node (not its children) unless it already is. If someone else cancelled it
+/// first, their cause is put in `first` (it holds for the node's children).
 fn mark_cancelled<X, R>(
     n: &Node<X, R>,
     cause: &Cause,
     stamp: u64,
     due: &mut Due,
-) -> (bool, Option<Cause>, u8) {
+    first: &mut Option<Cause>,
+) -> Marked {
     let mut inner = n.inner.lock();
     let walk = inner.shards_in_use;
     if let Some(existing) = &inner.cause {
         // Invariant 1: someone else cancelled it; its cause wins here and below. It may still
         // be walking below, so the caller walks too; its wakers and callbacks are its own.
-        return (false, Some(existing.clone()), walk);
+        *first = Some(existing.clone());
+        return Marked {
+            did: false,
+            in_use: walk,
+        };
     }
     // Invariant 2: one RMW sets CANCELLED|CLOSED and bumps the generation. AcqRel: Release
     // publishes the cause (written below, before the lock is released; readers take the lock)
@@ -714,7 +759,10 @@ fn mark_cancelled<X, R>(
             (!State(s).is_quiet()).then_some((s | CLOSED | CANCELLED).wrapping_add(GEN_ONE))
         })
     else {
-        return (false, None, 0);
+        return Marked {
+            did: false,
+            in_use: 0,
+        };
     };
     let prev = State(prev);
     inner.cause = Some(cause.clone());
@@ -738,7 +786,10 @@ fn mark_cancelled<X, R>(
                 .extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
         }
     }
-    (true, None, walk)
+    Marked {
+        did: true,
+        in_use: walk,
+    }
 }
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
