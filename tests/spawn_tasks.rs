@@ -271,3 +271,24 @@ async fn a_panicking_poll_leaves_no_current_scope_behind() {
     let report = failing.quiesce().await;
     assert_eq!(report.failed(), 1);
 }
+
+#[tokio::test]
+async fn a_task_woken_after_the_cancel_never_polls_its_work_again() {
+    use std::sync::atomic::AtomicUsize;
+    let s = Scope::new();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let first_poll = Arc::new(tokio::sync::Notify::new());
+    let (p, f) = (polls.clone(), first_poll.clone());
+    let h = s
+        .spawn(std::future::poll_fn(move |_| {
+            p.fetch_add(1, Ordering::SeqCst);
+            f.notify_one();
+            std::task::Poll::<()>::Pending
+        }))
+        .unwrap();
+    first_poll.notified().await;
+    // The cancel wakes the task; its next poll must end it without touching the work.
+    s.cancel();
+    assert!(h.await.unwrap_err().is_cancelled());
+    assert_eq!(polls.load(Ordering::SeqCst), 1);
+}

@@ -173,7 +173,7 @@ impl<F: Future> Future for Task<F> {
         let mut this = self.project();
         let node = &this.scope.node;
         // A cancelled scope never polls its work again (invariant 2): one load decides.
-        let out = if node.state().is_cancelled() {
+        let out = if tree::task_cancelled(node) {
             Err(cancel_error(this.scope))
         } else {
             let Some(fut) = this.fut.as_mut().as_pin_mut() else {

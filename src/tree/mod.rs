@@ -967,6 +967,19 @@ pub(crate) fn record_task_receipt<X, R: Clone>(
     listed
 }
 
+/// Whether the cancel of `node` has reached its tasks: what a task listed in flight in `node`
+/// checks before each poll of its work (invariant 2).
+///
+/// Not the state word, which every spawn and receipt of the node writes (from a worker
+/// thread, reading it is a cache miss per poll), but the in-flight list's mark, which only a
+/// cancel writes. It is as good: the task's registration CAS came before any cancel that
+/// marks the state word after it, and the list existed before that CAS, so that cancel finds
+/// the list and marks it ([`mark_cancelled`]); a poll that comes after the cancel sees the
+/// mark (Release/Acquire).
+pub(crate) fn task_cancelled<X, R>(node: &Node<X, R>) -> bool {
+    node.in_flight.get().is_some_and(InFlight::is_cancelled)
+}
+
 /// Polls for the cancel of `node` on behalf of `task`, listed in flight in `node`: returns
 /// `true` if the cancel has reached the task's list; otherwise keeps `waker` in the task's
 /// entry, where the cancel finds it, and returns `false`.
