@@ -79,6 +79,27 @@ fn a_sibling_cancelled_first_passes_its_cause_to_no_one_else() {
 }
 
 #[test]
+fn a_deep_chain_is_cancelled_to_the_end_and_a_cause_set_midway_holds_below_it() {
+    // Deeper than the walk goes holding locks, so both ways of walking are used.
+    let mut chain = vec![Scope::new()];
+    for _ in 0..200 {
+        let next = chain.last().unwrap().child().build().unwrap();
+        chain.push(next);
+    }
+    chain[100].cancel_with("midway");
+    chain[0].cancel_with("root");
+    for (depth, s) in chain.iter().enumerate().skip(1) {
+        let cause = s.cause().unwrap();
+        let want = match depth {
+            100 => Cause::cancelled("midway"),
+            d if d < 100 => Cause::ParentCancelled(Arc::new(Cause::cancelled("root"))),
+            _ => Cause::ParentCancelled(Arc::new(Cause::cancelled("midway"))),
+        };
+        assert_eq!(cause, want, "depth {depth}");
+    }
+}
+
+#[test]
 fn no_child_can_be_created_under_a_cancelled_or_closed_scope() {
     let s = Scope::new();
     s.cancel_because(Cause::ClientGone);

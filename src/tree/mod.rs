@@ -65,9 +65,12 @@
 //! # Lock order (deadlock safety)
 //!
 //! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
-//! a parent while it takes each child's `inner` in turn. The order is always parent shard, then
-//! child `inner`; nothing takes a shard while holding an `inner` (`inner` critical sections
-//! take no other lock), so no cycle can form. Within one node: the first child of a shard
+//! a parent while it takes each child's `inner` in turn, and (down to a bounded depth) while it
+//! goes on to that child's shards, one at a time, and so on down. Every such chain of locks
+//! goes strictly downwards, one shard per node (parent shard, child `inner` — released — then
+//! a child shard, ...); nothing takes a shard of a node while holding a lock of one of its
+//! descendants, and nothing takes a shard while holding an `inner` (`inner` critical sections
+//! take no other tree lock), so no cycle can form. Within one node: the first child of a shard
 //! takes the node's `inner` while holding that shard (never the reverse), and a node losing
 //! its last handle takes all of its own shards in index order and nothing else.
 //! [`quarantine_subtree`] and `close` hold a shard only while cloning `Arc`s out of it;
@@ -633,48 +636,104 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
     // The cause of everything below: the same `ParentCancelled` for the whole walk, except
     // under a node that someone else had cancelled first (its own cause wins below it).
     let below = first.as_ref().unwrap_or(&cause).for_child();
-    // Everything here is a word (no byte fields, no `Cause` by value): the items are moved
-    // in and out of the vector, and mixed-width copies cost store-forwarding stalls.
-    struct Walk<X, R> {
-        node: Arc<Node<X, R>>,
-        /// The origin of its children's cause, if not the one of `below`.
-        own: Option<std::sync::Arc<Cause>>,
-        in_use: usize,
-    }
-    let mut work = vec![Walk {
-        node: node.clone(),
-        own: None,
-        in_use: usize::from(marked.in_use),
-    }];
+    let mut walk = CancelWalk {
+        stamp,
+        due,
+        first,
+        work: vec![Walk {
+            node: node.clone(),
+            own: None,
+            in_use: usize::from(marked.in_use),
+        }],
+    };
     while let Some(Walk {
         node: n,
         own,
         in_use,
-    }) = work.pop()
+    }) = walk.work.pop()
     {
+        walk.children(&below, &n, &own, in_use as u8, 0);
+        // Wakers run with no lock held.
+        walk.due.wake();
+    }
+    // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
+    // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
+    walk.due.run_callbacks();
+    marked.did
+}
+
+/// How deep the cancel walk descends while holding the registry locks of the way down: a node
+/// met within this depth is walked at once, with no reference count taken on it; deeper ones
+/// go on the work list (so a deep tree costs no deep stack).
+const HELD_DEPTH: usize = 32;
+
+/// A node the cancel walk has still to visit. Every field is a word (no byte fields, no
+/// `Cause` by value): items are moved in and out of a vector, and mixed-width copies cost
+/// store-forwarding stalls.
+struct Walk<X, R> {
+    node: Arc<Node<X, R>>,
+    /// The origin of its children's cause, if not the one of `below`.
+    own: Option<std::sync::Arc<Cause>>,
+    in_use: usize,
+}
+
+/// The state of one cancel's walk below the cancelled node.
+struct CancelWalk<X, R> {
+    stamp: u64,
+    due: Due,
+    /// Out-parameter of [`mark_cancelled`].
+    first: Option<Cause>,
+    work: Vec<Walk<X, R>>,
+}
+
+impl<X, R> CancelWalk<X, R> {
+    /// Marks the children of `n` (its shards `in_use`) with `below` (or `own`'s cause, see
+    /// [`Walk`]) and, within [`HELD_DEPTH`], their
+    /// subtrees, holding the registry lock of each node on the way. Lock order: a node's
+    /// shard, then a child's `inner`, then the child's shards — always downwards, as
+    /// everything else that takes two of them (`new_child` takes one node's shard, then its
+    /// own `inner`). Wakers and callbacks are only collected: they run once no lock is held.
+    fn children(
+        &mut self,
+        below: &Cause,
+        n: &Node<X, R>,
+        own: &Option<std::sync::Arc<Cause>>,
+        in_use: u8,
+        depth: usize,
+    ) {
         let own_cause;
-        let child_cause = match &own {
+        let child_cause = match own {
             Some(origin) => {
                 own_cause = Cause::ParentCancelled(origin.clone());
                 &own_cause
             }
-            None => &below,
+            None => below,
         };
-        for shard in n.shards_in(in_use as u8) {
+        for shard in n.shards_in(in_use) {
             let data = shard.data.lock();
             for (_, child) in data.children.iter() {
-                // Lock order: this shard, then the child's `inner` (never the reverse).
-                let marked = mark_cancelled(child, child_cause, stamp, &mut due, &mut first);
-                let first = first.take();
-                if marked.in_use != 0 {
-                    // Only nodes that ever had children are walked (leaves cost no `Arc`).
-                    // Below a node someone else cancelled first, its cause holds at every
-                    // depth (invariant 1): a child this walk marked passes on the cause it got.
-                    let own = match first {
-                        Some(existing) => Some(existing.origin_shared()),
-                        None => own.clone(),
-                    };
-                    work.push(Walk {
+                let marked = mark_cancelled(
+                    child,
+                    child_cause,
+                    self.stamp,
+                    &mut self.due,
+                    &mut self.first,
+                );
+                let first = self.first.take();
+                if marked.in_use == 0 {
+                    // Only nodes that ever had children are walked.
+                    continue;
+                }
+                // Below a node someone else cancelled first, its cause holds at every depth
+                // (invariant 1): a child this walk marked passes on the cause it got.
+                let own = match first {
+                    Some(existing) => Some(existing.origin_shared()),
+                    None => own.clone(),
+                };
+                if depth < HELD_DEPTH {
+                    self.children(below, child, &own, marked.in_use, depth + 1);
+                } else {
+                    self.work.push(Walk {
                         node: child.clone(),
                         own,
                         in_use: usize::from(marked.in_use),
@@ -682,13 +741,7 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
                 }
             }
         }
-        // Wakers run with no lock held.
-        due.wake();
     }
-    // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
-    // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
-    due.run_callbacks();
-    marked.did
 }
 
 /// Wakers and callbacks collected under locks, run after they are released.
