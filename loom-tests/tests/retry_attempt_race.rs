@@ -2,8 +2,9 @@
 //!
 //! The retry layer starts every attempt with the same synchronous steps modelled here (see
 //! `Call::start` in `src/retry/attempt.rs`): build the attempt's child scope, register its
-//! ticket, dispatch it. Whatever the interleaving with `cancel`, either the attempt is refused
-//! (and nothing was sent) or it was dispatched before the cancel, which then reached it.
+//! ticket in the retry's scope, dispatch it there. Whatever the interleaving with `cancel`,
+//! either the attempt is refused (and nothing was sent) or it was dispatched before the
+//! cancel, which then reached the attempt's scope.
 #![cfg(loom)]
 
 use cancel_scope::{ChildSpec, Lifecycle, Receipt, Scope, Ticket};
@@ -18,7 +19,7 @@ fn attempt_never_dispatches_after_cancel() {
             loom::thread::spawn(move || request.cancel())
         };
         let attempt = request.child().name("inventory").build().and_then(|child| {
-            let d = child
+            let d = request
                 .register(ChildSpec::idempotent("inventory", "order-42"))
                 .and_then(Ticket::dispatch)?;
             Ok((child, d))

@@ -126,6 +126,16 @@ impl Scope {
     /// # drop(t);
     /// ```
     pub fn register(&self, spec: ChildSpec) -> Result<Ticket, Error> {
+        self.register_with_budget(spec, self.remaining())
+    }
+
+    /// [`register`](Scope::register) for a child whose budget the caller knows (a retry
+    /// attempt: its own scope's budget, computed from a clock read it made already).
+    pub(crate) fn register_with_budget(
+        &self,
+        spec: ChildSpec,
+        budget: Option<Duration>,
+    ) -> Result<Ticket, Error> {
         let cell = tree::register(&self.node, |key, generation| {
             TicketCell::new(key, generation, spec.clone())
         })?;
@@ -134,7 +144,7 @@ impl Scope {
                 scope: self.clone(),
                 cell,
                 spec,
-                budget: self.remaining(),
+                budget,
             },
         })
     }
@@ -233,13 +243,27 @@ impl Ticket {
     /// d.succeed();
     /// ```
     pub fn dispatch(self) -> Result<Dispatched, Error> {
+        let at = self
+            .inner
+            .scope
+            .deadline()
+            .map(|_| tokio::time::Instant::now());
+        self.dispatch_at(at)
+    }
+
+    /// [`dispatch`](Ticket::dispatch) at `now` (a clock read the caller made just before;
+    /// needed only if the scope has a deadline).
+    pub(crate) fn dispatch_at(
+        self,
+        now: Option<tokio::time::Instant>,
+    ) -> Result<Dispatched, Error> {
         let inner = self.inner;
-        if inner.scope.deadline().is_some() {
+        if let Some(now) = now {
             // A deadline that has passed is a cancel whose timer task has not run yet (tokio
             // fires timers on millisecond ticks, and the task may be scheduled later still):
             // make it the cancel now, so that the CAS below fails (invariant 2) and no child is
             // sent at or after its deadline with nothing left of its budget.
-            inner.scope.expire_if_due(tokio::time::Instant::now());
+            inner.scope.expire_if_due(now);
         }
         tree::dispatch(&inner.scope.node, inner.cell.generation())?;
         if !inner.cell.mark_dispatched() {

@@ -11,7 +11,8 @@ use super::budget::RetryBudget;
 use super::classify::{Classify, Decision};
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use crate::budget::Split;
-use crate::child::{ChildSpec, Dispatched, Effect, Receipt, Ticket};
+use crate::cause::Cause;
+use crate::child::{ChildSpec, Dispatched, Effect, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
 use crate::scope::{Note, Scope};
@@ -379,11 +380,26 @@ impl<'s> Call<'s> {
         if let Some(b) = budget {
             child = child.cap(b);
         }
-        let scope = child.build().map_err(|e| stop_of(&e))?;
-        let dispatched = scope
-            .register(self.ledger.spec.clone())
-            .and_then(Ticket::dispatch)
+        let scope = child.at(now).build().map_err(|e| stop_of(&e))?;
+        // The attempt is a child of the retry's scope, registered and dispatched there: the
+        // dispatch CAS fails if that scope was cancelled since (invariant 2), and the ticket
+        // lives in that scope's in-flight list (no list of its own per attempt).
+        let dispatched = self
+            .scope
+            .register_with_budget(
+                self.ledger.spec.clone(),
+                scope.deadline().map(|d| d.saturating_duration_since(now)),
+            )
+            // At the start's clock read: the attempt starts at `now` in the ledger too.
+            .and_then(|t| t.dispatch_at(Some(now)))
             .map_err(|e| stop_of(&e))?;
+        // Nothing is sent at or after the attempt's own deadline either: a budget with nothing
+        // left (no minimum useful budget) is its cancel now, and the attempt never starts.
+        if scope.expire_if_due(now) || scope.is_cancelled() {
+            let cause = scope.cause().unwrap_or(Cause::DeadlineExceeded);
+            dispatched.finish(Receipt::Cancelled);
+            return Err(stop_of(&Error::cancelled(cause)));
+        }
         let index = self.ledger.start(hedge, endpoint, budget, now);
         let attempt = Attempt {
             number: self.ledger.attempts[index].number,

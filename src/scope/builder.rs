@@ -42,6 +42,8 @@ pub struct ChildBuilder<'a> {
     name: Option<std::sync::Arc<str>>,
     grace: Option<Duration>,
     marked: bool,
+    /// The time the budget is computed from, if the caller has read the clock already.
+    now: Option<Instant>,
 }
 
 impl<'a> ChildBuilder<'a> {
@@ -56,6 +58,7 @@ impl<'a> ChildBuilder<'a> {
             name: None,
             grace: None,
             marked: false,
+            now: None,
         }
     }
 
@@ -194,6 +197,14 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
+    /// Computes the budget from `now` (a clock read the caller just made) instead of reading
+    /// the clock again.
+    #[inline]
+    pub(crate) fn at(mut self, now: Instant) -> Self {
+        self.now = Some(now);
+        self
+    }
+
     /// Creates the child.
     ///
     /// # Errors
@@ -245,7 +256,7 @@ impl<'a> ChildBuilder<'a> {
         let bounded = pext.deadline.is_some() || self.cap.is_some() || self.deadline.is_some();
         let mut now = None;
         let deadline = if bounded {
-            let now = *now.insert(Instant::now());
+            let now = *now.insert(self.now.unwrap_or_else(Instant::now));
             let mut budget = ChildBudget::new()
                 .reserve(self.reserve)
                 .min_useful(self.min_useful);
