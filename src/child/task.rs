@@ -12,7 +12,7 @@ use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
 use crate::cause::Cause;
 use crate::error::Error;
-use crate::scope::{now_stamp, Scope};
+use crate::scope::{now_stamp, with_current, Current, Scope};
 use crate::tree::{self, Kind, TaskKey};
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
@@ -112,13 +112,15 @@ pin_project! {
     /// stops it when the scope is cancelled, and records the task's receipt.
     ///
     /// One struct instead of nested `async` blocks: it holds one handle of the scope (the task
-    /// local gets a reference to its node for the length of each poll) and the ticket's cell,
-    /// so the task that tokio allocates and moves stays small.
+    /// current-scope slot gets a reference to its node, moved in for each poll) and the
+    /// ticket's cell, so the task that tokio allocates and moves stays small.
     struct Task<F> {
         // `None` once stopped: the work is dropped before its receipt is recorded, as a
         // stopped child must have stopped before it is counted (invariant 6).
         #[pin]
         fut: Option<F>,
+        // The scope's node, current while `fut` is polled (moved in and out: no count per poll).
+        current: Option<Current>,
         scope: Scope,
         // Its entry in the scope's in-flight list, which holds its waker while it waits (for
         // the scope's cancel); `None` once the receipt is recorded (with `fut`).
@@ -180,7 +182,7 @@ impl<F: Future> Future for Task<F> {
                 panic!("a scope task polled after it completed");
             };
             *this.polling = true;
-            let polled = this.scope.sync_scope(|| fut.poll(cx));
+            let polled = with_current(this.current, || fut.poll(cx));
             *this.polling = false;
             match polled {
                 Poll::Ready(out) => Ok(out),
@@ -267,6 +269,7 @@ impl Scope {
         let task = self.register_task(task_spec())?;
         Ok(Task {
             fut: Some(fut),
+            current: Some(Current::of(self)),
             scope: self.clone(),
             task: Some(task),
             polling: false,

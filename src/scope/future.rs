@@ -5,13 +5,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
-use tokio::task::futures::TaskLocalFuture;
-
-use super::{Current, Scope};
+use super::{with_current, Current, Scope};
 use crate::cause::Cause;
 use crate::error::Error;
 use crate::tree::{self, Wait, WaiterKey};
+use pin_project_lite::pin_project;
 
 /// Completes when its scope is cancelled. Returned by [`Scope::cancelled`].
 ///
@@ -99,18 +97,32 @@ pin_project! {
     /// ```
     #[must_use = "futures do nothing unless polled"]
     pub struct Run<F: Future> {
-        // Declared (so dropped) first: the work is dropped with the scope current, and the
-        // handle in `cancelled` must outlive that (see `Current`).
+        // The work; taken out (`None`) only by the drop below.
         #[pin]
-        fut: TaskLocalFuture<Current, F>,
+        fut: Option<F>,
+        // The scope, to be current while the work is polled or dropped.
+        current: Option<Current>,
         cancelled: Cancelled,
+    }
+
+    impl<F: Future> PinnedDrop for Run<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let mut fut = this.fut;
+            if fut.is_some() {
+                // The work is dropped with the scope current, as it ran, while `cancelled`
+                // still holds a handle (see `Current`).
+                with_current(this.current, || fut.set(None));
+            }
+        }
     }
 }
 
 impl<F: Future> Run<F> {
-    pub(super) fn new(scope: Scope, fut: TaskLocalFuture<Current, F>) -> Self {
+    pub(super) fn new(scope: Scope, fut: F) -> Self {
         Run {
-            fut,
+            fut: Some(fut),
+            current: Some(Current::of(&scope)),
             cancelled: Cancelled::new(scope),
         }
     }
@@ -130,7 +142,10 @@ impl<F: Future> Future for Run<F> {
                 .unwrap_or(Cause::Cancelled { reason: None });
             return Poll::Ready(Err(Error::cancelled(cause)));
         }
-        if let Poll::Ready(out) = this.fut.poll(cx) {
+        let Some(fut) = this.fut.as_pin_mut() else {
+            unreachable!("the work is only taken by the drop");
+        };
+        if let Poll::Ready(out) = with_current(this.current, || fut.poll(cx)) {
             return Poll::Ready(Ok(out));
         }
         // Pending: only now register for the cancel (work that finishes on its first poll

@@ -134,16 +134,49 @@ impl fmt::Debug for Note {
     }
 }
 
-tokio::task_local! {
-    static CURRENT: Current;
+thread_local! {
+    /// The scope of the running task (see [`Current`]), like a tokio task-local: the future
+    /// that runs the task's work moves its `Current` in for the length of each poll (and of
+    /// the work's drop), and back out after.
+    static CURRENT: std::cell::RefCell<Option<Current>> = const { std::cell::RefCell::new(None) };
 }
 
-/// What the task-local keeps of the current scope: its node, not a handle (one reference
-/// count instead of two, per poll of a task and per `run`). It is only ever set while a
-/// handle of the same node is alive — `run`'s future holds one and drops it after the
-/// task-local future, a task holds one while it polls — so a handle made from it in
+/// What the current-scope slot keeps: the scope's node, not a handle. The future that runs
+/// the work holds one `Current` and moves it in and out of the slot, so a poll costs no
+/// reference count (a shared count, on a line every spawn in the scope writes). It is only
+/// ever in the slot while a handle of the same node is alive — `run`'s future holds one and
+/// drops it after its work, a task holds one while it polls — so a handle made from it in
 /// [`Scope::try_current`] is made while the node has a handle (invariant 7).
 pub(crate) struct Current(Arc<Core>);
+
+impl Current {
+    pub(crate) fn of(scope: &Scope) -> Current {
+        Current(scope.node.clone())
+    }
+}
+
+/// Runs `f` with the scope in `slot` current: moved into the thread's slot, and back out
+/// after, also when `f` panics. Nested calls stack: the inner call's `slot` holds the outer
+/// scope meanwhile.
+pub(crate) fn with_current<R>(slot: &mut Option<Current>, f: impl FnOnce() -> R) -> R {
+    struct Back<'a>(&'a mut Option<Current>);
+    impl Drop for Back<'_> {
+        fn drop(&mut self) {
+            // Cannot fail: the slot was there when `f` started, and a thread's locals go only
+            // when it exits.
+            let _ = CURRENT.try_with(|c| std::mem::swap(self.0, &mut *c.borrow_mut()));
+        }
+    }
+    if CURRENT
+        .try_with(|c| std::mem::swap(slot, &mut *c.borrow_mut()))
+        .is_err()
+    {
+        // The thread is exiting and its locals are gone: no current scope.
+        return f();
+    }
+    let _back = Back(slot);
+    f()
+}
 
 /// A node of the cancellation tree: a deadline, a cancel cause, and the work registered under
 /// it.
@@ -596,7 +629,7 @@ impl Scope {
     /// # }
     /// ```
     pub fn run<F: Future>(&self, fut: F) -> Run<F> {
-        Run::new(self.clone(), CURRENT.scope(Current(self.node.clone()), fut))
+        Run::new(self.clone(), fut)
     }
 
     /// The scope of the running task, set by [`Scope::run`], [`Scope::spawn`] and the
@@ -636,13 +669,16 @@ impl Scope {
     /// ```
     pub fn try_current() -> Option<Scope> {
         CURRENT
-            .try_with(|current| {
-                tree::add_handle(&current.0);
-                Scope {
-                    node: current.0.clone(),
-                }
+            .try_with(|c| {
+                c.borrow().as_ref().map(|current| {
+                    tree::add_handle(&current.0);
+                    Scope {
+                        node: current.0.clone(),
+                    }
+                })
             })
             .ok()
+            .flatten()
     }
 
     /// Waits for the cancel and returns its cause.
@@ -657,7 +693,7 @@ impl Scope {
     }
 
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        CURRENT.sync_scope(Current(self.node.clone()), f)
+        with_current(&mut Some(Current::of(self)), f)
     }
 
     /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]). Walks up
