@@ -1050,7 +1050,7 @@ pub(crate) fn poll_cancel_task<X, R>(node: &Node<X, R>, task: TaskKey, waker: &W
         unreachable!("a task is listed in flight");
     };
     if !in_flight.set_task_waker(task, waker) {
-        // Quarantined: only ever after a cancel.
+        // Quarantined (usually after a cancel, but it may overtake the cancel walk): it stops.
         return true;
     }
     in_flight.is_cancelled()
