@@ -665,7 +665,14 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
 /// How deep the cancel walk descends while holding the registry locks of the way down: a node
 /// met within this depth is walked at once, with no reference count taken on it; deeper ones
 /// go on the work list (so a deep tree costs no deep stack).
+#[cfg(not(loom))]
 const HELD_DEPTH: usize = 32;
+
+/// Under loom: 1, so that the models' shallow trees (a root, a child, a grandchild) take both
+/// ways of walking — a child walked holding its parent's shard, a grandchild's parent taken
+/// from the work list with the cause it passes on (`Walk::own`).
+#[cfg(loom)]
+const HELD_DEPTH: usize = 1;
 
 /// A node the cancel walk has still to visit. Every field is a word (no byte fields, no
 /// `Cause` by value): items are moved in and out of a vector, and mixed-width copies cost
