@@ -1050,8 +1050,9 @@ pub(crate) fn task_cancelled<X, R>(node: &Node<X, R>) -> bool {
 /// cancelled and then wakes the waker of every listed task. No wake-up is lost: the entry's
 /// shard lock orders this poll against that walk. If the walk took the lock first, the mark
 /// was set before it, and the load below sees it; otherwise the walk finds the waker. A task
-/// listed after the walk of its shard was listed after the cancel, and sees the state word's
-/// `CANCELLED` when it is first polled.
+/// listed after the walk of its shard took that shard's lock after the walk did, and sees
+/// the mark (set before the walk) in [`task_cancelled`] when it is first polled. A quarantine
+/// takes the task out of the list and wakes it; this then returns `true`.
 pub(crate) fn poll_cancel_task<X, R>(node: &Node<X, R>, task: TaskKey, waker: &Waker) -> bool {
     let Some(in_flight) = node.in_flight.get() else {
         unreachable!("a task is listed in flight");
