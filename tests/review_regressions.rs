@@ -194,3 +194,109 @@ async fn a_huge_grace_period_does_not_panic() {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.quiesce().now_or_never()));
     assert!(r.is_ok(), "quiesce panicked on grace(Duration::MAX)");
 }
+
+/// A waker that counts its wake-ups and, on its first one, runs `on_wake` (on the waking
+/// thread, as any waker's `wake` runs).
+struct HookWaker {
+    woken: std::sync::atomic::AtomicUsize,
+    on_wake: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl HookWaker {
+    fn new(on_wake: Option<Box<dyn FnOnce() + Send>>) -> std::sync::Arc<HookWaker> {
+        std::sync::Arc::new(HookWaker {
+            woken: std::sync::atomic::AtomicUsize::new(0),
+            on_wake: std::sync::Mutex::new(on_wake),
+        })
+    }
+
+    fn woken(&self) -> usize {
+        self.woken.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl std::task::Wake for HookWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let hook = self.on_wake.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+}
+
+/// F9 (review of the held cancel walk): a quarantine that overtakes a cancel walk, below the
+/// depth the walk holds its locks to, takes a waiting task out of its scope's in-flight list
+/// and drops its waker without waking it; the walk then cancels the task's scope, finds no
+/// task to wake, and the task — its scope cancelled, its unit given back — waits forever.
+///
+/// The quarantine is what `quiesce()` does when its grace period ends (with a grace of zero,
+/// at once) on another thread once it sees the root cancelled. Here it runs from a waker that
+/// the walk wakes between two of its steps (after the locks of the first 32 levels are
+/// released, before the deeper part of the chain is walked), which makes the interleaving
+/// deterministic.
+#[test]
+fn a_task_quarantined_before_the_cancel_walk_reaches_its_scope_is_still_woken() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let mut chain = vec![Scope::new()];
+    for _ in 0..40 {
+        let next = chain.last().unwrap().child().build().unwrap();
+        chain.push(next);
+    }
+    let root = chain[0].clone();
+
+    // A task waiting in the deepest scope (its work never completes by itself).
+    let mut task = Box::pin(
+        chain[40]
+            .__task(std::future::pending::<()>())
+            .expect("spawned before the cancel"),
+    );
+    let task_waker = HookWaker::new(None);
+    let waker = Waker::from(task_waker.clone());
+    assert!(task
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+
+    // Woken by the walk with its first steps done: quarantine, as an ended grace period does.
+    let quarantined = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook = {
+        let (root, quarantined) = (root.clone(), quarantined.clone());
+        HookWaker::new(Some(Box::new(move || {
+            let n = root.__quarantine_now();
+            quarantined.store(n, std::sync::atomic::Ordering::SeqCst);
+        })))
+    };
+    let mut waiting = Box::pin(chain[1].cancelled());
+    let hook_waker = Waker::from(hook.clone());
+    assert!(waiting
+        .as_mut()
+        .poll(&mut Context::from_waker(&hook_waker))
+        .is_pending());
+
+    root.cancel();
+    assert_eq!(hook.woken(), 1);
+    assert_eq!(
+        quarantined.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the task was quarantined while the walk was under way"
+    );
+    assert!(chain[40].is_cancelled());
+    // The task's scope is cancelled: the task must have been told, or it never stops.
+    assert!(
+        task_waker.woken() > 0,
+        "a task of a cancelled scope was quarantined without ever being woken"
+    );
+    // And once polled, it stops.
+    let polled = task.as_mut().poll(&mut Context::from_waker(&waker));
+    assert!(
+        matches!(polled, Poll::Ready(Err(ref e)) if e.is_cancelled()),
+        "{polled:?}"
+    );
+}

@@ -146,3 +146,46 @@ fn task_receipt_racing_quarantine() {
         assert_eq!(loom::future::block_on(scope.quiesce()), report);
     });
 }
+
+/// Model 21: a task waits in a grandchild scope while the root is cancelled on one thread and
+/// quarantined (what `quiesce()` does when a grace period of zero ends, once it sees the root
+/// cancelled) on another.
+///
+/// The quarantine can overtake the cancel walk (under loom the walk holds its locks one level
+/// down only, so the grandchild's parent is walked from the work list, after the locks were
+/// released): it then takes the task out of the in-flight list before the walk reaches the
+/// grandchild, and the walk finds no task to wake. The quarantine must wake it itself, or
+/// the task of a cancelled scope waits forever (loom reports the `block_on` that is never
+/// woken). Invariant 5: one receipt, the task's own `Cancelled` or `Quarantined`.
+#[test]
+fn quarantine_overtaking_the_cancel_walk_wakes_the_task() {
+    model_bounded(
+        "quarantine_overtaking_the_cancel_walk_wakes_the_task",
+        THREE_THREAD_PREEMPTIONS,
+        || {
+            let root = Scope::new();
+            let child = root.child().build().unwrap();
+            let grandchild = child.child().build().unwrap();
+            let task = grandchild.__task(std::future::pending::<()>()).unwrap();
+            let runner = thread::spawn(move || loom::future::block_on(task));
+            let canceller = {
+                let root = root.clone();
+                thread::spawn(move || root.cancel())
+            };
+            // A `quiesce()` with a grace period of zero: waits for the cancel, then quarantines.
+            while !root.is_cancelled() {
+                thread::yield_now();
+            }
+            let quarantined = root.__quarantine_now();
+            let out = runner.join().unwrap();
+            canceller.join().unwrap();
+            assert!(out.unwrap_err().is_cancelled());
+            assert!(grandchild.is_cancelled());
+            let report = loom::future::block_on(root.quiesce());
+            assert_eq!(report.total(), 1, "{report:?}");
+            assert_eq!(report.quarantined(), quarantined as u64);
+            assert_eq!(report.cancelled() + report.quarantined(), 1, "{report:?}");
+            assert_eq!(report.state(), Lifecycle::CancelledStable);
+        },
+    );
+}

@@ -665,7 +665,14 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
 /// How deep the cancel walk descends while holding the registry locks of the way down: a node
 /// met within this depth is walked at once, with no reference count taken on it; deeper ones
 /// go on the work list (so a deep tree costs no deep stack).
+#[cfg(not(loom))]
 const HELD_DEPTH: usize = 32;
+
+/// Under loom: 1, so that the models' shallow trees (a root, a child, a grandchild) take both
+/// ways of walking — a child walked holding its parent's shard, a grandchild's parent taken
+/// from the work list with the cause it passes on (`Walk::own`).
+#[cfg(loom)]
+const HELD_DEPTH: usize = 1;
 
 /// A node the cancel walk has still to visit. Every field is a word (no byte fields, no
 /// `Cause` by value): items are moved in and out of a vector, and mixed-width copies cost
@@ -1043,14 +1050,15 @@ pub(crate) fn task_cancelled<X, R>(node: &Node<X, R>) -> bool {
 /// cancelled and then wakes the waker of every listed task. No wake-up is lost: the entry's
 /// shard lock orders this poll against that walk. If the walk took the lock first, the mark
 /// was set before it, and the load below sees it; otherwise the walk finds the waker. A task
-/// listed after the walk of its shard was listed after the cancel, and sees the state word's
-/// `CANCELLED` when it is first polled.
+/// listed after the walk of its shard took that shard's lock after the walk did, and sees
+/// the mark (set before the walk) in [`task_cancelled`] when it is first polled. A quarantine
+/// takes the task out of the list and wakes it; this then returns `true`.
 pub(crate) fn poll_cancel_task<X, R>(node: &Node<X, R>, task: TaskKey, waker: &Waker) -> bool {
     let Some(in_flight) = node.in_flight.get() else {
         unreachable!("a task is listed in flight");
     };
     if !in_flight.set_task_waker(task, waker) {
-        // Quarantined: only ever after a cancel.
+        // Quarantined (usually after a cancel, but it may overtake the cancel walk): it stops.
         return true;
     }
     in_flight.is_cancelled()

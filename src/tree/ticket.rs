@@ -333,8 +333,13 @@ impl<R> InFlight<R> {
                 }
             }
         }
-        // Dropped with no lock held.
-        drop(wakers);
+        // Woken (with no lock held), not just dropped: a quarantined task is no longer listed,
+        // so no later cancel can find it. Woken, it polls, finds itself unlisted and stops
+        // (`poll_cancel_task`). A quarantine can come before the cancel reached the task's node
+        // (it may overtake a cancel walk, or run without a cancel at all).
+        for w in wakers {
+            w.wake();
+        }
         (tickets, tasks)
     }
 }
