@@ -142,3 +142,19 @@ fn the_current_scope_taken_while_run_drops_its_work_is_a_live_handle() {
     parent.cancel();
     assert!(sibling.is_cancelled());
 }
+
+#[tokio::test]
+async fn a_task_drops_its_work_with_its_scope_current_as_run_does() {
+    let s = Scope::new().child().name("work").build().unwrap();
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let h = s.spawn(TakesCurrentOnDrop(slot.clone())).unwrap();
+    // Stopped at its first poll: the work is dropped unpolled.
+    s.cancel();
+    assert!(h.await.unwrap_err().is_cancelled());
+    let taken = slot
+        .lock()
+        .unwrap()
+        .take()
+        .expect("current while the work is dropped");
+    assert_eq!(taken.name(), Some("work"));
+}

@@ -141,8 +141,9 @@ pin_project! {
                     kind: if *this.polling { Kind::Failed } else { Kind::Cancelled },
                 };
                 // The work stops before the receipt (which a panicking drop of it still
-                // records, as `Failed`).
-                this.fut.set(None);
+                // records, as `Failed`), with the scope current as when it ran.
+                let mut fut = this.fut.as_mut();
+                with_current(this.current, move || fut.set(None));
                 drop(receipt);
             }
         }
@@ -210,7 +211,8 @@ impl<F: Future> Future for Task<F> {
             kind,
         });
         *this.polling = true;
-        this.fut.set(None);
+        let mut fut = this.fut.as_mut();
+        with_current(this.current, move || fut.set(None));
         *this.polling = false;
         drop(receipt);
         Poll::Ready(out)

@@ -635,7 +635,7 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
     }
     // The cause of everything below: the same `ParentCancelled` for the whole walk, except
     // under a node that someone else had cancelled first (its own cause wins below it).
-    let below = first.as_ref().unwrap_or(&cause).for_child();
+    let below = first.take().as_ref().unwrap_or(&cause).for_child();
     let mut walk = CancelWalk {
         stamp,
         due,
