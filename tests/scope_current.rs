@@ -99,6 +99,22 @@ async fn handler_code_derives_children_from_the_current_scope() {
 /// Work that takes the current scope when it is dropped (and is never ready).
 struct TakesCurrentOnDrop(std::sync::Arc<std::sync::Mutex<Option<Scope>>>);
 
+impl TakesCurrentOnDrop {
+    /// The work, and where it leaves the scope it took.
+    fn new() -> (Self, std::sync::Arc<std::sync::Mutex<Option<Scope>>>) {
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+        (TakesCurrentOnDrop(slot.clone()), slot)
+    }
+}
+
+/// The scope the work took when it was dropped.
+fn taken(slot: &std::sync::Mutex<Option<Scope>>) -> Scope {
+    slot.lock()
+        .unwrap()
+        .take()
+        .expect("current while the work is dropped")
+}
+
 impl std::future::Future for TakesCurrentOnDrop {
     type Output = ();
     fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<()> {
@@ -116,16 +132,12 @@ impl Drop for TakesCurrentOnDrop {
 fn the_current_scope_taken_while_run_drops_its_work_is_a_live_handle() {
     let parent = Scope::new();
     let work = parent.child().name("work").build().unwrap();
-    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let run = work.run(TakesCurrentOnDrop(slot.clone()));
+    let (work_future, slot) = TakesCurrentOnDrop::new();
+    let run = work.run(work_future);
     drop(work);
     // The run future holds the last handle; its work is dropped with `work` current.
     drop(run);
-    let taken = slot
-        .lock()
-        .unwrap()
-        .take()
-        .expect("current while the work is dropped");
+    let taken = taken(&slot);
     assert_eq!(taken.name(), Some("work"));
     assert_eq!(
         parent.__live_children(),
@@ -146,15 +158,10 @@ fn the_current_scope_taken_while_run_drops_its_work_is_a_live_handle() {
 #[tokio::test]
 async fn a_task_drops_its_work_with_its_scope_current_as_run_does() {
     let s = Scope::new().child().name("work").build().unwrap();
-    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let h = s.spawn(TakesCurrentOnDrop(slot.clone())).unwrap();
+    let (work, slot) = TakesCurrentOnDrop::new();
+    let h = s.spawn(work).unwrap();
     // Stopped at its first poll: the work is dropped unpolled.
     s.cancel();
     assert!(h.await.unwrap_err().is_cancelled());
-    let taken = slot
-        .lock()
-        .unwrap()
-        .take()
-        .expect("current while the work is dropped");
-    assert_eq!(taken.name(), Some("work"));
+    assert_eq!(taken(&slot).name(), Some("work"));
 }
