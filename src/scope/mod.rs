@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -137,8 +138,17 @@ impl fmt::Debug for Note {
 thread_local! {
     /// The scope of the running task (see [`Current`]), like a tokio task-local: the future
     /// that runs the task's work moves its `Current` in for the length of each poll (and of
-    /// the work's drop), and back out after.
-    static CURRENT: std::cell::RefCell<Option<Current>> = const { std::cell::RefCell::new(None) };
+    /// the work's drop), and back out after. `ManuallyDrop`: the slot is empty whenever no
+    /// such call runs, so it needs no destructor, and a thread-local without one costs one
+    /// plain access (no registration, no state check).
+    static CURRENT: std::cell::Cell<ManuallyDrop<Option<Current>>> =
+        const { std::cell::Cell::new(ManuallyDrop::new(None)) };
+}
+
+/// Puts `value` in the current-scope slot and returns what was there.
+#[inline]
+fn swap_current(value: Option<Current>) -> Option<Current> {
+    CURRENT.with(|c| ManuallyDrop::into_inner(c.replace(ManuallyDrop::new(value))))
 }
 
 /// What the current-scope slot keeps: the scope's node, not a handle. The future that runs
@@ -158,22 +168,16 @@ impl Current {
 /// Runs `f` with the scope in `slot` current: moved into the thread's slot, and back out
 /// after, also when `f` panics. Nested calls stack: the inner call's `slot` holds the outer
 /// scope meanwhile.
+#[inline]
 pub(crate) fn with_current<R>(slot: &mut Option<Current>, f: impl FnOnce() -> R) -> R {
     struct Back<'a>(&'a mut Option<Current>);
     impl Drop for Back<'_> {
+        #[inline]
         fn drop(&mut self) {
-            // Cannot fail: the slot was there when `f` started, and a thread's locals go only
-            // when it exits.
-            let _ = CURRENT.try_with(|c| std::mem::swap(self.0, &mut *c.borrow_mut()));
+            *self.0 = swap_current(self.0.take());
         }
     }
-    if CURRENT
-        .try_with(|c| std::mem::swap(slot, &mut *c.borrow_mut()))
-        .is_err()
-    {
-        // The thread is exiting and its locals are gone: no current scope.
-        return f();
-    }
+    *slot = swap_current(slot.take());
     let _back = Back(slot);
     f()
 }
@@ -668,17 +672,15 @@ impl Scope {
     /// assert!(Scope::try_current().is_none());
     /// ```
     pub fn try_current() -> Option<Scope> {
-        CURRENT
-            .try_with(|c| {
-                c.borrow().as_ref().map(|current| {
-                    tree::add_handle(&current.0);
-                    Scope {
-                        node: current.0.clone(),
-                    }
-                })
-            })
-            .ok()
-            .flatten()
+        let current = swap_current(None);
+        let scope = current.as_ref().map(|current| {
+            tree::add_handle(&current.0);
+            Scope {
+                node: current.0.clone(),
+            }
+        });
+        swap_current(current);
+        scope
     }
 
     /// Waits for the cancel and returns its cause.
