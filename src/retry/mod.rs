@@ -431,7 +431,7 @@ where
                 Ok(started) => started,
                 Err(stop) => break stop,
             };
-            let out = attempt_scope.run(op(attempt)).await;
+            let out = attempt_scope.into_run(op(attempt)).await;
             let out = match out {
                 // The fast path of a success (often the first attempt): no hold, no verdict.
                 Ok(Ok(value)) => return (Ok(value), call.succeed(index, dispatched)),

@@ -636,6 +636,12 @@ impl Scope {
         Run::new(self.clone(), fut)
     }
 
+    /// [`run`](Scope::run) with this handle moved into the future (one handle fewer to make
+    /// and drop).
+    pub(crate) fn into_run<F: Future>(self, fut: F) -> Run<F> {
+        Run::new(self, fut)
+    }
+
     /// The scope of the running task, set by [`Scope::run`], [`Scope::spawn`] and the
     /// server layers.
     ///
