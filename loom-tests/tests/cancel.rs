@@ -211,6 +211,28 @@ fn close_racing_child_creation() {
     });
 }
 
+/// Model 22 (two closes): the root is closed on two threads at once, with a child below.
+///
+/// Invariant 3: once a `close()` has returned, the whole subtree refuses new work — also for
+/// the call that found the root closed already (the other may not have reached the child yet).
+#[test]
+fn second_close_returns_with_the_subtree_closed() {
+    model("second_close_returns_with_the_subtree_closed", || {
+        let root = Scope::new();
+        let child = root.child().build().unwrap();
+        let closer = {
+            let (root, child) = (root.clone(), child.clone());
+            thread::spawn(move || {
+                root.close();
+                assert!(child.is_closed(), "close returned with an open child");
+            })
+        };
+        root.close();
+        assert!(child.is_closed(), "close returned with an open child");
+        closer.join().unwrap();
+    });
+}
+
 /// Model 4: the last handle of a child is dropped while its parent is cancelled.
 ///
 /// Invariant 7 (and loom's leak check): the child is unlinked exactly once whatever the

@@ -859,13 +859,12 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
         // AcqRel: pairs with `take_unit`'s CAS (which fails once this is visible) and with
         // `release_unit`'s decrement (one of the two sees the other and wakes quiesce waiters).
         let prev = State(n.state.fetch_or(CLOSED, Ordering::AcqRel));
-        if prev.is_closed() {
-            // Already closed: descendants were closed then or refuse through this node (inv 3).
-            continue;
-        }
-        if prev.active() == 0 {
+        if !prev.is_closed() && prev.active() == 0 {
             wake_quiet(&n);
         }
+        // Walked even if it was closed already: whoever closed it may not have reached its
+        // descendants yet, and a `close()` that returns leaves the whole subtree closed
+        // (invariant 3; loom model 22).
         // Under `inner`: pairs with the announcement of a shard in `new_child`.
         let in_use = n.inner.lock().shards_in_use;
         for shard in n.shards_in(in_use) {
