@@ -234,3 +234,37 @@ async fn a_completed_scope_stays_completed_when_its_deadline_passes_or_it_is_can
     assert_eq!(s.quiesce().await, report, "the report never changes");
     assert_eq!(s.cause(), None);
 }
+
+/// A retry attempt and the call inside it both end `EffectUnknown` for one effect: the report
+/// lists the effect once, with what either record knew, and counts both receipts.
+#[tokio::test(start_paused = true)]
+async fn one_effect_left_unknown_by_an_attempt_and_the_call_inside_it_is_listed_once() {
+    use cancel_scope::retry::{Decision, Retry};
+    let request = Scope::with_timeout(Duration::from_millis(100));
+    let spec = ChildSpec::side_effecting("charge", "payment-7");
+    let call = spec.clone().payload_digest("sha256:abc");
+    let err = Retry::new(|_: &()| Decision::Backoff)
+        .run(&request, spec, |attempt| {
+            let call = call.clone();
+            async move {
+                // The transport sends the call in the attempt's scope; the deadline stops it
+                // before an answer comes.
+                let _sent = attempt.scope().register(call).unwrap().dispatch().unwrap();
+                std::future::pending::<Result<(), ()>>().await
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.ledger().started(),
+        1,
+        "side-effecting work is never retried"
+    );
+    let report = request.quiesce().await;
+    assert_eq!(report.effect_unknown(), 2, "{report:?}");
+    assert_eq!(report.pending_effects().len(), 1, "{report:?}");
+    let effect = &report.pending_effects()[0];
+    assert_eq!(effect.effect_id(), "payment-7");
+    assert_eq!(effect.payload_digest_str(), Some("sha256:abc"));
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+}

@@ -143,6 +143,16 @@ impl EffectRecord {
         &self.effect_id
     }
 
+    /// Takes from `other`, a record of the same effect, what this one does not know.
+    pub(crate) fn absorb(&mut self, other: &EffectRecord) {
+        if self.payload_digest.is_none() {
+            self.payload_digest.clone_from(&other.payload_digest);
+        }
+        if self.provider_handle.is_none() {
+            self.provider_handle.clone_from(&other.provider_handle);
+        }
+    }
+
     /// The payload digest, if known.
     ///
     /// # Examples

@@ -242,7 +242,9 @@ impl Report {
     }
 
     /// Effects to reconcile: every `EffectUnknown` receipt, and quarantined children that may
-    /// have had an effect.
+    /// have had an effect — one record per effect id (a retry attempt and the call inside it
+    /// that both end `EffectUnknown` report the same effect once; the receipt counts keep
+    /// both).
     ///
     /// # Examples
     ///
@@ -508,7 +510,7 @@ impl Scope {
         ]
         .map(|k| node.count(k));
         let (pending_effects, quarantined_children) = node.with_records(|r| {
-            let effects = r
+            let records = r
                 .effects
                 .iter()
                 .chain(
@@ -516,9 +518,8 @@ impl Scope {
                         .iter()
                         .filter(|c| c.effect().may_have_effect()),
                 )
-                .filter_map(|c| c.effect_record().cloned())
-                .collect();
-            (effects, r.quarantined.clone())
+                .filter_map(ChildSpec::effect_record);
+            (one_per_effect(records), r.quarantined.clone())
         });
         let cause = self.cause();
         let cancel_to_quiet = cause.as_ref().map(|_| {
@@ -536,4 +537,22 @@ impl Scope {
             notes: self.notes(),
         }
     }
+}
+
+/// One record per effect id, in order of first appearance: a retry attempt and the transport
+/// call inside it that both end `EffectUnknown` name the same effect, which is to be
+/// reconciled once. What either record knows (digest, provider handle) is kept.
+fn one_per_effect<'a>(records: impl Iterator<Item = &'a EffectRecord>) -> Vec<EffectRecord> {
+    let mut effects: Vec<EffectRecord> = Vec::new();
+    let mut seen: std::collections::HashMap<&'a str, usize> = std::collections::HashMap::new();
+    for record in records {
+        match seen.entry(record.effect_id()) {
+            std::collections::hash_map::Entry::Occupied(at) => effects[*at.get()].absorb(record),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(effects.len());
+                effects.push(record.clone());
+            }
+        }
+    }
+    effects
 }
