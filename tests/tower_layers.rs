@@ -323,3 +323,26 @@ fn auto_traits() {
     send_sync::<propagate::ResponseBody<String>>();
     error::<CallError>();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_panic_is_not_reported_as_client_gone() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(|_: Request<()>| async {
+        if true {
+            panic!("handler bug");
+        }
+        Ok::<_, Infallible>(Response::new(String::new()))
+    }));
+    let fut = svc.call(Request::new(()));
+    // The task's panic is caught by tokio, which then drops the response future.
+    let joined = tokio::spawn(fut).await;
+    assert!(joined.unwrap_err().is_panic());
+    let (_, report) = reports.recv().await.unwrap();
+    let cause = report.cause().cloned().unwrap();
+    assert_eq!(
+        cause,
+        Cause::cancelled("the handler panicked"),
+        "{report:?}"
+    );
+    assert_ne!(cause, Cause::ClientGone);
+}

@@ -14,6 +14,9 @@ use crate::wire::{Admission, AdmissionError};
 use crate::Run;
 use crate::{Cause, Scope};
 
+/// The reason of the cancel of a request whose handler panicked.
+pub(super) const HANDLER_PANICKED: &str = "the handler panicked";
+
 /// What happens to a request's scope when its response future ends or is dropped.
 pub(super) struct Finish {
     scope: Scope,
@@ -61,7 +64,8 @@ pin_project! {
     /// request's scope, or the answer the layer gives for the scope.
     ///
     /// Dropping it before it completes cancels the request's scope with
-    /// [`Cause::ClientGone`].
+    /// [`Cause::ClientGone`] — or, if the handler panicked while it was polled, with
+    /// `Cause::Cancelled` and the reason "the handler panicked".
     ///
     /// # Cancel safety
     ///
@@ -72,15 +76,24 @@ pin_project! {
         state: State<F, B>,
         finish: Option<Finish>,
         grpc: bool,
+        // Set while the handler's future is polled: dropped with it set, that poll unwound
+        // (the handler panicked), which is not the client going away.
+        polling: bool,
     }
 
     impl<F: Future, B> PinnedDrop for ResponseFuture<F, B> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some(finish) = this.finish.take() {
-                // Dropped before it answered: the client is gone (invariant 1: the first
-                // cause wins, so a deadline that already fired stays the cause).
-                finish.scope.cancel_because(Cause::ClientGone);
+                // Dropped before it answered: the client is gone, or the handler panicked
+                // (invariant 1: the first cause wins, so a deadline that already fired stays
+                // the cause).
+                let cause = if *this.polling {
+                    Cause::cancelled(HANDLER_PANICKED)
+                } else {
+                    Cause::ClientGone
+                };
+                finish.scope.cancel_because(cause);
                 finish.done();
             }
         }
@@ -102,6 +115,7 @@ impl<F: Future, B: Default> ResponseFuture<F, B> {
             },
             finish: None,
             grpc,
+            polling: false,
         }
     }
 
@@ -110,6 +124,7 @@ impl<F: Future, B: Default> ResponseFuture<F, B> {
             state: State::Running { run },
             finish: Some(finish),
             grpc,
+            polling: false,
         }
     }
 }
@@ -129,7 +144,12 @@ where
                 None => panic!("ResponseFuture polled after completion"),
             },
             StateProj::Done => panic!("ResponseFuture polled after completion"),
-            StateProj::Running { run } => match run.poll(cx) {
+            StateProj::Running { run } => match {
+                *this.polling = true;
+                let polled = run.poll(cx);
+                *this.polling = false;
+                polled
+            } {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(out)) => out,
                 Poll::Ready(Err(stopped)) => {

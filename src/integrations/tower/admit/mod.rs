@@ -17,8 +17,9 @@
 //! work the handler spawned into it runs on until it finishes or the deadline passes, and the
 //! report waits for it. The response *body* is not tracked: a streaming body produced after
 //! the head is bounded by nothing this layer does, and a client that disconnects while it
-//! streams is not reported as [`ClientGone`](crate::Cause::ClientGone). Requests that panic
-//! in the handler are recorded as `ClientGone` (the future is dropped while unwinding).
+//! streams is not reported as [`ClientGone`](crate::Cause::ClientGone). A request whose
+//! handler panics is cancelled with `Cancelled` and the reason "the handler panicked" (not
+//! `ClientGone`: the response future knows it was being polled when it was dropped).
 //!
 //! Put a response reserve in the policy when a server in front of the layer also enforces
 //! `grpc-timeout` (tonic's server does, and answers `CANCELLED`): with a reserve the layer's
