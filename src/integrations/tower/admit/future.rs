@@ -144,12 +144,7 @@ where
                 None => panic!("ResponseFuture polled after completion"),
             },
             StateProj::Done => panic!("ResponseFuture polled after completion"),
-            StateProj::Running { run } => match {
-                *this.polling = true;
-                let polled = run.poll(cx);
-                *this.polling = false;
-                polled
-            } {
+            StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(out)) => out,
                 Poll::Ready(Err(stopped)) => {
@@ -165,6 +160,19 @@ where
         }
         Poll::Ready(out)
     }
+}
+
+/// Polls the handler's `run` with `polling` set for the length of the poll (left set if the
+/// poll unwinds).
+fn poll_marked<F: Future>(
+    polling: &mut bool,
+    run: Pin<&mut Run<F>>,
+    cx: &mut Context<'_>,
+) -> Poll<<Run<F> as Future>::Output> {
+    *polling = true;
+    let polled = run.poll(cx);
+    *polling = false;
+    polled
 }
 
 /// The answer for a request whose scope stopped before the handler answered.
