@@ -7,6 +7,8 @@
 
 mod receipt;
 mod task;
+
+pub(crate) use task::task_spec;
 mod ticket;
 
 pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};

@@ -12,7 +12,7 @@ use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
 use crate::cause::Cause;
 use crate::error::Error;
-use crate::scope::{now_stamp, with_current, Current, Scope};
+use crate::scope::{now_stamp, with_current, Scope};
 use crate::tree::{self, Kind, TaskKey};
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
@@ -111,61 +111,52 @@ pin_project! {
     /// The future of a task spawned with [`Scope::spawn`]: runs `fut` with the scope current,
     /// stops it when the scope is cancelled, and records the task's receipt.
     ///
-    /// One struct instead of nested `async` blocks: it holds one handle of the scope (the task
-    /// current-scope slot gets a reference to its node, moved in for each poll) and the
-    /// ticket's cell, so the task that tokio allocates and moves stays small.
+    /// One struct instead of nested `async` blocks: it holds one handle of the scope (moved
+    /// into the current-scope slot for each poll) and the task's in-flight key, so the task
+    /// that tokio allocates and moves stays small.
     struct Task<F> {
         // `None` once stopped: the work is dropped before its receipt is recorded, as a
         // stopped child must have stopped before it is counted (invariant 6).
         #[pin]
         fut: Option<F>,
-        // The scope's node, current while `fut` is polled (moved in and out: no count per poll).
-        current: Option<Current>,
-        scope: Scope,
+        // The task's handle of its scope: in the current-scope slot while `fut` is polled or
+        // dropped, here otherwise.
+        scope: Option<Scope>,
         // Its entry in the scope's in-flight list, which holds its waker while it waits (for
         // the scope's cancel); `None` once the receipt is recorded (with `fut`).
         task: Option<TaskKey>,
-        // Set while `fut` is polled or dropped: if the task is dropped with it set, that call
-        // unwound, and the receipt is `Failed`.
+        // Set while `fut` is polled: if the task is dropped with it set, that poll unwound,
+        // and the receipt is `Failed`.
         polling: bool,
     }
 
     impl<F> PinnedDrop for Task<F> {
         fn drop(this: Pin<&mut Self>) {
-            let mut this = this.project();
+            let this = this.project();
             if let Some(task) = this.task.take() {
                 // Aborted, dropped by a runtime shutting down, or unwound from a poll.
-                let receipt = Receipting {
-                    scope: this.scope,
-                    task,
-                    kind: if *this.polling { Kind::Failed } else { Kind::Cancelled },
-                };
-                // The work stops before the receipt (which a panicking drop of it still
-                // records, as `Failed`), with the scope current as when it ran.
-                let mut fut = this.fut.as_mut();
-                with_current(this.current, move || fut.set(None));
-                drop(receipt);
+                let kind = if *this.polling { Kind::Failed } else { Kind::Cancelled };
+                stop(this.fut, this.scope, task, kind);
             }
         }
     }
 }
 
-/// Records a task's receipt when dropped: `kind`, or `Failed` when dropped by an unwind.
-struct Receipting<'a> {
-    scope: &'a Scope,
-    task: TaskKey,
-    kind: Kind,
-}
-
-impl Drop for Receipting<'_> {
-    fn drop(&mut self) {
-        let kind = if std::thread::panicking() {
-            Kind::Failed
-        } else {
-            self.kind
-        };
-        // Invariant 5: unless a quarantine took the task out of the list first.
-        tree::record_task_receipt(&self.scope.node, self.task, kind, true, now_stamp);
+/// Stops a task's work and then records its receipt, `kind` (invariant 6: a child has stopped
+/// before it is counted). The work is dropped with the scope current, as it ran; if its drop
+/// panics, the receipt is `Failed` and the panic goes on once it is recorded.
+fn stop<F>(mut fut: Pin<&mut Option<F>>, scope: &mut Option<Scope>, task: TaskKey, kind: Kind) {
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        with_current(scope, || fut.set(None));
+    }));
+    let Some(scope) = scope.as_ref() else {
+        unreachable!("the scope is back after the drop");
+    };
+    let kind = if dropped.is_err() { Kind::Failed } else { kind };
+    // Invariant 5: unless a quarantine took the task out of the list first.
+    tree::record_task_receipt(&scope.node, task, kind, true, now_stamp);
+    if let Err(panic) = dropped {
+        std::panic::resume_unwind(panic);
     }
 }
 
@@ -174,17 +165,22 @@ impl<F: Future> Future for Task<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let node = &this.scope.node;
+        let Some(scope) = this.scope.as_ref() else {
+            unreachable!("the scope is back after every poll");
+        };
         // A cancelled scope never polls its work again (invariant 2): one load decides.
-        let out = if tree::task_cancelled(node) {
-            Err(cancel_error(this.scope))
+        let out = if tree::task_cancelled(&scope.node) {
+            Err(cancel_error(scope))
         } else {
             let Some(fut) = this.fut.as_mut().as_pin_mut() else {
                 panic!("a scope task polled after it completed");
             };
             *this.polling = true;
-            let polled = with_current(this.current, || fut.poll(cx));
+            let polled = with_current(this.scope, || fut.poll(cx));
             *this.polling = false;
+            let Some(scope) = this.scope.as_ref() else {
+                unreachable!("the scope is back after every poll");
+            };
             match polled {
                 Poll::Ready(out) => Ok(out),
                 // Pending: only now leave the waker for the cancel (work that finishes on its
@@ -193,10 +189,10 @@ impl<F: Future> Future for Task<F> {
                     let Some(task) = *this.task else {
                         unreachable!("the task's entry goes with the future");
                     };
-                    if !tree::poll_cancel_task(node, task, cx.waker()) {
+                    if !tree::poll_cancel_task(&scope.node, task, cx.waker()) {
                         return Poll::Pending;
                     }
-                    Err(cancel_error(this.scope))
+                    Err(cancel_error(scope))
                 }
             }
         };
@@ -205,16 +201,9 @@ impl<F: Future> Future for Task<F> {
         } else {
             Kind::Cancelled
         };
-        let receipt = this.task.take().map(|task| Receipting {
-            scope: this.scope,
-            task,
-            kind,
-        });
-        *this.polling = true;
-        let mut fut = this.fut.as_mut();
-        with_current(this.current, move || fut.set(None));
-        *this.polling = false;
-        drop(receipt);
+        if let Some(task) = this.task.take() {
+            stop(this.fut, this.scope, task, kind);
+        }
         Poll::Ready(out)
     }
 }
@@ -223,7 +212,8 @@ fn cancel_error(scope: &Scope) -> Error {
     Error::cancelled(scope.cause().unwrap_or(Cause::Cancelled { reason: None }))
 }
 
-fn task_spec() -> ChildSpec {
+/// The spec every spawned task is listed with (and recorded with, if quarantined).
+pub(crate) fn task_spec() -> ChildSpec {
     ChildSpec::read_only_static("task")
 }
 
@@ -268,11 +258,10 @@ impl Scope {
 
     /// The future of a task: registered and dispatched, not spawned yet.
     fn task<F: Future>(&self, fut: F) -> Result<Task<F>, Error> {
-        let task = self.register_task(task_spec())?;
+        let task = self.register_task()?;
         Ok(Task {
             fut: Some(fut),
-            current: Some(Current::of(self)),
-            scope: self.clone(),
+            scope: Some(self.clone()),
             task: Some(task),
             polling: false,
         })
@@ -295,8 +284,8 @@ impl Scope {
     /// `tree::register_task`, invariant 2). Then, as [`Ticket::dispatch`](super::Ticket::dispatch)
     /// does, a deadline that has passed is made the cancel and the task is refused, with a
     /// `Cancelled` receipt (registered, never run): nothing is sent at or after its deadline.
-    fn register_task(&self, spec: ChildSpec) -> Result<TaskKey, Error> {
-        let task = tree::register_task(&self.node, spec)?;
+    fn register_task(&self) -> Result<TaskKey, Error> {
+        let task = tree::register_task(&self.node)?;
         if self.deadline().is_none() || !self.expire_if_due(tokio::time::Instant::now()) {
             return Ok(task);
         }
@@ -336,7 +325,7 @@ impl Scope {
         let scope = self.clone();
         let inner = tokio::task::spawn_blocking(move || {
             let mut receipt = TaskReceipt(Some(dispatched));
-            let out = scope.sync_scope(f);
+            let out = with_current(&mut Some(scope), f);
             receipt.finish(Receipt::Succeeded);
             Ok(out)
         });

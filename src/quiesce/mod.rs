@@ -398,7 +398,7 @@ impl Future for Quiesce {
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            tree::quarantine_subtree(&this.scope.node, now_stamp());
+            tree::quarantine_subtree(&this.scope.node, &crate::child::task_spec(), now_stamp());
             this.grace = None;
             // Guards are not quarantined: loop to wait for them (or return if quiet now).
             if !tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
@@ -495,7 +495,7 @@ impl Scope {
     /// how many. For the loom models, which have no timer to end a grace period.
     #[doc(hidden)]
     pub fn __quarantine_now(&self) -> usize {
-        tree::quarantine_subtree(&self.node, now_stamp())
+        tree::quarantine_subtree(&self.node, &crate::child::task_spec(), now_stamp())
     }
 
     /// Builds the report (meaningful once quiet: then nothing in it can change).

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::{with_current, Current, Scope};
+use super::{with_current, Scope};
 use crate::cause::Cause;
 use crate::error::Error;
 use crate::tree::{self, Wait, WaiterKey};
@@ -100,19 +100,23 @@ pin_project! {
         // The work; taken out (`None`) only by the drop below.
         #[pin]
         fut: Option<F>,
-        // The scope, to be current while the work is polled or dropped.
-        current: Option<Current>,
-        cancelled: Cancelled,
+        // The scope's handle: in the current-scope slot while the work is polled or dropped,
+        // here otherwise.
+        scope: Option<Scope>,
+        // Its entry in the scope's cancel waiters, once a poll of the work was pending.
+        key: WaiterKey,
     }
 
     impl<F: Future> PinnedDrop for Run<F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
+            if let Some(scope) = this.scope.as_ref() {
+                tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
+            }
             let mut fut = this.fut;
             if fut.is_some() {
-                // The work is dropped with the scope current, as it ran, while `cancelled`
-                // still holds a handle (see `Current`).
-                with_current(this.current, || fut.set(None));
+                // The work is dropped with the scope current, as it ran.
+                with_current(this.scope, || fut.set(None));
             }
         }
     }
@@ -122,8 +126,8 @@ impl<F: Future> Run<F> {
     pub(super) fn new(scope: Scope, fut: F) -> Self {
         Run {
             fut: Some(fut),
-            current: Some(Current::of(&scope)),
-            cancelled: Cancelled::new(scope),
+            scope: Some(scope),
+            key: WaiterKey::default(),
         }
     }
 }
@@ -133,34 +137,40 @@ impl<F: Future> Future for Run<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let Some(scope) = this.scope.as_ref() else {
+            unreachable!("the scope is back after every poll");
+        };
         // A cancelled scope never polls its work again (invariant 2): one load decides.
-        if this.cancelled.scope.is_cancelled() {
-            let cause = this
-                .cancelled
-                .scope
-                .cause()
-                .unwrap_or(Cause::Cancelled { reason: None });
-            return Poll::Ready(Err(Error::cancelled(cause)));
+        if scope.is_cancelled() {
+            return Poll::Ready(Err(cancel_error(scope)));
         }
         let Some(fut) = this.fut.as_pin_mut() else {
             unreachable!("the work is only taken by the drop");
         };
-        if let Poll::Ready(out) = with_current(this.current, || fut.poll(cx)) {
+        if let Poll::Ready(out) = with_current(this.scope, || fut.poll(cx)) {
             return Poll::Ready(Ok(out));
         }
+        let Some(scope) = this.scope.as_ref() else {
+            unreachable!("the scope is back after every poll");
+        };
         // Pending: only now register for the cancel (work that finishes on its first poll
         // never touches the waiter list). A cancel that came meanwhile is seen here.
-        match this.cancelled.poll_cancelled(cx) {
-            Poll::Ready(cause) => Poll::Ready(Err(Error::cancelled(cause))),
-            Poll::Pending => Poll::Pending,
+        if tree::poll_wait(&scope.node, Wait::Cancel, this.key, cx.waker()) {
+            Poll::Ready(Err(cancel_error(scope)))
+        } else {
+            Poll::Pending
         }
     }
+}
+
+fn cancel_error(scope: &Scope) -> Error {
+    Error::cancelled(scope.cause().unwrap_or(Cause::Cancelled { reason: None }))
 }
 
 impl<F: Future> fmt::Debug for Run<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run")
-            .field("scope", &self.cancelled.scope)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }

@@ -136,41 +136,28 @@ impl fmt::Debug for Note {
 }
 
 thread_local! {
-    /// The scope of the running task (see [`Current`]), like a tokio task-local: the future
-    /// that runs the task's work moves its `Current` in for the length of each poll (and of
-    /// the work's drop), and back out after. `ManuallyDrop`: the slot is empty whenever no
-    /// such call runs, so it needs no destructor, and a thread-local without one costs one
-    /// plain access (no registration, no state check).
-    static CURRENT: std::cell::Cell<ManuallyDrop<Option<Current>>> =
+    /// The scope of the running task, like a tokio task-local: the future that runs the
+    /// task's work ([`Run`], a spawned task) moves its handle in for the length of each poll
+    /// (and of the work's drop) and back out after, so a poll costs no reference count.
+    /// `ManuallyDrop`: the slot is empty whenever no such call runs, so it needs no destructor,
+    /// and a thread-local without one costs one plain access (no registration, no state
+    /// check).
+    static CURRENT: std::cell::Cell<ManuallyDrop<Option<Scope>>> =
         const { std::cell::Cell::new(ManuallyDrop::new(None)) };
 }
 
 /// Puts `value` in the current-scope slot and returns what was there.
 #[inline]
-fn swap_current(value: Option<Current>) -> Option<Current> {
+fn swap_current(value: Option<Scope>) -> Option<Scope> {
     CURRENT.with(|c| ManuallyDrop::into_inner(c.replace(ManuallyDrop::new(value))))
-}
-
-/// What the current-scope slot keeps: the scope's node, not a handle. The future that runs
-/// the work holds one `Current` and moves it in and out of the slot, so a poll costs no
-/// reference count (a shared count, on a line every spawn in the scope writes). It is only
-/// ever in the slot while a handle of the same node is alive — `run`'s future holds one and
-/// drops it after its work, a task holds one while it polls — so a handle made from it in
-/// [`Scope::try_current`] is made while the node has a handle (invariant 7).
-pub(crate) struct Current(Arc<Core>);
-
-impl Current {
-    pub(crate) fn of(scope: &Scope) -> Current {
-        Current(scope.node.clone())
-    }
 }
 
 /// Runs `f` with the scope in `slot` current: moved into the thread's slot, and back out
 /// after, also when `f` panics. Nested calls stack: the inner call's `slot` holds the outer
 /// scope meanwhile.
 #[inline]
-pub(crate) fn with_current<R>(slot: &mut Option<Current>, f: impl FnOnce() -> R) -> R {
-    struct Back<'a>(&'a mut Option<Current>);
+pub(crate) fn with_current<R>(slot: &mut Option<Scope>, f: impl FnOnce() -> R) -> R {
+    struct Back<'a>(&'a mut Option<Scope>);
     impl Drop for Back<'_> {
         #[inline]
         fn drop(&mut self) {
@@ -679,12 +666,7 @@ impl Scope {
     /// ```
     pub fn try_current() -> Option<Scope> {
         let current = swap_current(None);
-        let scope = current.as_ref().map(|current| {
-            tree::add_handle(&current.0);
-            Scope {
-                node: current.0.clone(),
-            }
-        });
+        let scope = current.clone();
         swap_current(current);
         scope
     }
@@ -701,7 +683,7 @@ impl Scope {
     }
 
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        with_current(&mut Some(Current::of(self)), f)
+        with_current(&mut Some(self.clone()), f)
     }
 
     /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]). Walks up

@@ -1001,12 +1001,12 @@ fn list_in_flight<X, R>(
 /// The in-flight list exists before the unit CAS: a cancel whose RMW comes after that CAS in
 /// the word's modification order synchronizes with it, so it finds the list, marks it and
 /// wakes whatever task is waiting in it (see [`poll_cancel_task`]).
-pub(crate) fn register_task<X, R>(node: &Node<X, R>, info: R) -> Result<TaskKey, Refused> {
+pub(crate) fn register_task<X, R>(node: &Node<X, R>) -> Result<TaskKey, Refused> {
     // Keep this order: the list must exist before the unit CAS (see above). loom cannot check
     // it (`LazyBox` is eager under loom).
     let in_flight = node.in_flight.get_or_init();
     take_unit(node)?;
-    Ok(in_flight.list_task(info))
+    Ok(in_flight.list_task())
 }
 
 /// Records the receipt of a task of `node`, unless a quarantine took it first (then returns
@@ -1163,13 +1163,17 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
 
 /// Quarantines every ticket of `node`'s subtree that has no receipt yet: each gets a
 /// `Quarantined` receipt (its record lists it) and gives back its unit; the late real outcome is
-/// then ignored (invariant 5). Returns how many.
-pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64) -> usize {
+/// then ignored (invariant 5). Spawned tasks are recorded with `task_info`. Returns how many.
+pub(crate) fn quarantine_subtree<X, R: Clone>(
+    node: &Arc<Node<X, R>>,
+    task_info: &R,
+    stamp: u64,
+) -> usize {
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
         if let Some(in_flight) = n.in_flight.get() {
-            n_quarantined += quarantine_in_flight(&n, in_flight, stamp);
+            n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp);
         }
         for shard in n.shards() {
             let data = shard.data.lock();
@@ -1180,7 +1184,12 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(node: &Arc<Node<X, R>>, stamp: u64
 }
 
 /// Quarantines the children in flight in `n` (see [`quarantine_subtree`]); returns how many.
-fn quarantine_in_flight<X, R: Clone>(n: &Node<X, R>, in_flight: &InFlight<R>, stamp: u64) -> usize {
+fn quarantine_in_flight<X, R: Clone>(
+    n: &Node<X, R>,
+    in_flight: &InFlight<R>,
+    task_info: &R,
+    stamp: u64,
+) -> usize {
     let mut count = 0;
     let (cells, tasks) = in_flight.take_for_quarantine();
     for cell in cells {
@@ -1193,8 +1202,10 @@ fn quarantine_in_flight<X, R: Clone>(n: &Node<X, R>, in_flight: &InFlight<R>, st
         }
     }
     // Tasks taken out of the list are decided: their late receipts find nothing (invariant 5).
-    for info in tasks {
-        count_receipt(n, Kind::Quarantined, Some(info), true, &|| stamp);
+    for _ in 0..tasks {
+        count_receipt(n, Kind::Quarantined, Some(task_info.clone()), true, &|| {
+            stamp
+        });
         release_unit(n);
         count += 1;
     }

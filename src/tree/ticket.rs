@@ -134,10 +134,10 @@ enum Entry<R> {
     Ticket(Arc<TicketCell<R>>),
     /// A spawned task, kept inline (no allocation of its own): whoever takes the entry out of
     /// the list under the shard lock, the task's receipt or a quarantine, records the one
-    /// receipt (invariant 5).
+    /// receipt (invariant 5). Tasks all have the same spec, given to the quarantine, so the
+    /// entry is three words (it is moved in and out of the list for every task).
     Task {
         seq: u64,
-        info: R,
         /// The task's waker while it waits, for the node's cancel.
         waker: Option<Waker>,
     },
@@ -229,16 +229,12 @@ impl<R> InFlight<R> {
     }
 
     /// Lists a task.
-    pub(super) fn list_task(&self, info: R) -> TaskKey {
+    pub(super) fn list_task(&self) -> TaskKey {
         let shard = next_shard();
         let mut cells = self.shards[shard].cells.lock();
         let seq = cells.next_seq;
         cells.next_seq = seq.wrapping_add(1);
-        let key = cells.slab.insert(Entry::Task {
-            seq,
-            info,
-            waker: None,
-        });
+        let key = cells.slab.insert(Entry::Task { seq, waker: None });
         TaskKey {
             key: (key << SHARD_BITS) | shard,
             seq,
@@ -309,9 +305,9 @@ impl<R> InFlight<R> {
 
     /// For a quarantine: copies of the listed tickets' cells (each is decided by its CAS), and
     /// the infos of the listed tasks, which are taken out here (decided by this lock).
-    pub(super) fn take_for_quarantine(&self) -> (Vec<Arc<TicketCell<R>>>, Vec<R>) {
+    pub(super) fn take_for_quarantine(&self) -> (Vec<Arc<TicketCell<R>>>, usize) {
         let mut tickets = Vec::new();
-        let mut tasks = Vec::new();
+        let mut tasks = 0;
         let mut wakers = Vec::new();
         for shard in &self.shards {
             let mut cells = shard.cells.lock();
@@ -327,8 +323,8 @@ impl<R> InFlight<R> {
                 })
                 .collect();
             for k in task_slots {
-                if let Entry::Task { info, waker, .. } = cells.slab.remove(k) {
-                    tasks.push(info);
+                if let Entry::Task { waker, .. } = cells.slab.remove(k) {
+                    tasks += 1;
                     wakers.extend(waker);
                 }
             }
