@@ -64,14 +64,26 @@ fn a_run_polled_and_dropped_inside_another_runs_poll_gives_the_outer_scope_back(
         assert_eq!(Scope::current().name(), Some("outer"));
         let mut nested = Box::pin(inner.clone().run(std::future::pending::<()>()));
         assert!(nested.as_mut().poll(cx).is_pending());
-        assert_eq!(Scope::current().name(), Some("outer"), "back after the poll");
+        assert_eq!(
+            Scope::current().name(),
+            Some("outer"),
+            "back after the poll"
+        );
         drop(nested);
-        assert_eq!(Scope::current().name(), Some("outer"), "back after the drop");
+        assert_eq!(
+            Scope::current().name(),
+            Some("outer"),
+            "back after the drop"
+        );
         // A nested run forgotten after its poll leaks its handle but not the slot.
         let mut forgotten = Box::pin(inner.clone().run(std::future::pending::<()>()));
         assert!(forgotten.as_mut().poll(cx).is_pending());
         std::mem::forget(forgotten);
-        assert_eq!(Scope::current().name(), Some("outer"), "back after a forget");
+        assert_eq!(
+            Scope::current().name(),
+            Some("outer"),
+            "back after a forget"
+        );
         Poll::Ready(())
     })));
     assert!(matches!(poll_once(run.as_mut()), Poll::Ready(Ok(()))));
@@ -93,9 +105,10 @@ fn a_run_polled_and_dropped_in_a_thread_local_destructor_sees_its_scope() {
     impl Drop for OnExit {
         fn drop(&mut self) {
             // A run made and polled while the thread's locals are being destroyed.
-            let mut run = Box::pin(self.scope.run(async {
-                Scope::try_current().and_then(|s| s.name().map(str::to_owned))
-            }));
+            let mut run = Box::pin(
+                self.scope
+                    .run(async { Scope::try_current().and_then(|s| s.name().map(str::to_owned)) }),
+            );
             let seen = match poll_once(run.as_mut()) {
                 Poll::Ready(Ok(name)) => name,
                 _ => None,
