@@ -242,9 +242,10 @@ impl Report {
     }
 
     /// Effects to reconcile: every `EffectUnknown` receipt, and quarantined children that may
-    /// have had an effect — one record per effect id (a retry attempt and the call inside it
+    /// have had an effect — one record per effect (a retry attempt and the call inside it
     /// that both end `EffectUnknown` report the same effect once; the receipt counts keep
-    /// both).
+    /// both). Records of one effect id that disagree (two provider handles or payload digests)
+    /// are listed each.
     ///
     /// # Examples
     ///
@@ -539,20 +540,33 @@ impl Scope {
     }
 }
 
-/// One record per effect id, in order of first appearance: a retry attempt and the transport
+/// One record per effect, in order of first appearance: a retry attempt and the transport
 /// call inside it that both end `EffectUnknown` name the same effect, which is to be
-/// reconciled once. What either record knows (digest, provider handle) is kept.
+/// reconciled once. What either record knows (digest, provider handle) is kept. Records of one
+/// effect id that disagree (two provider handles, two payload digests) are each kept: merging
+/// them would drop what reconciliation needs.
 fn one_per_effect<'a>(records: impl Iterator<Item = &'a EffectRecord>) -> Vec<EffectRecord> {
     let mut effects: Vec<EffectRecord> = Vec::new();
-    let mut seen: std::collections::HashMap<&'a str, usize> = std::collections::HashMap::new();
+    let mut seen: std::collections::HashMap<&'a str, Vec<usize>> = std::collections::HashMap::new();
     for record in records {
-        match seen.entry(record.effect_id()) {
-            std::collections::hash_map::Entry::Occupied(at) => effects[*at.get()].absorb(record),
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(effects.len());
+        let same = seen.entry(record.effect_id()).or_default();
+        match same.iter().find(|&&i| agree(&effects[i], record)) {
+            Some(&i) => effects[i].absorb(record),
+            None => {
+                same.push(effects.len());
                 effects.push(record.clone());
             }
         }
     }
     effects
+}
+
+/// Whether two records of one effect id can be the same effect: nothing one knows contradicts
+/// the other.
+fn agree(a: &EffectRecord, b: &EffectRecord) -> bool {
+    fn compatible(x: Option<&str>, y: Option<&str>) -> bool {
+        x.is_none() || y.is_none() || x == y
+    }
+    compatible(a.payload_digest_str(), b.payload_digest_str())
+        && compatible(a.provider_handle_str(), b.provider_handle_str())
 }
