@@ -18,6 +18,11 @@ pub(crate) use loom::sync::{
     Arc,
 };
 
+/// loom's thread-locals, one per model thread: loom runs every model thread on the one OS
+/// thread that calls `loom::model`, so a `std` thread-local would be shared by all of them.
+#[cfg(loom)]
+pub(crate) use loom::thread_local as loom_thread_local;
+
 /// `Arc::new(make())`, but with the value built in its final place where the compiler can:
 /// the allocation comes first and the value is written into it, instead of being assembled
 /// on the stack and then copied (a tree node is about 250 bytes, and copying it right after

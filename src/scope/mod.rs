@@ -135,6 +135,7 @@ impl fmt::Debug for Note {
     }
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// The scope of the running task, like a tokio task-local: the future that runs the
     /// task's work ([`Run`], a spawned task) moves its handle in for the length of each poll
@@ -144,6 +145,14 @@ thread_local! {
     /// check).
     static CURRENT: std::cell::Cell<ManuallyDrop<Option<Scope>>> =
         const { std::cell::Cell::new(ManuallyDrop::new(None)) };
+}
+
+// Under loom, one slot per model thread (all of them run on one OS thread, switching at each
+// loom operation, also while a task's work is polled with its scope in the slot).
+#[cfg(loom)]
+crate::sync::loom_thread_local! {
+    static CURRENT: std::cell::Cell<ManuallyDrop<Option<Scope>>> =
+        std::cell::Cell::new(ManuallyDrop::new(None));
 }
 
 /// Puts `value` in the current-scope slot and returns what was there.
