@@ -346,3 +346,40 @@ async fn a_handler_panic_is_not_reported_as_client_gone() {
     );
     assert_ne!(cause, Cause::ClientGone);
 }
+
+/// A handler that panics in `call` itself (before its future exists: code a service runs
+/// synchronously, with the scope current) is a handler panic too: the request's scope is
+/// cancelled with "the handler panicked" and reported, and work it spawned into the scope is
+/// stopped, not left running until the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_handler_panic_in_call_cancels_and_reports_the_request() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(|_: Request<()>| {
+        let _spawned = Scope::current()
+            .spawn(std::future::pending::<()>())
+            .unwrap();
+        if true {
+            panic!("handler bug in call");
+        }
+        async { Ok::<_, Infallible>(Response::new(String::new())) }
+    }));
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(svc.call(Request::new(())))
+    }));
+    assert!(called.is_err());
+    let start = Instant::now();
+    let report = tokio::time::timeout(ms(10_000), reports.recv())
+        .await
+        .expect("the request is reported")
+        .unwrap()
+        .1;
+    assert_eq!(
+        report.cause().cloned(),
+        Some(Cause::cancelled("the handler panicked")),
+        "{report:?}"
+    );
+    assert!(
+        start.elapsed() < ms(5_000),
+        "the spawned work was stopped at once"
+    );
+}
