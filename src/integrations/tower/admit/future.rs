@@ -33,6 +33,19 @@ impl Finish {
         }
     }
 
+    /// The request's scope.
+    pub(super) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// Ends a request whose handler panicked before its response future existed (in the
+    /// service's `call`): cancelled with "the handler panicked", closed, reported.
+    pub(super) fn handler_panicked(self) {
+        self.scope
+            .cancel_because(Cause::cancelled(HANDLER_PANICKED));
+        self.done();
+    }
+
     /// Closes the scope (no new work; running work goes on until done or the deadline) and
     /// reports once it is quiet.
     fn done(self) {

@@ -18,8 +18,9 @@
 //! report waits for it. The response *body* is not tracked: a streaming body produced after
 //! the head is bounded by nothing this layer does, and a client that disconnects while it
 //! streams is not reported as [`ClientGone`](crate::Cause::ClientGone). A request whose
-//! handler panics is cancelled with `Cancelled` and the reason "the handler panicked" (not
-//! `ClientGone`: the response future knows it was being polled when it was dropped).
+//! handler panics (in the service's `call` or while its future is polled) is cancelled with
+//! `Cancelled` and the reason "the handler panicked", and reported (not `ClientGone`: the
+//! response future knows it was being polled when it was dropped).
 //!
 //! Put a response reserve in the policy when a server in front of the layer also enforces
 //! `grpc-timeout` (tonic's server does, and answers `CANCELLED`): with a reserve the layer's

@@ -188,14 +188,30 @@ where
         };
         req.extensions_mut().insert(scope.clone());
         req.extensions_mut().insert(admission.clone());
-        // `call` itself may already run handler code: make the scope current for it too.
-        let fut = scope.sync_scope(|| self.inner.call(req));
-        let run = scope.run(fut);
-        ResponseFuture::admitted(
-            run,
-            Finish::new(scope, admission, self.on_report.clone()),
-            grpc,
-        )
+        // `call` itself may already run handler code: make the scope current for it too. If
+        // it panics, the request ends as a handler panic (cancelled, reported) as it would
+        // from its future.
+        let mut unwound = Unwound(Some(Finish::new(scope, admission, self.on_report.clone())));
+        let Some(finish) = unwound.0.as_ref() else {
+            unreachable!("just made");
+        };
+        let fut = finish.scope().sync_scope(|| self.inner.call(req));
+        let Some(finish) = unwound.0.take() else {
+            unreachable!("taken only here");
+        };
+        let run = finish.scope().run(fut);
+        ResponseFuture::admitted(run, finish, grpc)
+    }
+}
+
+/// Finishes a request as a handler panic if the service's `call` unwinds.
+struct Unwound(Option<Finish>);
+
+impl Drop for Unwound {
+    fn drop(&mut self) {
+        if let Some(finish) = self.0.take() {
+            finish.handler_panicked();
+        }
     }
 }
 
