@@ -396,7 +396,13 @@ impl<'s> Call<'s> {
         // Nothing is sent at or after the attempt's own deadline either: a budget with nothing
         // left (no minimum useful budget) is its cancel now, and the attempt never starts.
         if scope.expire_if_due(now) || scope.is_cancelled() {
-            let cause = scope.cause().unwrap_or(Cause::DeadlineExceeded);
+            // The retry's scope's own cause if it was cancelled (as on every other path),
+            // otherwise the attempt's deadline.
+            let cause = self
+                .scope
+                .cause()
+                .or_else(|| scope.cause())
+                .unwrap_or(Cause::DeadlineExceeded);
             dispatched.finish(Receipt::Cancelled);
             return Err(stop_of(&Error::cancelled(cause)));
         }
