@@ -7,10 +7,9 @@
 
 mod receipt;
 mod task;
-
-pub(crate) use task::task_spec;
 mod ticket;
 
 pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};
+pub(crate) use task::task_spec;
 pub use task::JoinHandle;
 pub use ticket::{Dispatched, Ticket};

@@ -10,7 +10,6 @@ use pin_project_lite::pin_project;
 
 use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
-use crate::cause::Cause;
 use crate::error::Error;
 use crate::scope::{now_stamp, with_current, Scope};
 use crate::tree::{self, Kind, TaskKey};
@@ -209,7 +208,7 @@ impl<F: Future> Future for Task<F> {
 }
 
 fn cancel_error(scope: &Scope) -> Error {
-    Error::cancelled(scope.cause().unwrap_or(Cause::Cancelled { reason: None }))
+    Error::cancelled(scope.cause_or_cancelled())
 }
 
 /// The spec every spawned task is listed with (and recorded with, if quarantined).

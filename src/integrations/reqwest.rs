@@ -294,11 +294,7 @@ impl Call {
     /// or `EffectUnknown` for effectful calls).
     fn stopped(&mut self) -> CallError {
         self.dispatched = None;
-        let cause = self
-            .scope
-            .cause()
-            .unwrap_or(crate::Cause::Cancelled { reason: None });
-        CallError::cancelled(cause)
+        CallError::cancelled(self.scope.cause_or_cancelled())
     }
 
     /// The transport failed, or reqwest's own timer (the call's budget) fired.

@@ -578,19 +578,15 @@ impl<'s> Call<'s> {
         if hold.is_some() || ticket_held {
             scope.add_note(Note::new(ledger.clone()));
         }
-        if !parked.is_empty() {
-            for d in parked {
-                if success {
-                    d.finish(Receipt::Cancelled);
-                } else if let Some(rec) = d.spec().effect_record().cloned() {
-                    d.finish(Receipt::EffectUnknown(rec));
-                }
+        for d in parked {
+            if success {
+                d.finish(Receipt::Cancelled);
+            } else if let Some(rec) = d.spec().effect_record().cloned() {
+                d.finish(Receipt::EffectUnknown(rec));
             }
         }
-        if !held_back.is_empty() {
-            for (d, ending) in held_back {
-                ending.give(d);
-            }
+        for (d, ending) in held_back {
+            ending.give(d);
         }
         if let Some(d) = winner {
             d.succeed();

@@ -5,11 +5,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use pin_project_lite::pin_project;
+
 use super::{with_current, Scope};
 use crate::cause::Cause;
 use crate::error::Error;
 use crate::tree::{self, Wait, WaiterKey};
-use pin_project_lite::pin_project;
 
 /// Completes when its scope is cancelled. Returned by [`Scope::cancelled`].
 ///
@@ -44,11 +45,7 @@ impl Cancelled {
     /// Polls without a `Pin` (the future is `Unpin`), for use inside other futures.
     pub(crate) fn poll_cancelled(&mut self, cx: &mut Context<'_>) -> Poll<Cause> {
         if tree::poll_wait(&self.scope.node, Wait::Cancel, &mut self.key, cx.waker()) {
-            Poll::Ready(
-                self.scope
-                    .cause()
-                    .unwrap_or(Cause::Cancelled { reason: None }),
-            )
+            Poll::Ready(self.scope.cause_or_cancelled())
         } else {
             Poll::Pending
         }
@@ -142,7 +139,7 @@ impl<F: Future> Future for Run<F> {
         };
         // A cancelled scope never polls its work again (invariant 2): one load decides.
         if scope.is_cancelled() {
-            return Poll::Ready(Err(cancel_error(scope)));
+            return Poll::Ready(Err(Error::cancelled(scope.cause_or_cancelled())));
         }
         let Some(fut) = this.fut.as_pin_mut() else {
             unreachable!("the work is only taken by the drop");
@@ -156,15 +153,11 @@ impl<F: Future> Future for Run<F> {
         // Pending: only now register for the cancel (work that finishes on its first poll
         // never touches the waiter list). A cancel that came meanwhile is seen here.
         if tree::poll_wait(&scope.node, Wait::Cancel, this.key, cx.waker()) {
-            Poll::Ready(Err(cancel_error(scope)))
+            Poll::Ready(Err(Error::cancelled(scope.cause_or_cancelled())))
         } else {
             Poll::Pending
         }
     }
-}
-
-fn cancel_error(scope: &Scope) -> Error {
-    Error::cancelled(scope.cause().unwrap_or(Cause::Cancelled { reason: None }))
 }
 
 impl<F: Future> fmt::Debug for Run<F> {

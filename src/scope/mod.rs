@@ -485,6 +485,12 @@ impl Scope {
         self.node.state().is_cancelled()
     }
 
+    /// The cause of a scope seen cancelled: `Cancelled` without a reason if the cause is not
+    /// visible yet (a cancel in progress).
+    pub(crate) fn cause_or_cancelled(&self) -> Cause {
+        self.cause().unwrap_or(Cause::Cancelled { reason: None })
+    }
+
     /// Why the scope was cancelled (`None` while it is not).
     ///
     /// # Examples

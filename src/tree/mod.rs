@@ -695,8 +695,8 @@ struct CancelWalk<X, R> {
 
 impl<X, R> CancelWalk<X, R> {
     /// Marks the children of `n` (its shards `in_use`) with `below` (or `own`'s cause, see
-    /// [`Walk`]) and, within [`HELD_DEPTH`], their
-    /// subtrees, holding the registry lock of each node on the way. Lock order: a node's
+    /// [`Walk`]) and, within [`HELD_DEPTH`], their subtrees, holding the registry lock of each
+    /// node on the way. Lock order: a node's
     /// shard, then a child's `inner`, then the child's shards — always downwards, as
     /// everything else that takes two of them (`new_child` takes one node's shard, then its
     /// own `inner`). Wakers and callbacks are only collected: they run once no lock is held.

@@ -258,25 +258,17 @@ impl<R> InFlight<R> {
     /// Keeps the waker of a listed task (replacing an older one). `false`: not listed any more.
     pub(super) fn set_task_waker(&self, task: TaskKey, waker: &Waker) -> bool {
         let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
-        let old = match cells.slab.get_mut(task.key >> SHARD_BITS) {
-            Some(Entry::Task {
-                seq,
-                waker: Some(w),
-                ..
-            }) if *seq == task.seq => {
-                if w.will_wake(waker) {
-                    return true;
-                }
-                std::mem::replace(w, waker.clone())
-            }
-            Some(Entry::Task {
-                seq, waker: slot, ..
-            }) if *seq == task.seq => {
-                *slot = Some(waker.clone());
-                return true;
-            }
-            _ => return false,
+        let Some(Entry::Task { seq, waker: slot }) = cells.slab.get_mut(task.key >> SHARD_BITS)
+        else {
+            return false;
         };
+        if *seq != task.seq {
+            return false;
+        }
+        if slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            return true;
+        }
+        let old = slot.replace(waker.clone());
         drop(cells);
         drop(old);
         true
@@ -304,7 +296,7 @@ impl<R> InFlight<R> {
     }
 
     /// For a quarantine: copies of the listed tickets' cells (each is decided by its CAS), and
-    /// the infos of the listed tasks, which are taken out here (decided by this lock).
+    /// the number of listed tasks, which are taken out here (decided by this lock).
     pub(super) fn take_for_quarantine(&self) -> (Vec<Arc<TicketCell<R>>>, usize) {
         let mut tickets = Vec::new();
         let mut tasks = 0;

@@ -399,11 +399,7 @@ pub(super) fn check_budget(scope: &Scope, min_useful: Duration) -> Result<Option
 
 /// The error for a scope observed cancelled.
 pub(super) fn cancelled(scope: &Scope) -> Error {
-    Error::scope(crate::Error::cancelled(
-        scope
-            .cause()
-            .unwrap_or(crate::Cause::Cancelled { reason: None }),
-    ))
+    Error::scope(crate::Error::cancelled(scope.cause_or_cancelled()))
 }
 
 impl<DB: Backend> Clone for GuardedPool<DB> {
