@@ -106,6 +106,8 @@ mod tree;
 pub mod wire;
 
 pub use cause::Cause;
+#[doc(hidden)]
+pub use child::OwnTicket as __OwnTicket;
 pub use child::{ChildSpec, Dispatched, Effect, EffectRecord, JoinHandle, Receipt, Ticket};
 pub use error::Error;
 pub use guard::{Permit, Tethered};

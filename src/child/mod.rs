@@ -12,4 +12,5 @@ mod ticket;
 pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};
 pub(crate) use task::task_spec;
 pub use task::JoinHandle;
+pub use ticket::OwnTicket;
 pub use ticket::{Dispatched, Ticket};

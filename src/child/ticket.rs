@@ -106,6 +106,15 @@ impl Drop for Inner {
 }
 
 impl Scope {
+    /// A child scope that is also a dispatched child of this scope, described by `spec` (one
+    /// node instead of a child scope and a ticket), as the retry layer and fan-out start their
+    /// attempts and branches; for the loom models.
+    #[doc(hidden)]
+    pub fn __child_dispatched(&self, spec: &ChildSpec) -> Result<(Scope, OwnTicket), Error> {
+        let child = self.child().build_dispatched(spec)?;
+        Ok((child.clone(), OwnTicket::new(child)))
+    }
+
     /// Registers a child (PREPARED): its identity, the generation it saw, its budget and its
     /// effect kind. The scope's [`quiesce`](Scope::quiesce) waits for its receipt.
     ///
@@ -126,16 +135,7 @@ impl Scope {
     /// # drop(t);
     /// ```
     pub fn register(&self, spec: ChildSpec) -> Result<Ticket, Error> {
-        self.register_with_budget(spec, self.remaining())
-    }
-
-    /// [`register`](Scope::register) for a child whose budget the caller knows (a retry
-    /// attempt: its own scope's budget, computed from a clock read it made already).
-    pub(crate) fn register_with_budget(
-        &self,
-        spec: ChildSpec,
-        budget: Option<Duration>,
-    ) -> Result<Ticket, Error> {
+        let budget = self.remaining();
         let cell = tree::register(&self.node, |key, generation| {
             TicketCell::new(key, generation, spec.clone())
         })?;
@@ -243,22 +243,9 @@ impl Ticket {
     /// d.succeed();
     /// ```
     pub fn dispatch(self) -> Result<Dispatched, Error> {
-        let at = self
-            .inner
-            .scope
-            .deadline()
-            .map(|_| tokio::time::Instant::now());
-        self.dispatch_at(at)
-    }
-
-    /// [`dispatch`](Ticket::dispatch) at `now` (a clock read the caller made just before;
-    /// needed only if the scope has a deadline).
-    pub(crate) fn dispatch_at(
-        self,
-        now: Option<tokio::time::Instant>,
-    ) -> Result<Dispatched, Error> {
         let inner = self.inner;
-        if let Some(now) = now {
+        if inner.scope.deadline().is_some() {
+            let now = tokio::time::Instant::now();
             // A deadline that has passed is a cancel whose timer task has not run yet (tokio
             // fires timers on millisecond ticks, and the task may be scheduled later still):
             // make it the cancel now, so that the CAS below fails (invariant 2) and no child is
@@ -395,6 +382,96 @@ impl fmt::Debug for Dispatched {
         f.debug_struct("Dispatched")
             .field("spec", &self.inner.spec)
             .field("state", &self.inner.cell.state())
+            .finish()
+    }
+}
+
+/// The receipt side of a child scope that is itself a dispatched child of its parent (made by
+/// `ChildBuilder::build_dispatched`: a retry attempt), in place of a [`Dispatched`].
+///
+/// It holds a handle of the child, which keeps the child linked in its parent (where the
+/// parent's quarantine finds it) until the receipt. Dropping it without a receipt records the
+/// one a dropped [`Dispatched`] records.
+///
+/// Public but hidden only for the loom models (see [`Scope::__child_dispatched`]).
+#[doc(hidden)]
+pub struct OwnTicket {
+    scope: Scope,
+    finished: bool,
+}
+
+impl OwnTicket {
+    /// The ticket of `scope`, which `build_dispatched` made.
+    pub(crate) fn new(scope: Scope) -> OwnTicket {
+        debug_assert!(
+            tree::own_info(&scope.node).is_some(),
+            "not built dispatched"
+        );
+        OwnTicket {
+            scope,
+            finished: false,
+        }
+    }
+
+    /// What was dispatched.
+    pub(crate) fn spec(&self) -> &ChildSpec {
+        let Some(spec) = tree::own_info(&self.scope.node) else {
+            unreachable!("an own ticket's scope was built dispatched");
+        };
+        spec
+    }
+
+    /// Records [`Receipt::Succeeded`].
+    pub fn succeed(self) {
+        self.finish(Receipt::Succeeded);
+    }
+
+    /// Records [`Receipt::Failed`].
+    pub fn fail(self) {
+        self.finish(Receipt::Failed);
+    }
+
+    /// Records `receipt` unless a quarantine got there first (invariant 5).
+    pub fn finish(mut self, receipt: Receipt) {
+        self.finished = true;
+        self.record(receipt);
+    }
+
+    fn record(&self, receipt: Receipt) {
+        let kind = receipt.kind();
+        let record = match receipt {
+            Receipt::EffectUnknown(rec) => {
+                let mut spec = self.spec().clone();
+                spec.replace_record(rec);
+                Some(spec)
+            }
+            Receipt::Quarantined => Some(self.spec().clone()),
+            _ => None,
+        };
+        tree::record_own_receipt(&self.scope.node, kind, record, now_stamp);
+    }
+}
+
+impl Drop for OwnTicket {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let spec = self.spec();
+        let receipt = match spec.effect_record() {
+            Some(rec) if spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
+            _ if std::thread::panicking() => Receipt::Failed,
+            _ => Receipt::Cancelled,
+        };
+        self.record(receipt);
+    }
+}
+
+impl fmt::Debug for OwnTicket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnTicket")
+            .field("spec", self.spec())
+            .field("quarantined", &tree::own_quarantined(&self.scope.node))
             .finish()
     }
 }

@@ -57,7 +57,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::child::{ChildSpec, Receipt, Ticket};
+use crate::child::{ChildSpec, OwnTicket, Receipt};
 use crate::retry::spawn::{Finished, InFlight};
 use crate::scope::Scope;
 
@@ -86,8 +86,8 @@ fn next_id() -> u64 {
 ///
 /// Branches are declared with [`required`](Self::required) and [`optional`](Self::optional)
 /// (nothing runs yet) and run by [`join`](Self::join). Each branch's closure receives the
-/// branch's own scope (also [`Scope::current`] inside it), registered read-only under the
-/// branch's name.
+/// branch's own scope (also [`Scope::current`] inside it), which is registered and dispatched
+/// in the fan-out's scope, read-only under the branch's name.
 ///
 /// # Examples
 ///
@@ -308,12 +308,10 @@ impl<'s> FanOut<'s> {
                 if !branch.required {
                     child = child.reserve(self.aggregate);
                 }
-                let started = child.build().and_then(|s| {
-                    let d = s
-                        .register(ChildSpec::read_only(branch.name.clone()))
-                        .and_then(Ticket::dispatch)?;
-                    Ok((s, d))
-                });
+                // The branch's scope is also its ticket, dispatched in the fan-out's scope.
+                let started = child
+                    .build_dispatched(&ChildSpec::read_only(branch.name.clone()))
+                    .map(|s| (s.clone(), OwnTicket::new(s)));
                 match (started, branch.start.take()) {
                     (Ok((s, dispatched)), Some(start)) => {
                         let fut = start(s.clone());

@@ -12,7 +12,7 @@ use super::classify::{Classify, Decision};
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use crate::budget::Split;
 use crate::cause::Cause;
-use crate::child::{ChildSpec, Dispatched, Effect, Receipt};
+use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
 use crate::scope::{Note, Scope};
@@ -189,7 +189,7 @@ fn stop_of(e: &Error) -> Stop {
 /// A dispatched attempt: its scope, its ticket and its place in the ledger.
 pub(crate) struct Started {
     pub(crate) scope: Scope,
-    pub(crate) dispatched: Dispatched,
+    pub(crate) dispatched: OwnTicket,
     pub(crate) index: usize,
     pub(crate) attempt: Attempt,
 }
@@ -224,7 +224,7 @@ enum Ending {
 }
 
 impl Ending {
-    fn give(self, dispatched: Dispatched) {
+    fn give(self, dispatched: OwnTicket) {
         match self {
             Ending::Succeed => dispatched.succeed(),
             Ending::Fail => dispatched.fail(),
@@ -255,10 +255,10 @@ pub(crate) struct Call<'s> {
     /// Idempotent attempts whose outcome is unknown: a later success with the same key settles
     /// them (`Cancelled`: stopped, their effect accounted for by the key); otherwise they end
     /// `EffectUnknown`. Dropped with the call, they record `EffectUnknown` themselves.
-    parked: Vec<Dispatched>,
+    parked: Vec<OwnTicket>,
     /// Attempts whose receipt waits for the ledger: the hold could not be taken (the scope was
     /// closed while they ran), so their tickets keep the scope from quiescence instead.
-    held_back: Vec<(Dispatched, Ending)>,
+    held_back: Vec<(OwnTicket, Ending)>,
     /// A unit of the scope, for when no ticket of the call holds it (see above).
     hold: Option<Tethered<()>>,
     /// The clock read of `open`, for the first `start` that follows at once.
@@ -345,8 +345,9 @@ impl<'s> Call<'s> {
     }
 
     /// Starts the next attempt: budget from the ledger, retry budget for every attempt after
-    /// the first, a child scope, a registered ticket, and the dispatch CAS that fails if the
-    /// scope was cancelled since (invariant 2).
+    /// the first, and the attempt's child scope, which is also its ticket in the scope
+    /// (registered and dispatched by the CAS that fails if the scope was cancelled since:
+    /// invariant 2).
     pub(crate) fn start(&mut self, hedge: bool, endpoint: u32) -> Result<Started, Stop> {
         // The first start follows `open` at once: its clock read serves both.
         let opened_at = self.opened_at.take();
@@ -380,19 +381,14 @@ impl<'s> Call<'s> {
         if let Some(b) = budget {
             child = child.cap(b);
         }
-        let scope = child.at(now).build().map_err(|e| stop_of(&e))?;
-        // The attempt is a child of the retry's scope, registered and dispatched there: the
-        // dispatch CAS fails if that scope was cancelled since (invariant 2), and the ticket
-        // lives in that scope's in-flight list (no list of its own per attempt).
-        let dispatched = self
-            .scope
-            .register_with_budget(
-                self.ledger.spec.clone(),
-                scope.deadline().map(|d| d.saturating_duration_since(now)),
-            )
-            // At the start's clock read: the attempt starts at `now` in the ledger too.
-            .and_then(|t| t.dispatch_at(Some(now)))
+        // The attempt is a child of the retry's scope and, the same node, a ticket
+        // dispatched there: its unit is taken by the CAS that fails once that scope was
+        // cancelled (invariant 2), and its receipt is counted there.
+        let scope = child
+            .at(now)
+            .build_dispatched(&self.ledger.spec)
             .map_err(|e| stop_of(&e))?;
+        let dispatched = OwnTicket::new(scope.clone());
         // Nothing is sent at or after the attempt's own deadline either: a budget with nothing
         // left (no minimum useful budget) is its cancel now, and the attempt never starts.
         if scope.expire_if_due(now) || scope.is_cancelled() {
@@ -426,7 +422,7 @@ impl<'s> Call<'s> {
     pub(crate) fn settle(
         &mut self,
         index: usize,
-        dispatched: Dispatched,
+        dispatched: OwnTicket,
         end: AttemptEnd,
         unknown: Option<Unknown>,
     ) {
@@ -474,7 +470,7 @@ impl<'s> Call<'s> {
     pub(crate) fn judge<T, E>(
         &mut self,
         index: usize,
-        dispatched: Dispatched,
+        dispatched: OwnTicket,
         out: Result<Result<T, E>, Error>,
         classify: &impl Classify<E>,
         on_timeout: Decision,
@@ -534,7 +530,7 @@ impl<'s> Call<'s> {
     /// report before the attempt gets its receipt, so that the attempt's own ticket holds the
     /// scope until then — a first attempt that succeeds needs no hold.
     #[inline]
-    pub(crate) fn succeed(mut self, index: usize, dispatched: Dispatched) -> Arc<Ledger> {
+    pub(crate) fn succeed(mut self, index: usize, dispatched: OwnTicket) -> Arc<Ledger> {
         let now = Instant::now();
         self.ledger.end(index, AttemptEnd::Succeeded, now);
         if self.hold.is_some() || !self.parked.is_empty() || !self.held_back.is_empty() {
@@ -557,7 +553,7 @@ impl<'s> Call<'s> {
     }
 
     #[inline]
-    fn close_at(self, stop: Stop, at: Instant, winner: Option<Dispatched>) -> Arc<Ledger> {
+    fn close_at(self, stop: Stop, at: Instant, winner: Option<OwnTicket>) -> Arc<Ledger> {
         let Call {
             scope,
             mut ledger,

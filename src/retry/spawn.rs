@@ -1,5 +1,5 @@
 //! Concurrent registered children (hedged attempts, fan-out branches): each runs as a tokio
-//! task under its own child scope and carries its [`Dispatched`] ticket, so that its receipt is
+//! task under its own child scope and carries that scope's [`OwnTicket`], so that its receipt is
 //! recorded when the work has really stopped — whoever waits for it.
 
 use std::future::Future;
@@ -8,14 +8,14 @@ use std::task::{Context, Poll};
 
 use tokio::task::{JoinError, JoinHandle};
 
-use crate::child::Dispatched;
+use crate::child::OwnTicket;
 use crate::error::Error;
 use crate::scope::Scope;
 
 /// What a child task hands back: its ticket (to receive a receipt) and what it returned, or
 /// the cancel that stopped it.
 pub(crate) struct Finished<T> {
-    pub(crate) dispatched: Dispatched,
+    pub(crate) dispatched: OwnTicket,
     pub(crate) out: Result<T, Error>,
 }
 
@@ -40,7 +40,7 @@ impl<K, T: Send + 'static> InFlight<K, T> {
 
     /// Runs `fut` in `scope` (already registered and dispatched there as `dispatched`).
     #[track_caller]
-    pub(crate) fn spawn<F>(&mut self, key: K, scope: Scope, dispatched: Dispatched, fut: F)
+    pub(crate) fn spawn<F>(&mut self, key: K, scope: Scope, dispatched: OwnTicket, fut: F)
     where
         F: Future<Output = T> + Send + 'static,
     {

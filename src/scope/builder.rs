@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::{deadline_after, Scope, ScopeExt};
 use crate::budget::ChildBudget;
+use crate::child::ChildSpec;
 use crate::error::Error;
 use crate::tree;
 
@@ -249,8 +250,30 @@ impl<'a> ChildBuilder<'a> {
         self.build_bounded()
     }
 
+    /// Creates the child as a registered and dispatched child of its parent too, described by
+    /// `spec` (one node instead of a child scope and a ticket: a retry attempt). Its receipt
+    /// is given through [`OwnTicket`](crate::child::OwnTicket); the parent's quarantine lists
+    /// it with `spec`.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    #[track_caller]
+    #[inline]
+    pub(crate) fn build_dispatched(self, spec: &ChildSpec) -> Result<Scope, Error> {
+        if self.parent.node.state().is_closed() {
+            return Err(refused(self.parent));
+        }
+        self.build_with(Some(spec))
+    }
+
     #[track_caller]
     fn build_bounded(self) -> Result<Scope, Error> {
+        self.build_with(None)
+    }
+
+    #[track_caller]
+    fn build_with(self, own: Option<&ChildSpec>) -> Result<Scope, Error> {
         let parent = self.parent;
         let pext = &parent.node.ext;
         let bounded = pext.deadline.is_some() || self.cap.is_some() || self.deadline.is_some();
@@ -280,11 +303,15 @@ impl<'a> ChildBuilder<'a> {
         };
         let (name, grace, marked) = (self.name, self.grace, self.marked);
         let mut tightens = false;
-        let node = tree::new_child(&parent.node, |_| {
+        let ext = |_| {
             let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace, marked);
             tightens = t;
             ext
-        })
+        };
+        let node = match own {
+            None => tree::new_child(&parent.node, ext),
+            Some(spec) => tree::new_child_dispatched(&parent.node, spec, ext),
+        }
         .map_err(Error::from)?;
         Ok(Scope::from_child_node(node, now.filter(|_| tightens)))
     }

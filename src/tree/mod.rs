@@ -38,7 +38,10 @@
 //!    `PREPARED`/`DISPATCHED` by one CAS, made either by its owner (receipt, drop) or by
 //!    quarantine; only the winner records a receipt and releases the unit. A spawned task has
 //!    no cell: its entry in the in-flight list is taken out under the shard lock by exactly one
-//!    of its receipt and a quarantine (a sequence number tells a reused slot apart).
+//!    of its receipt and a quarantine (a sequence number tells a reused slot apart). A child
+//!    node that is itself a ticket of its parent ([`new_child_dispatched`]: a retry attempt)
+//!    has no cell either: its `own` state moves out of `OWN_DISPATCHED` by one CAS, its
+//!    owner's or a quarantine's, which finds it through the parent's registry.
 //! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
 //!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
@@ -312,6 +315,16 @@ const STATE_BITS: u8 = 3;
 /// Flag in `Node::retire`: a registry shard exists (set by the first child of each shard).
 const HAS_SHARDS: u8 = 4;
 
+/// `Node::own`: the node is not a ticket of its parent (most nodes).
+const OWN_NONE: u8 = 0;
+/// `Node::own`: the node is a dispatched child of its parent, holding a unit there, without a
+/// receipt yet (see [`new_child_dispatched`]).
+const OWN_DISPATCHED: u8 = 1;
+/// `Node::own`: its receipt was recorded by its owner.
+const OWN_DONE: u8 = 2;
+/// `Node::own`: a quarantine of an ancestor recorded its receipt.
+const OWN_QUARANTINED: u8 = 3;
+
 /// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
 /// for unknown effects and quarantined children.
 pub(crate) struct Node<X, R> {
@@ -323,6 +336,11 @@ pub(crate) struct Node<X, R> {
     /// Low two bits: `LIVE`, `ORPHANED` or `RETIRED` (invariant 7), changed only with the
     /// node's handles gone; plus `HAS_SHARDS`, set through a handle by a shard's first child.
     retire: AtomicU8,
+    /// Whether this node is itself a ticket of its parent, and where that ticket is:
+    /// `OWN_NONE`, or `OWN_DISPATCHED` until one CAS moves it to `OWN_DONE` (its owner's
+    /// receipt) or `OWN_QUARANTINED` (a quarantine's): invariant 5 (see
+    /// [`new_child_dispatched`]).
+    own: AtomicU8,
     /// The way to the parent (`None` for a root); `key` is this node's slot in the parent's
     /// registry shard `up.shard`.
     up: Option<Arc<Link<X, R>>>,
@@ -337,6 +355,9 @@ pub(crate) struct Node<X, R> {
     counts: LazyBox<Counts>,
     /// Unknown effects and quarantined children of this subtree (rare).
     records: LazyBox<Mutex<Records<R>>>,
+    /// What this node is as a ticket of its parent (a quarantine records it); `None` unless it
+    /// was created by [`new_child_dispatched`]. Never changed.
+    own_info: Option<R>,
     pub(crate) ext: X,
 }
 
@@ -353,11 +374,19 @@ fn shard_for_this_thread() -> usize {
 }
 
 impl<X, R> Node<X, R> {
-    fn new(up: Option<Arc<Link<X, R>>>, key: usize, state: u64, ext: X) -> Self {
+    // Always inlined: built in its allocation by `arc_in_place`, which a call would defeat
+    // (the node would be assembled on the stack and copied, a store-forwarding stall).
+    #[inline(always)]
+    fn new(up: Option<Arc<Link<X, R>>>, key: usize, state: u64, ext: X, own: Option<R>) -> Self {
         Node {
             state: AtomicU64::new(state),
             handles: AtomicUsize::new(1),
             retire: AtomicU8::new(LIVE),
+            own: AtomicU8::new(if own.is_some() {
+                OWN_DISPATCHED
+            } else {
+                OWN_NONE
+            }),
             up,
             key,
             inner: Inner::new_lock(),
@@ -365,6 +394,7 @@ impl<X, R> Node<X, R> {
             in_flight: LazyBox::new(),
             counts: LazyBox::new(),
             records: LazyBox::new(),
+            own_info: own,
             ext,
         }
     }
@@ -442,7 +472,7 @@ impl<X, R> Node<X, R> {
 
 /// Creates a root node.
 pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
-    arc_in_place(|| Node::new(None, 0, 0, ext))
+    arc_in_place(|| Node::new(None, 0, 0, ext, None))
 }
 
 /// Creates a child of `parent` and links it into the parent's registry.
@@ -451,10 +481,53 @@ pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
 /// closed parent. The check happens under the registry shard lock that `cancel` also takes
 /// after setting `CANCELLED`, so either the child is linked before the cancel walks that shard
 /// (and gets cancelled by it) or the creation sees the bit (invariant 1, 3).
-pub(crate) fn new_child<X, R>(
+pub(crate) fn new_child<X, R: Clone>(
     parent: &Arc<Node<X, R>>,
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
+    link_child(parent, None, ext)
+}
+
+/// Creates a child of `parent` that is also a registered and dispatched child (a ticket) of
+/// `parent`, described by `info`: one node instead of a node and a ticket (a retry attempt).
+///
+/// It takes a unit of `parent` (the ticket's) by the CAS that requires an open watermark in
+/// the generation the state word has, which is the dispatch CAS's condition (invariant 2, as
+/// for [`register_task`]). The child is then linked only if the watermark is still open under
+/// the registry shard lock (otherwise the unit is given back and the creation refused): a
+/// quarantine, which walks the registry under the same locks after the watermark closed,
+/// either finds the child linked, or took the lock first, and then the creation sees the
+/// close and is refused. Its receipt is [`record_own_receipt`]'s or a quarantine's, decided by one CAS of
+/// `Node::own` (invariant 5); it is counted in `parent` and its ancestors, and releases the
+/// unit of `parent`. The node's own state and units are its own: its `quiesce` does not wait
+/// for its own receipt.
+///
+/// The owner keeps a handle of the child until the receipt: a node with handles stays linked,
+/// so that the parent's quarantine finds it (invariant 7).
+pub(crate) fn new_child_dispatched<X, R: Clone>(
+    parent: &Arc<Node<X, R>>,
+    info: &R,
+    ext: impl FnOnce(State) -> X,
+) -> Result<Arc<Node<X, R>>, Refused> {
+    link_child(parent, Some(info), ext)
+}
+
+// Always inlined: `own` is then a constant at each call site, and a plain child is built
+// exactly as before (the node's parts written straight into its allocation).
+#[inline(always)]
+fn link_child<X, R: Clone>(
+    parent: &Arc<Node<X, R>>,
+    // Cloned into the node as it is built in its allocation (not moved in: a moved value
+    // would make the node be assembled on the stack and copied).
+    own: Option<&R>,
+    ext: impl FnOnce(State) -> X,
+) -> Result<Arc<Node<X, R>>, Refused> {
+    if own.is_some() {
+        // The ticket's unit, dispatched by its CAS (see `new_child_dispatched`). Taken before
+        // the registry lock (a failed CAS may give back a unit of an ancestor and wake its
+        // waiters, which happens under no lock).
+        take_unit(parent)?;
+    }
     let shard = shard_for_this_thread();
     let mut data = parent.registry[shard].get_or_init().data.lock();
     // The caller holds a handle of `parent`, so the parent has not dropped its links: no link
@@ -484,14 +557,25 @@ pub(crate) fn new_child<X, R>(
     let state = parent.state();
     if state.is_closed() {
         drop(data);
+        if own.is_some() {
+            // Taken, but nothing was linked: nothing can have started.
+            release_unit(parent);
+        }
         return Err(refusal(parent, state));
     }
     let entry = data.children.vacant_entry();
     // A child starts at its parent's generation (so a ticket that recorded the parent's
     // generation compares equal), with its own flags clear.
     let key = entry.key();
-    let child =
-        arc_in_place(|| Node::new(Some(link), key, state.generation() << GEN_SHIFT, ext(state)));
+    let child = arc_in_place(|| {
+        Node::new(
+            Some(link),
+            key,
+            state.generation() << GEN_SHIFT,
+            ext(state),
+            own.cloned(),
+        )
+    });
     entry.insert(child.clone());
     Ok(child)
 }
@@ -1105,6 +1189,47 @@ pub(crate) fn record_receipt<X, R: Clone>(
     release_unit(node);
 }
 
+/// Records the receipt of `node`'s own ticket (a child made by [`new_child_dispatched`]),
+/// unless a quarantine recorded one first (then returns `false`): counted in its parent and
+/// every ancestor before the parent's unit is released (invariants 5, 6). `record`: what the
+/// receipt lists (an unknown effect).
+pub(crate) fn record_own_receipt<X, R: Clone>(
+    node: &Node<X, R>,
+    kind: Kind,
+    record: Option<R>,
+    clock: impl Fn() -> u64,
+) -> bool {
+    // AcqRel: the winner of this CAS (or of the quarantine's) is the one receipt.
+    if node
+        .own
+        .compare_exchange(
+            OWN_DISPATCHED,
+            OWN_DONE,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        return false;
+    }
+    let Some(parent) = node.parent_node() else {
+        unreachable!("a node that is a ticket has a parent");
+    };
+    count_receipt(parent, kind, record, true, &clock);
+    release_unit(parent);
+    true
+}
+
+/// Whether `node`'s own ticket (see [`new_child_dispatched`]) was quarantined.
+pub(crate) fn own_quarantined<X, R>(node: &Node<X, R>) -> bool {
+    node.own.load(Ordering::Acquire) == OWN_QUARANTINED
+}
+
+/// What `node` is as a ticket of its parent (see [`new_child_dispatched`]).
+pub(crate) fn own_info<X, R>(node: &Node<X, R>) -> Option<&R> {
+    node.own_info.as_ref()
+}
+
 /// Counts a receipt in `node` and its ancestors. The clock is read only if one of them is
 /// cancelled: the stamps serve "time from cancel to quiet" and orphan work, which only
 /// receipts after a cancel contribute to.
@@ -1175,12 +1300,41 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(
         if let Some(in_flight) = n.in_flight.get() {
             n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp);
         }
+        let first_child = work.len();
         for shard in n.shards() {
             let data = shard.data.lock();
             work.extend(data.children.iter().map(|(_, c)| c.clone()));
         }
+        // Children that are tickets of `n` (see `new_child_dispatched`), with no lock held.
+        for child in &work[first_child..] {
+            if quarantine_own(&n, child, stamp) {
+                n_quarantined += 1;
+            }
+        }
     }
     n_quarantined
+}
+
+/// Quarantines `child`'s own ticket in its parent `n` if it has no receipt yet.
+fn quarantine_own<X, R: Clone>(n: &Node<X, R>, child: &Node<X, R>, stamp: u64) -> bool {
+    let Some(info) = &child.own_info else {
+        return false;
+    };
+    if child
+        .own
+        .compare_exchange(
+            OWN_DISPATCHED,
+            OWN_QUARANTINED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        return false;
+    }
+    count_receipt(n, Kind::Quarantined, Some(R::clone(info)), true, &|| stamp);
+    release_unit(n);
+    true
 }
 
 /// Quarantines the children in flight in `n` (see [`quarantine_subtree`]); returns how many.
