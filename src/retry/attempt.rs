@@ -234,6 +234,29 @@ impl Ending {
     }
 }
 
+/// The ledger of a call in progress: allocated once at [`Call::open`] and written in place
+/// until the call ends and shares it (attached to the scope's report, returned to the
+/// caller), so that it is never copied into an allocation at the end.
+pub(crate) struct CallLedger(Arc<Ledger>);
+
+impl CallLedger {
+    /// The ledger, to write: nobody else holds it before the call ends.
+    pub(crate) fn get(&mut self) -> &mut Ledger {
+        let Some(ledger) = Arc::get_mut(&mut self.0) else {
+            unreachable!("a call's ledger is shared only when the call ends");
+        };
+        ledger
+    }
+}
+
+impl std::ops::Deref for CallLedger {
+    type Target = Ledger;
+
+    fn deref(&self) -> &Ledger {
+        &self.0
+    }
+}
+
 /// The bookkeeping of one call (sequential retry or hedge).
 ///
 /// # Holding the scope until the ledger is attached
@@ -251,7 +274,7 @@ pub(crate) struct Call<'s> {
     pub(crate) limits: Limits,
     retry_budget: Option<&'s RetryBudget>,
     /// Also holds the call's [`ChildSpec`] (`ledger.spec`).
-    pub(crate) ledger: Ledger,
+    pub(crate) ledger: CallLedger,
     /// Idempotent attempts whose outcome is unknown: a later success with the same key settles
     /// them (`Cancelled`: stopped, their effect accounted for by the key); otherwise they end
     /// `EffectUnknown`. Dropped with the call, they record `EffectUnknown` themselves.
@@ -291,7 +314,11 @@ impl<'s> Call<'s> {
             dependency: spec.shared_name(),
             limits,
             retry_budget: retry_budget.filter(|_| owner),
-            ledger: Ledger::new(spec, owner, limits.max_attempts, last_start, now),
+            // Built in its allocation (`new_cyclic` runs the closure after allocating), not
+            // on the stack and copied.
+            ledger: CallLedger(Arc::new_cyclic(|_| {
+                Ledger::new(spec, owner, limits.max_attempts, last_start, now)
+            })),
             parked: Vec::new(),
             held_back: Vec::new(),
             hold: None,
@@ -317,8 +344,9 @@ impl<'s> Call<'s> {
     /// Ends a call that [`admit`](Self::admit) refused, without attaching its ledger.
     pub(crate) fn refused(self, stop: Stop) -> Arc<Ledger> {
         let mut ledger = self.ledger;
-        ledger.finish(stop, ledger.began);
-        Arc::new(ledger)
+        let began = ledger.began;
+        ledger.get().finish(stop, began);
+        ledger.0
     }
 
     fn spec(&self) -> &ChildSpec {
@@ -364,7 +392,7 @@ impl<'s> Call<'s> {
         if self.started() > 0 {
             if let Some(b) = self.retry_budget {
                 if !b.withdraw() {
-                    self.ledger.refused_by_budget += 1;
+                    self.ledger.get().refused_by_budget += 1;
                     return Err(Stop::RetryBudget);
                 }
             }
@@ -402,7 +430,7 @@ impl<'s> Call<'s> {
             dispatched.finish(Receipt::Cancelled);
             return Err(stop_of(&Error::cancelled(cause)));
         }
-        let index = self.ledger.start(hedge, endpoint, budget, now);
+        let index = self.ledger.get().start(hedge, endpoint, budget, now);
         let attempt = Attempt {
             number: self.ledger.attempts[index].number,
             endpoint,
@@ -427,7 +455,7 @@ impl<'s> Call<'s> {
         unknown: Option<Unknown>,
     ) {
         let now = Instant::now();
-        self.ledger.end(index, end, now);
+        self.ledger.get().end(index, end, now);
         let ending = match (end, unknown) {
             (AttemptEnd::Succeeded, _) => Ending::Succeed,
             (_, None) => Ending::Fail,
@@ -532,14 +560,14 @@ impl<'s> Call<'s> {
     #[inline]
     pub(crate) fn succeed(mut self, index: usize, dispatched: OwnTicket) -> Arc<Ledger> {
         let now = Instant::now();
-        self.ledger.end(index, AttemptEnd::Succeeded, now);
+        self.ledger.get().end(index, AttemptEnd::Succeeded, now);
         if self.hold.is_some() || !self.parked.is_empty() || !self.held_back.is_empty() {
             return self.close_at(Stop::Succeeded, now, Some(dispatched));
         }
         // Nothing else to settle (a first attempt): the same steps as `close_at`, without
         // moving the call apart.
-        self.ledger.finish(Stop::Succeeded, now);
-        let ledger = Arc::new(self.ledger);
+        self.ledger.get().finish(Stop::Succeeded, now);
+        let ledger = self.ledger.0;
         self.scope.add_note(Note::new(ledger.clone()));
         dispatched.succeed();
         ledger
@@ -563,8 +591,8 @@ impl<'s> Call<'s> {
             ..
         } = self;
         let success = stop == Stop::Succeeded;
-        ledger.finish(stop, at);
-        let ledger = Arc::new(ledger);
+        ledger.get().finish(stop, at);
+        let ledger = ledger.0;
         let ticket_held = winner.is_some() || !parked.is_empty() || !held_back.is_empty();
         if hold.is_none() && !ticket_held {
             // No attempt was registered (the first could not start): take the hold now. If the

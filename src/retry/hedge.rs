@@ -366,7 +366,7 @@ impl<C, B> Hedge<C, B> {
                     (index, _, res) = inflight.next() => {
                         let Ok(Finished { dispatched, out }) = res else {
                             // Panicked (its receipt was recorded as the task unwound).
-                            call.ledger.end(index, AttemptEnd::Panicked, Instant::now());
+                            call.ledger.get().end(index, AttemptEnd::Panicked, Instant::now());
                             break 'call Stop::Panicked;
                         };
                         let (verdict, error) =
@@ -419,7 +419,10 @@ impl<C, B> Hedge<C, B> {
                     AttemptEnd::Stopped,
                     Some(Unknown::Stopped),
                 ),
-                Err(_) => call.ledger.end(index, AttemptEnd::Panicked, Instant::now()),
+                Err(_) => call
+                    .ledger
+                    .get()
+                    .end(index, AttemptEnd::Panicked, Instant::now()),
             }
         }
         let ledger = call.close(stop.clone());

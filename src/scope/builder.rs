@@ -272,21 +272,33 @@ impl<'a> ChildBuilder<'a> {
         self.build_with(None)
     }
 
+    // Always inlined into its two callers: passed on by value, the builder would be copied
+    // from the narrow stores that assembled it (a store-forwarding stall per child).
     #[track_caller]
+    #[inline(always)]
     fn build_with(self, own: Option<&ChildSpec>) -> Result<Scope, Error> {
-        let parent = self.parent;
+        // Taken apart at once: the parts travel in registers, not as a copied struct.
+        let ChildBuilder {
+            parent,
+            reserve,
+            cap,
+            deadline,
+            min_useful,
+            name,
+            grace,
+            marked,
+            now,
+        } = self;
         let pext = &parent.node.ext;
-        let bounded = pext.deadline.is_some() || self.cap.is_some() || self.deadline.is_some();
-        let mut now = None;
+        let bounded = pext.deadline.is_some() || cap.is_some() || deadline.is_some();
+        let mut read_at = None;
         let deadline = if bounded {
-            let now = *now.insert(self.now.unwrap_or_else(Instant::now));
-            let mut budget = ChildBudget::new()
-                .reserve(self.reserve)
-                .min_useful(self.min_useful);
-            if let Some(c) = self.cap {
+            let now = *read_at.insert(now.unwrap_or_else(Instant::now));
+            let mut budget = ChildBudget::new().reserve(reserve).min_useful(min_useful);
+            if let Some(c) = cap {
                 budget = budget.cap(c);
             }
-            if let Some(d) = self.deadline {
+            if let Some(d) = deadline {
                 budget = budget.operation(d.saturating_duration_since(now));
             }
             let remaining = pext.deadline.map(|d| d.saturating_duration_since(now));
@@ -301,19 +313,14 @@ impl<'a> ChildBuilder<'a> {
             // Unbounded parent and child: an unbounded budget is always useful.
             None
         };
-        let (name, grace, marked) = (self.name, self.grace, self.marked);
-        let mut tightens = false;
-        let ext = |_| {
-            let (ext, t) = ScopeExt::child_of(pext, deadline, name, grace, marked);
-            tightens = t;
-            ext
-        };
+        let tightens = ScopeExt::tightens(pext, deadline);
+        let ext = |_| ScopeExt::child_of(pext, deadline, name, grace, marked);
         let node = match own {
             None => tree::new_child(&parent.node, ext),
             Some(spec) => tree::new_child_dispatched(&parent.node, spec, ext),
         }
         .map_err(Error::from)?;
-        Ok(Scope::from_child_node(node, now.filter(|_| tightens)))
+        Ok(Scope::from_child_node(node, read_at.filter(|_| tightens)))
     }
 }
 

@@ -851,19 +851,28 @@ impl ScopeExt {
         }
     }
 
+    /// Whether a child with `deadline` tightens its parent's (and so needs a timer).
+    pub(crate) fn tightens(parent: &ScopeExt, deadline: Option<Instant>) -> bool {
+        match (deadline, parent.deadline) {
+            (Some(d), Some(p)) => d < p,
+            (Some(_), None) => true,
+            _ => false,
+        }
+    }
+
     /// The data of a child; `marked`: its name is a mark (see [`Scope::has_mark`]).
+    ///
+    /// Returns the data alone (not with [`tightens`](Self::tightens)): a node built in its
+    /// allocation then gets it written in place.
+    #[inline]
     pub(crate) fn child_of(
         parent: &ScopeExt,
         deadline: Option<Instant>,
         name: Option<std::sync::Arc<str>>,
         grace: Option<Duration>,
         marked: bool,
-    ) -> (ScopeExt, bool) {
-        let tightens = match (deadline, parent.deadline) {
-            (Some(d), Some(p)) => d < p,
-            (Some(_), None) => true,
-            _ => false,
-        };
+    ) -> ScopeExt {
+        let tightens = Self::tightens(parent, deadline);
         let inherited = parent.shared();
         let new_timers = tightens && inherited.timers.is_none();
         let changed = new_timers || grace.is_some_and(|g| g != inherited.grace);
@@ -880,17 +889,14 @@ impl ScopeExt {
         } else {
             parent.shared.clone()
         };
-        (
-            ScopeExt {
-                deadline,
-                name,
-                shared,
-                timer_key: AtomicUsize::new(NO_TIMER),
-                marked,
-                notes: LazyBox::new(),
-            },
-            tightens,
-        )
+        ScopeExt {
+            deadline,
+            name,
+            shared,
+            timer_key: AtomicUsize::new(NO_TIMER),
+            marked,
+            notes: LazyBox::new(),
+        }
     }
 }
 
