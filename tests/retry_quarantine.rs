@@ -84,30 +84,62 @@ async fn a_dropped_stalled_read_only_attempt_is_quarantined_once() {
     assert_eq!(report.total(), 1);
 }
 
+/// The attempt is part of its own scope's work (as the body of a Trio cancel scope): the scope
+/// holds the attempt's ticket, is `Running` and not quiet while the attempt runs. Work spawned
+/// by the attempt that it must wait for goes into a child scope.
 #[tokio::test(start_paused = true)]
-async fn an_attempt_can_wait_for_its_own_scope_to_go_quiet() {
+async fn an_attempt_scope_is_quiet_only_after_the_attempt_and_sub_work_goes_in_a_child() {
     let request = Scope::with_timeout(Duration::from_secs(1));
     let retry = Retry::new(|_: &()| Decision::Backoff);
-    let spawned = retry
+    let (spawned, attempt_scope) = retry
         .run(&request, ChildSpec::read_only("search"), |a| async move {
-            let scope = a.scope();
-            // Its handle is not needed: the scope's quiesce waits for it.
+            let scope = a.scope().clone();
+            // Named after its dependency, by the one copy of the name in its ticket.
+            assert_eq!(scope.name(), Some("search"));
+            assert_eq!(scope.lifecycle(), Lifecycle::Running);
+            let sub = scope.child().build().unwrap();
+            // Its handle is not needed: the sub-scope's quiesce waits for it.
             drop(
-                scope
-                    .spawn(tokio::time::sleep(Duration::from_millis(5)))
+                sub.spawn(tokio::time::sleep(Duration::from_millis(5)))
                     .unwrap(),
             );
+            sub.close();
+            let report = sub.quiesce().await;
+            // Its own scope, closed, still waits for the attempt itself.
             scope.close();
-            // The attempt's ticket is the request's child: its own scope goes quiet without it.
-            let report = scope.quiesce().await;
-            Ok::<_, ()>(report.succeeded())
+            let waited = tokio::time::timeout(Duration::from_millis(50), scope.quiesce()).await;
+            assert!(waited.is_err(), "quiet while its attempt runs");
+            Ok::<_, ()>((report.succeeded(), scope))
         })
         .await
         .unwrap();
     assert_eq!(spawned, 1);
+    // Quiet once the attempt has its receipt.
+    assert_eq!(attempt_scope.quiesce().await.state(), Lifecycle::Completed);
     request.close();
     let report = request.quiesce().await;
-    // The attempt and the task spawned in it.
+    // The attempt and the task spawned below it.
     assert_eq!(report.succeeded(), 2, "{report:?}");
     assert_eq!(report.state(), Lifecycle::Completed);
+}
+
+/// An attempt that closed its own scope is still running in it: the request's deadline stops
+/// it (found by review: when the attempt's ticket held no unit of the attempt's scope, the
+/// closed scope went quiet at once, `Completed` is final, the cancel walk passed it by and the
+/// attempt ran on for its whole second).
+#[tokio::test(start_paused = true)]
+async fn an_attempt_that_closed_its_scope_is_still_stopped_by_the_request_deadline() {
+    let request = Scope::with_timeout(Duration::from_millis(100));
+    let retry = Retry::new(|_: &()| Decision::Backoff);
+    let t0 = tokio::time::Instant::now();
+    let out = retry
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            a.scope().close();
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            Ok::<_, ()>(())
+        })
+        .await;
+    assert!(request.is_cancelled());
+    assert!(out.is_err(), "the attempt was never stopped");
+    assert_eq!(t0.elapsed(), Duration::from_millis(100));
 }

@@ -395,6 +395,7 @@ impl fmt::Debug for Dispatched {
 ///
 /// Public but hidden only for the loom models (see [`Scope::__child_dispatched`]).
 #[doc(hidden)]
+#[must_use = "an own ticket that is dropped records Cancelled or EffectUnknown"]
 pub struct OwnTicket {
     scope: Scope,
     finished: bool,

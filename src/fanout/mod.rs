@@ -304,7 +304,8 @@ impl<'s> FanOut<'s> {
             while inflight.len() < self.limit {
                 let Some(i) = queue.pop_front() else { break };
                 let branch = &mut self.branches[i];
-                let mut child = fan_scope.child().name(branch.name.clone());
+                // Named after the branch by its ticket (see `build_dispatched`).
+                let mut child = fan_scope.child();
                 if !branch.required {
                     child = child.reserve(self.aggregate);
                 }

@@ -270,7 +270,6 @@ impl std::ops::Deref for CallLedger {
 /// is attached, and gets its receipt right after ([`succeed`](Self::succeed)).
 pub(crate) struct Call<'s> {
     pub(crate) scope: &'s Scope,
-    dependency: Arc<str>,
     pub(crate) limits: Limits,
     retry_budget: Option<&'s RetryBudget>,
     /// Also holds the call's [`ChildSpec`] (`ledger.spec`).
@@ -311,7 +310,6 @@ impl<'s> Call<'s> {
         let now = Instant::now();
         Call {
             scope,
-            dependency: spec.shared_name(),
             limits,
             retry_budget: retry_budget.filter(|_| owner),
             // Built in its allocation (`new_cyclic` runs the closure after allocating), not
@@ -404,8 +402,8 @@ impl<'s> Call<'s> {
             .child()
             .reserve(limits.reserve)
             .min_useful(limits.min_useful)
-            // Names the attempt after the dependency, and marks it (one retry owner).
-            .mark(self.dependency.clone());
+            // Named after the dependency (its ticket's name), and marked (one retry owner).
+            .mark_own();
         if let Some(b) = budget {
             child = child.cap(b);
         }

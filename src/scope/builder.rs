@@ -188,12 +188,12 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
-    /// Names the child `key` and marks it (and so every descendant) with it, for
+    /// Marks the child (and so every descendant) with the name of the ticket it is made with by
+    /// [`build_dispatched`](Self::build_dispatched), which is also its name, for
     /// [`Scope::has_mark`]: the retry layer marks its attempts with the dependency name so that
     /// a nested retry of the same dependency does not multiply the attempts.
     #[inline]
-    pub(crate) fn mark(mut self, key: std::sync::Arc<str>) -> Self {
-        self.name = Some(key);
+    pub(crate) fn mark_own(mut self) -> Self {
         self.marked = true;
         self
     }

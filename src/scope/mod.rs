@@ -44,7 +44,8 @@ pub(crate) struct ScopeExt {
     shared: Option<std::sync::Arc<Shared>>,
     /// This scope's entry in the timers, if it tightened the deadline.
     timer_key: AtomicUsize,
-    /// Whether `name` is also a mark (see [`Scope::has_mark`]).
+    /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
+    /// [`Scope::has_mark`]).
     marked: bool,
     /// Immutable values attached for this scope's [`Report`](crate::Report) (e.g. retry
     /// ledgers), oldest first, at most [`MAX_NOTES`]; allocated by the first one.
@@ -411,7 +412,7 @@ impl Scope {
     /// assert_eq!(s.child().name("db").build().unwrap().name(), Some("db"));
     /// ```
     pub fn name(&self) -> Option<&str> {
-        self.node.ext.name.as_deref()
+        name_of(&self.node)
     }
 
     /// Cancels this scope and every descendant with [`Cause::Cancelled`] (no reason).
@@ -706,7 +707,7 @@ impl Scope {
     pub(crate) fn has_mark(&self, key: &str) -> bool {
         let mut n = Some(&*self.node);
         while let Some(node) = n {
-            if node.ext.marked && node.ext.name.as_deref() == Some(key) {
+            if node.ext.marked && name_of(node) == Some(key) {
                 return true;
             }
             n = node.parent().map(|p| &**p);
@@ -813,6 +814,15 @@ pub(crate) fn stamp_of(t: Instant) -> u64 {
         None => BIAS
             .saturating_sub(u64::try_from(base.duration_since(t).as_nanos()).unwrap_or(u64::MAX)),
     }
+}
+
+/// A scope's name: its own, or, for a child that is its parent's ticket too (a retry
+/// attempt), the name of that ticket (kept once, in the node's ticket information).
+fn name_of(node: &Core) -> Option<&str> {
+    node.ext
+        .name
+        .as_deref()
+        .or_else(|| tree::own_info(node).map(ChildSpec::name))
 }
 
 pub(crate) fn now_stamp() -> u64 {

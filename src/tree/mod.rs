@@ -30,6 +30,8 @@
 //!    A spawned task is registered and dispatched by one CAS ([`register_task`]): taking a unit
 //!    is a CAS from a word without `CLOSED`, in the generation it holds, which is the dispatch
 //!    CAS's condition, so the same modification-order argument holds for it (loom models 15, 16).
+//!    So does a child that is itself a ticket of its parent ([`new_child_dispatched`]: a retry
+//!    attempt), whose parent unit is taken by that CAS before it is linked (loom model 11).
 //! 3. **No registration after the watermark closes.** Taking a unit is a CAS that fails when
 //!    `CLOSED` is set. A node going from 0 to 1 units first takes a unit in its parent (so the
 //!    parent's `CLOSED` bit is checked too) and gives it back if it loses the race.
@@ -491,16 +493,21 @@ pub(crate) fn new_child<X, R: Clone>(
 /// Creates a child of `parent` that is also a registered and dispatched child (a ticket) of
 /// `parent`, described by `info`: one node instead of a node and a ticket (a retry attempt).
 ///
-/// It takes a unit of `parent` (the ticket's) by the CAS that requires an open watermark in
-/// the generation the state word has, which is the dispatch CAS's condition (invariant 2, as
-/// for [`register_task`]). The child is then linked only if the watermark is still open under
-/// the registry shard lock (otherwise the unit is given back and the creation refused): a
+/// The ticket is the child's first work unit, which, as every first unit of a node, holds a
+/// unit of `parent`: the child is born with it (`STARTED`, one unit), so it is not quiet, and
+/// a cancel of `parent` reaches it, until the ticket has its receipt — its work (the attempt
+/// itself) is part of it, as the body of a Trio cancel scope is.
+///
+/// The unit of `parent` is taken by the CAS that requires an open watermark in the generation
+/// the state word has, which is the dispatch CAS's condition (invariant 2, as for
+/// [`register_task`]). The child is then linked only if the watermark is still open under the
+/// registry shard lock (otherwise the unit is given back and the creation refused): a
 /// quarantine, which walks the registry under the same locks after the watermark closed,
 /// either finds the child linked, or took the lock first, and then the creation sees the
-/// close and is refused. Its receipt is [`record_own_receipt`]'s or a quarantine's, decided by one CAS of
-/// `Node::own` (invariant 5); it is counted in `parent` and its ancestors, and releases the
-/// unit of `parent`. The node's own state and units are its own: its `quiesce` does not wait
-/// for its own receipt.
+/// close and is refused. Its receipt is [`record_own_receipt`]'s or a quarantine's, decided
+/// by one CAS of `Node::own` (invariant 5); it is counted in `parent` and its ancestors (the
+/// ticket is `parent`'s child), and releases the child's unit, and so `parent`'s once the
+/// child has no other.
 ///
 /// The owner keeps a handle of the child until the receipt: a node with handles stays linked,
 /// so that the parent's quarantine finds it (invariant 7).
@@ -567,11 +574,13 @@ fn link_child<X, R: Clone>(
     // A child starts at its parent's generation (so a ticket that recorded the parent's
     // generation compares equal), with its own flags clear.
     let key = entry.key();
+    // A child that is a ticket is born with that ticket's unit (see `new_child_dispatched`).
+    let units = if own.is_some() { 1 | STARTED } else { 0 };
     let child = arc_in_place(|| {
         Node::new(
             Some(link),
             key,
-            state.generation() << GEN_SHIFT,
+            state.generation() << GEN_SHIFT | units,
             ext(state),
             own.cloned(),
         )
@@ -1190,15 +1199,15 @@ pub(crate) fn record_receipt<X, R: Clone>(
 }
 
 /// Records the receipt of `node`'s own ticket (a child made by [`new_child_dispatched`]),
-/// unless a quarantine recorded one first (then returns `false`): counted in its parent and
-/// every ancestor before the parent's unit is released (invariants 5, 6). `record`: what the
-/// receipt lists (an unknown effect).
+/// unless a quarantine recorded one first: counted in its parent and every ancestor, then the
+/// ticket's unit of `node` is released (and so the parent's, if it was `node`'s last):
+/// invariants 5, 6. `record`: what the receipt lists (an unknown effect).
 pub(crate) fn record_own_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
     record: Option<R>,
     clock: impl Fn() -> u64,
-) -> bool {
+) {
     // AcqRel: the winner of this CAS (or of the quarantine's) is the one receipt.
     if node
         .own
@@ -1210,14 +1219,13 @@ pub(crate) fn record_own_receipt<X, R: Clone>(
         )
         .is_err()
     {
-        return false;
+        return;
     }
     let Some(parent) = node.parent_node() else {
         unreachable!("a node that is a ticket has a parent");
     };
     count_receipt(parent, kind, record, true, &clock);
-    release_unit(parent);
-    true
+    release_unit(node);
 }
 
 /// Whether `node`'s own ticket (see [`new_child_dispatched`]) was quarantined.
@@ -1332,8 +1340,10 @@ fn quarantine_own<X, R: Clone>(n: &Node<X, R>, child: &Node<X, R>, stamp: u64) -
     {
         return false;
     }
-    count_receipt(n, Kind::Quarantined, Some(R::clone(info)), true, &|| stamp);
-    release_unit(n);
+    count_receipt(n, Kind::Quarantined, Some(info.clone()), true, &|| stamp);
+    // The ticket's unit of `child`: `n`'s goes with the child's last (the quarantine gives
+    // back the other units of the subtree as it walks it; guards are waited for).
+    release_unit(child);
     true
 }
 

@@ -1,0 +1,66 @@
+//! What a fan-out branch sees of its own scope: the branch's scope is also its ticket in the
+//! fan-out's scope (one node), and the branch's work is part of it.
+
+use std::time::Duration;
+
+use cancel_scope::fanout::FanOut;
+use cancel_scope::{Lifecycle, Scope};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The branch's scope holds the branch's ticket: `Running` while the branch runs, not quiet
+/// even once closed, quiet (and `Completed`) after the branch's receipt. The request counts
+/// the branch once.
+#[tokio::test(start_paused = true)]
+async fn a_branch_scope_holds_the_branch_until_its_receipt() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request);
+    let h = fan.required("price", |s: Scope| async move {
+        assert_eq!(s.name(), Some("price"));
+        let before = s.lifecycle();
+        s.close();
+        let quiet_inside = tokio::time::timeout(ms(50), s.quiesce()).await.is_ok();
+        Ok::<_, std::io::Error>((before, quiet_inside, s))
+    });
+    let mut page = fan.join().await.unwrap();
+    let (before, quiet_inside, branch_scope) = page.required(h);
+    assert_eq!(before, Lifecycle::Running);
+    assert!(!quiet_inside, "quiet while its branch runs");
+    let branch_report = branch_scope.quiesce().await;
+    assert_eq!(branch_report.state(), Lifecycle::Completed);
+    // The branch's receipt is its parent's (the fan-out's), not its own scope's.
+    assert_eq!(branch_report.total(), 0);
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!((report.total(), report.succeeded()), (1, 1), "{report:?}");
+}
+
+/// A branch that closed its own scope is still running in it: the request's cancel stops it
+/// at once (found by review: with the ticket holding no unit of the branch's scope, the closed
+/// scope went quiet, `Completed` is final, the cancel walk passed it by, the branch ran on
+/// until its own 100 ms timeout and `join` waited for it).
+#[tokio::test(start_paused = true)]
+async fn a_branch_that_closed_its_scope_is_still_stopped_by_the_request_cancel() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let _h = fan.required("price", move |s: Scope| async move {
+        s.close();
+        tx.send(()).unwrap();
+        let _ = tokio::time::timeout(ms(100), s.cancelled()).await;
+        Ok::<_, std::io::Error>(())
+    });
+    let t0 = tokio::time::Instant::now();
+    let (out, ()) = tokio::join!(fan.join(), async {
+        rx.await.unwrap();
+        request.cancel();
+    });
+    assert!(out.is_err());
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "the branch ran on after the request's cancel"
+    );
+}
