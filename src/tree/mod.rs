@@ -79,9 +79,11 @@
 //! takes the node's `inner` while holding that shard (never the reverse), and a node losing
 //! its last handle takes all of its own shards in index order and nothing else.
 //! [`quarantine_subtree`] and `close` hold a shard only while cloning `Arc`s out of it;
-//! unlinking holds one shard of the parent and nothing else. An in-flight shard is a leaf
-//! lock: nothing is taken while one is held. Callbacks and wakers are always invoked after
-//! every lock is released, so user code never runs under a tree lock.
+//! unlinking holds one shard of the parent and nothing else; a child made as its parent's
+//! ticket ([`new_child_dispatched`]) takes its parent's unit before the shard lock, and gives it
+//! back (refused) after releasing it. An in-flight shard is a leaf lock: nothing is taken
+//! while one is held. Callbacks and wakers are always invoked after every lock is released, so
+//! user code never runs under a tree lock.
 
 use std::task::Waker;
 
