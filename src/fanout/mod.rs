@@ -87,7 +87,9 @@ fn next_id() -> u64 {
 /// Branches are declared with [`required`](Self::required) and [`optional`](Self::optional)
 /// (nothing runs yet) and run by [`join`](Self::join). Each branch's closure receives the
 /// branch's own scope (also [`Scope::current`] inside it), which is registered and dispatched
-/// in the fan-out's scope, read-only under the branch's name.
+/// in the fan-out's scope, read-only under the branch's name. The branch is part of that
+/// scope's work: the scope is not quiet, even once closed, until the branch has ended (work a
+/// branch must wait for goes into a child of its scope).
 ///
 /// # Examples
 ///

@@ -101,6 +101,11 @@ impl Attempt {
 
     /// The attempt's own scope: its deadline is the attempt's budget.
     ///
+    /// The attempt itself is part of that scope's work (it is the scope's ticket in the
+    /// retry's scope): the scope is `Running`, and not quiet even once closed, until the
+    /// attempt has ended. Work the attempt spawns and must wait for goes into a child of it,
+    /// whose `quiesce` the attempt can await.
+    ///
     /// # Examples
     ///
     /// See [`Attempt`].
