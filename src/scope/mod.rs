@@ -698,6 +698,8 @@ impl Scope {
         self.node.ext.shared().context.as_ref()
     }
 
+    /// Runs `f` with this scope current (synchronous code: a tower service's `call`).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
         with_current(&mut Some(self.clone()), f)
     }
