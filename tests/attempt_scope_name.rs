@@ -27,7 +27,11 @@ async fn an_attempt_scope_detached_keeps_its_name() {
         .await
         .unwrap();
     assert_eq!(name.as_deref(), Some("search"));
-    assert_eq!(detached.name(), Some("search"), "detach lost the attempt's name");
+    assert_eq!(
+        detached.name(),
+        Some("search"),
+        "detach lost the attempt's name"
+    );
 }
 
 /// A cleanup shielded from an attempt's scope runs in a root named after that scope.
@@ -39,15 +43,17 @@ async fn a_cleanup_shielded_in_an_attempt_runs_under_the_attempt_name() {
         .run(&request, ChildSpec::read_only("search"), |a| async move {
             let cleanup = a
                 .scope()
-                .shield(ms(50), async {
-                    Scope::current().name().map(str::to_owned)
-                })
+                .shield(ms(50), async { Scope::current().name().map(str::to_owned) })
                 .unwrap();
             Ok::<_, ()>(cleanup.await.unwrap())
         })
         .await
         .unwrap();
-    assert_eq!(inside.as_deref(), Some("search"), "shield lost the attempt's name");
+    assert_eq!(
+        inside.as_deref(),
+        Some("search"),
+        "shield lost the attempt's name"
+    );
 }
 
 /// `detach` of a fan-out branch's scope keeps the branch's name.
@@ -61,5 +67,9 @@ async fn a_branch_scope_detached_keeps_its_name() {
     let mut page = fan.join().await.unwrap();
     let (name, detached) = page.required(h);
     assert_eq!(name.as_deref(), Some("price"));
-    assert_eq!(detached.name(), Some("price"), "detach lost the branch's name");
+    assert_eq!(
+        detached.name(),
+        Some("price"),
+        "detach lost the branch's name"
+    );
 }

@@ -273,6 +273,14 @@ impl ChildSpec {
         self.name.as_str()
     }
 
+    /// The name as a shared string: a clone, unless the name is static (then allocated).
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        match &self.name {
+            Name::Static(s) => Arc::from(*s),
+            Name::Shared(s) => s.clone(),
+        }
+    }
+
     /// Read-only work with a name that costs nothing to clone (the crate's own tasks).
     pub(crate) const fn read_only_static(name: &'static str) -> Self {
         ChildSpec {

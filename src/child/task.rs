@@ -372,7 +372,7 @@ impl Scope {
                 tokio::time::Instant::now(),
                 budget,
             )),
-            self.node.ext.name.clone(),
+            self.shared_name(),
         );
         let run = shielded.run(fut);
         let inner = tokio::spawn(async move {
@@ -415,7 +415,7 @@ impl Scope {
                 tokio::time::Instant::now(),
                 timeout,
             )),
-            self.node.ext.name.clone(),
+            self.shared_name(),
         )
     }
 }

@@ -827,6 +827,18 @@ fn name_of(node: &Core) -> Option<&str> {
         .or_else(|| tree::own_info(node).map(ChildSpec::name))
 }
 
+impl Scope {
+    /// The scope's name (see `name_of`) as a shared string, for a new root that keeps it
+    /// (`detach`, `shield`).
+    pub(crate) fn shared_name(&self) -> Option<std::sync::Arc<str>> {
+        let node = &self.node;
+        node.ext
+            .name
+            .clone()
+            .or_else(|| tree::own_info(node).map(ChildSpec::shared_name))
+    }
+}
+
 pub(crate) fn now_stamp() -> u64 {
     stamp_of(Instant::now())
 }
