@@ -1,0 +1,150 @@
+//! The attempt's (or branch's) ticket as the first unit of its own scope, with other work in
+//! that scope: spawned tasks and guards that outlive the attempt, a hedge loser that closed
+//! its scope, and the attempt's scope quiesced from outside after the call.
+
+use std::time::Duration;
+
+use cancel_scope::retry::{Decision, HedgeDelay, Retry};
+use cancel_scope::{ChildSpec, Lifecycle, Scope};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A task spawned in the attempt's scope outlives the attempt: the request is not quiet until
+/// it ends, the attempt's receipt and the task's are counted once each, and the attempt's
+/// scope, quiesced from outside, counts the task only.
+#[tokio::test(start_paused = true)]
+async fn a_task_in_the_attempt_scope_outlives_the_attempt() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(|_: &()| Decision::Backoff);
+    let attempt_scope = retry
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            let s = a.scope().clone();
+            drop(s.spawn(tokio::time::sleep(ms(200))).unwrap());
+            Ok::<_, ()>(s)
+        })
+        .await
+        .unwrap();
+    assert_eq!(attempt_scope.lifecycle(), Lifecycle::Running);
+    request.close();
+    let t0 = tokio::time::Instant::now();
+    let report = request.quiesce().await;
+    assert_eq!(t0.elapsed(), ms(200), "quiet before the task in the attempt ended");
+    assert_eq!(report.succeeded(), 2, "{report:?}");
+    assert_eq!(report.state(), Lifecycle::Completed);
+    let own = attempt_scope.quiesce().await;
+    assert_eq!((own.total(), own.succeeded()), (1, 1), "{own:?}");
+}
+
+/// A guard tethered to the attempt's scope outlives the attempt: the request is quiet only
+/// once it is dropped; a cancel of the request in between still reaches the attempt's scope.
+#[tokio::test(start_paused = true)]
+async fn a_guard_in_the_attempt_scope_outlives_the_attempt() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(|_: &()| Decision::Backoff);
+    let (guard, attempt_scope) = retry
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            let s = a.scope().clone();
+            s.close();
+            Ok::<_, ()>((s.tether(()).map_err(|_| ()), s))
+        })
+        .await
+        .unwrap();
+    // Closed before the guard: tethering is refused like any registration.
+    assert!(guard.is_err());
+    assert_eq!(attempt_scope.lifecycle(), Lifecycle::Completed);
+    let (guard, attempt_scope) = retry
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            let s = a.scope().clone();
+            let g = s.tether(()).unwrap();
+            s.close();
+            Ok::<_, ()>((g, s))
+        })
+        .await
+        .unwrap();
+    assert_eq!(attempt_scope.lifecycle(), Lifecycle::Running);
+    request.cancel();
+    assert_eq!(attempt_scope.lifecycle(), Lifecycle::Cancelling);
+    let quiet = tokio::time::timeout(ms(10), request.quiesce()).await;
+    assert!(quiet.is_err(), "quiet while a guard of the attempt's scope is held");
+    drop(guard);
+    let report = request.quiesce().await;
+    assert_eq!(report.succeeded(), 2, "{report:?}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!(attempt_scope.lifecycle(), Lifecycle::CancelledStable);
+}
+
+/// A hedge loser that closed its own scope is still stopped by the hedge's cancel of the
+/// losers: the call returns when the winner does, not when the loser would have.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_loser_that_closed_its_scope_is_stopped() {
+    let request = Scope::with_timeout(ms(5000));
+    let hedge = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let t0 = tokio::time::Instant::now();
+    let (out, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+            a.scope().close();
+            let took = if a.number() == 1 { ms(3000) } else { ms(5) };
+            tokio::time::sleep(took).await;
+            Ok::<_, ()>(a.number())
+        })
+        .await;
+    assert_eq!(out.unwrap(), 2);
+    assert_eq!(t0.elapsed(), ms(55), "the loser ran on: {ledger:?}");
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.total(), 2, "{report:?}");
+}
+
+/// Nested attempts: an attempt of another dependency inside an attempt. Every unit goes back
+/// once: the request is quiet right after the call, its report counts both.
+#[tokio::test(start_paused = true)]
+async fn nested_attempts_give_back_every_unit() {
+    let request = Scope::with_timeout(ms(1000));
+    let outer = Retry::new(|_: &()| Decision::Backoff);
+    let (a_scope, b_scope) = outer
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            let inner = Retry::new(|_: &()| Decision::Backoff);
+            let b_scope = inner
+                .run(a.scope(), ChildSpec::read_only("index"), |b| async move {
+                    Ok::<_, ()>(b.scope().clone())
+                })
+                .await
+                .unwrap();
+            Ok::<_, ()>((a.scope().clone(), b_scope))
+        })
+        .await
+        .unwrap();
+    assert_eq!(format!("{a_scope:?}").contains("active: 0"), true, "{a_scope:?}");
+    assert_eq!(format!("{b_scope:?}").contains("active: 0"), true, "{b_scope:?}");
+    request.close();
+    let report = tokio::time::timeout(ms(1), request.quiesce()).await.unwrap();
+    assert_eq!(report.succeeded(), 2, "{report:?}");
+    let a_report = a_scope.quiesce().await;
+    assert_eq!(a_report.total(), 1, "{a_report:?}");
+}
+
+/// The attempt's scope is quiet only when its ticket has its receipt, so its report's "cancel
+/// to quiet" runs to that receipt: an attempt scope cancelled (here: by the request) whose
+/// owner gives the receipt 30 ms later went quiet 30 ms after the cancel.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_scope_reports_the_time_its_ticket_kept_it_from_quiet() {
+    let request = Scope::with_timeout(ms(1000));
+    let (attempt_scope, own) = request
+        .__child_dispatched(&ChildSpec::read_only("search"))
+        .unwrap();
+    request.cancel();
+    let early = tokio::time::timeout(ms(30), attempt_scope.quiesce()).await;
+    assert!(early.is_err(), "quiet before the attempt's receipt");
+    own.finish(cancel_scope::Receipt::Cancelled);
+    let report = attempt_scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!(
+        report.cancel_to_quiet(),
+        Some(ms(30)),
+        "the attempt's scope went quiet 30 ms after its cancel"
+    );
+}
