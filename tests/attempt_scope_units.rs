@@ -30,7 +30,11 @@ async fn a_task_in_the_attempt_scope_outlives_the_attempt() {
     request.close();
     let t0 = tokio::time::Instant::now();
     let report = request.quiesce().await;
-    assert_eq!(t0.elapsed(), ms(200), "quiet before the task in the attempt ended");
+    assert_eq!(
+        t0.elapsed(),
+        ms(200),
+        "quiet before the task in the attempt ended"
+    );
     assert_eq!(report.succeeded(), 2, "{report:?}");
     assert_eq!(report.state(), Lifecycle::Completed);
     let own = attempt_scope.quiesce().await;
@@ -67,7 +71,10 @@ async fn a_guard_in_the_attempt_scope_outlives_the_attempt() {
     request.cancel();
     assert_eq!(attempt_scope.lifecycle(), Lifecycle::Cancelling);
     let quiet = tokio::time::timeout(ms(10), request.quiesce()).await;
-    assert!(quiet.is_err(), "quiet while a guard of the attempt's scope is held");
+    assert!(
+        quiet.is_err(),
+        "quiet while a guard of the attempt's scope is held"
+    );
     drop(guard);
     let report = request.quiesce().await;
     assert_eq!(report.succeeded(), 2, "{report:?}");
@@ -118,10 +125,20 @@ async fn nested_attempts_give_back_every_unit() {
         })
         .await
         .unwrap();
-    assert_eq!(format!("{a_scope:?}").contains("active: 0"), true, "{a_scope:?}");
-    assert_eq!(format!("{b_scope:?}").contains("active: 0"), true, "{b_scope:?}");
+    assert_eq!(
+        format!("{a_scope:?}").contains("active: 0"),
+        true,
+        "{a_scope:?}"
+    );
+    assert_eq!(
+        format!("{b_scope:?}").contains("active: 0"),
+        true,
+        "{b_scope:?}"
+    );
     request.close();
-    let report = tokio::time::timeout(ms(1), request.quiesce()).await.unwrap();
+    let report = tokio::time::timeout(ms(1), request.quiesce())
+        .await
+        .unwrap();
     assert_eq!(report.succeeded(), 2, "{report:?}");
     let a_report = a_scope.quiesce().await;
     assert_eq!(a_report.total(), 1, "{a_report:?}");

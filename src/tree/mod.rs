@@ -1227,7 +1227,21 @@ pub(crate) fn record_own_receipt<X, R: Clone>(
         unreachable!("a node that is a ticket has a parent");
     };
     count_receipt(parent, kind, record, true, &clock);
+    stamp_own_release(node, &clock);
     release_unit(node);
+}
+
+/// Notes in `node` itself, if it was cancelled, the end of its own ticket (made by
+/// [`new_child_dispatched`]), whose unit of `node` is about to be released: the node's quiet
+/// may come with it, and its report's "time from cancel to quiet" runs to it. (Its ancestors
+/// got the stamp with the receipt.)
+fn stamp_own_release<X, R>(node: &Node<X, R>, clock: &dyn Fn() -> u64) {
+    if node.state().is_cancelled() {
+        node.counts
+            .get_or_init()
+            .last_stamp
+            .fetch_max(clock(), Ordering::AcqRel);
+    }
 }
 
 /// Whether `node`'s own ticket (see [`new_child_dispatched`]) was quarantined.
@@ -1343,6 +1357,7 @@ fn quarantine_own<X, R: Clone>(n: &Node<X, R>, child: &Node<X, R>, stamp: u64) -
         return false;
     }
     count_receipt(n, Kind::Quarantined, Some(info.clone()), true, &|| stamp);
+    stamp_own_release(child, &|| stamp);
     // The ticket's unit of `child`: `n`'s goes with the child's last (the quarantine gives
     // back the other units of the subtree as it walks it; guards are waited for).
     release_unit(child);
