@@ -1,8 +1,8 @@
 //! A retry attempt is one node: the attempt's child scope and its ticket in the request's
 //! scope. These tests check what that ticket still does: a stalled attempt is quarantined in
 //! the request (invariant 5, listed for reconciliation when it may have had an effect), its
-//! late end changes nothing (invariant 6), and the attempt's own scope is a scope like any
-//! other (its own `quiesce` does not wait for the attempt's ticket).
+//! late end changes nothing (invariant 6), and the attempt is part of its own scope's work
+//! (that scope is not quiet, and so not passed by a cancel, until the attempt has ended).
 
 use std::future::Future;
 use std::pin::pin;

@@ -432,6 +432,11 @@ impl Scope {
     /// `Quarantined`, listed in the report, late outcome ignored). Once it resolves nothing of
     /// this scope can start or commit, and the report never changes.
     ///
+    /// The scope of a retry attempt or a fan-out branch holds that attempt or branch itself
+    /// (see [`Attempt::scope`](crate::retry::Attempt::scope)): awaited from inside the attempt,
+    /// its `quiesce` waits for the attempt, that is until the attempt's deadline (or forever).
+    /// Work an attempt spawns and must wait for goes into a child scope of it.
+    ///
     /// # Examples
     ///
     /// ```

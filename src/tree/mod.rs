@@ -46,7 +46,9 @@
 //!    owner's or a quarantine's, which finds it through the parent's registry.
 //! 6. **Stable quiescence.** A node is quiet when `CLOSED` is set and it has no units. Units
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
-//!    1, which needs a unit of this node (closed): so quiet is forever, and since receipts are
+//!    1, which needs a unit of this node (closed) — a child born with a unit (its own ticket,
+//!    [`new_child_dispatched`]) takes that unit of this node by the same CAS before it exists:
+//!    so quiet is forever, and since receipts are
 //!    counted before their unit is released, no counter changes after quiet is observed. A
 //!    cancel that finds a node quiet without a cancel leaves it (and its quiet subtree) as it
 //!    is: `Completed` is final.
