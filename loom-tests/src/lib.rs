@@ -73,7 +73,40 @@ mod support {
             start.elapsed()
         );
     }
+
+    /// Checks the report of a scope with two children that ended while it was cancelled,
+    /// quarantined (`quarantined`: what the quarantine returned) and quiesced: one that
+    /// succeeded and one whose effect `effect_id` has an unknown outcome. Invariant 5: one
+    /// receipt each, its owner's or `Quarantined`; the effect is listed for reconciliation
+    /// exactly once (as `EffectUnknown`, or as a quarantined child that may have had an effect)
+    /// and never counted as none.
+    ///
+    /// # Examples
+    ///
+    /// ```ignore
+    /// // Only under RUSTFLAGS="--cfg loom", inside a model.
+    /// assert_one_success_one_unknown_effect(&report, quarantined, "pay-1");
+    /// ```
+    pub fn assert_one_success_one_unknown_effect(
+        report: &cancel_scope::Report,
+        quarantined: usize,
+        effect_id: &str,
+    ) {
+        assert_eq!(report.total(), 2, "{report:?}");
+        assert_eq!(report.quarantined(), quarantined as u64);
+        assert_eq!(
+            report.succeeded() + report.effect_unknown() + report.quarantined(),
+            2
+        );
+        let pending = report.pending_effects();
+        assert_eq!(pending.len(), 1, "{report:?}");
+        assert_eq!(pending[0].effect_id(), effect_id);
+        assert_eq!(report.state(), cancel_scope::Lifecycle::NeedsReconciliation);
+    }
 }
 
 #[cfg(loom)]
-pub use support::{model, model_bounded, DEFAULT_PREEMPTIONS, THREE_THREAD_PREEMPTIONS};
+pub use support::{
+    assert_one_success_one_unknown_effect, model, model_bounded, DEFAULT_PREEMPTIONS,
+    THREE_THREAD_PREEMPTIONS,
+};
