@@ -563,13 +563,14 @@ impl<'s> Call<'s> {
     #[inline]
     pub(crate) fn succeed(mut self, index: usize, dispatched: OwnTicket) -> Arc<Ledger> {
         let now = Instant::now();
-        self.ledger.get().end(index, AttemptEnd::Succeeded, now);
+        let ledger = self.ledger.get();
+        ledger.end(index, AttemptEnd::Succeeded, now);
         if self.hold.is_some() || !self.parked.is_empty() || !self.held_back.is_empty() {
             return self.close_at(Stop::Succeeded, now, Some(dispatched));
         }
         // Nothing else to settle (a first attempt): the same steps as `close_at`, without
         // moving the call apart.
-        self.ledger.get().finish(Stop::Succeeded, now);
+        ledger.finish(Stop::Succeeded, now);
         let ledger = self.ledger.0;
         self.scope.add_note(Note::new(ledger.clone()));
         dispatched.succeed();

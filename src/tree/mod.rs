@@ -323,8 +323,8 @@ const HAS_SHARDS: u8 = 4;
 
 /// `Node::own`: the node is not a ticket of its parent (most nodes).
 const OWN_NONE: u8 = 0;
-/// `Node::own`: the node is a dispatched child of its parent, holding a unit there, without a
-/// receipt yet (see [`new_child_dispatched`]).
+/// `Node::own`: the node is a dispatched child of its parent, holding its own first unit (and
+/// so one of the parent's), without a receipt yet (see [`new_child_dispatched`]).
 const OWN_DISPATCHED: u8 = 1;
 /// `Node::own`: its receipt was recorded by its owner.
 const OWN_DONE: u8 = 2;
@@ -1203,47 +1203,50 @@ pub(crate) fn record_receipt<X, R: Clone>(
 }
 
 /// Records the receipt of `node`'s own ticket (a child made by [`new_child_dispatched`]),
-/// unless a quarantine recorded one first: counted in its parent and every ancestor, then the
-/// ticket's unit of `node` is released (and so the parent's, if it was `node`'s last):
-/// invariants 5, 6. `record`: what the receipt lists (an unknown effect).
+/// unless a quarantine recorded one first (see [`end_own`]). `record`: what the receipt lists
+/// (an unknown effect).
 pub(crate) fn record_own_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
     record: Option<R>,
     clock: impl Fn() -> u64,
 ) {
-    // AcqRel: the winner of this CAS (or of the quarantine's) is the one receipt.
+    end_own(node, OWN_DONE, kind, || record, &clock);
+}
+
+/// Ends `node`'s own ticket (see [`new_child_dispatched`]) as `to` (`OWN_DONE`: its owner's
+/// receipt; `OWN_QUARANTINED`: a quarantine's), unless the other got there first: one CAS
+/// decides (invariant 5). The receipt is counted in the parent and every ancestor, and noted
+/// in `node` itself if it was cancelled (its quiet may come with this end, and its "time from
+/// cancel to quiet" runs to it); then the ticket's unit of `node` is released, and so the
+/// parent's if it was `node`'s last (invariant 6). Returns whether this call ended it.
+fn end_own<X, R: Clone>(
+    node: &Node<X, R>,
+    to: u8,
+    kind: Kind,
+    record: impl FnOnce() -> Option<R>,
+    clock: &dyn Fn() -> u64,
+) -> bool {
+    // AcqRel: the winner of this CAS (the owner's or the quarantine's) is the one receipt.
     if node
         .own
-        .compare_exchange(
-            OWN_DISPATCHED,
-            OWN_DONE,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
+        .compare_exchange(OWN_DISPATCHED, to, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        return;
+        return false;
     }
     let Some(parent) = node.parent_node() else {
         unreachable!("a node that is a ticket has a parent");
     };
-    count_receipt(parent, kind, record, true, &clock);
-    stamp_own_release(node, &clock);
-    release_unit(node);
-}
-
-/// Notes in `node` itself, if it was cancelled, the end of its own ticket (made by
-/// [`new_child_dispatched`]), whose unit of `node` is about to be released: the node's quiet
-/// may come with it, and its report's "time from cancel to quiet" runs to it. (Its ancestors
-/// got the stamp with the receipt.)
-fn stamp_own_release<X, R>(node: &Node<X, R>, clock: &dyn Fn() -> u64) {
+    count_receipt(parent, kind, record(), true, clock);
     if node.state().is_cancelled() {
         node.counts
             .get_or_init()
             .last_stamp
             .fetch_max(clock(), Ordering::AcqRel);
     }
+    release_unit(node);
+    true
 }
 
 /// Whether `node`'s own ticket (see [`new_child_dispatched`]) was quarantined.
@@ -1333,7 +1336,7 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(
         }
         // Children that are tickets of `n` (see `new_child_dispatched`), with no lock held.
         for child in &work[first_child..] {
-            if quarantine_own(&n, child, stamp) {
+            if quarantine_own(child, stamp) {
                 n_quarantined += 1;
             }
         }
@@ -1341,29 +1344,20 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(
     n_quarantined
 }
 
-/// Quarantines `child`'s own ticket in its parent `n` if it has no receipt yet.
-fn quarantine_own<X, R: Clone>(n: &Node<X, R>, child: &Node<X, R>, stamp: u64) -> bool {
+/// Quarantines `child`'s own ticket in its parent if it has no receipt yet.
+fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64) -> bool {
     let Some(info) = &child.own_info else {
         return false;
     };
-    if child
-        .own
-        .compare_exchange(
-            OWN_DISPATCHED,
-            OWN_QUARANTINED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .is_err()
-    {
-        return false;
-    }
-    count_receipt(n, Kind::Quarantined, Some(info.clone()), true, &|| stamp);
-    stamp_own_release(child, &|| stamp);
-    // The ticket's unit of `child`: `n`'s goes with the child's last (the quarantine gives
-    // back the other units of the subtree as it walks it; guards are waited for).
-    release_unit(child);
-    true
+    // The ticket's unit of `child`: its parent's goes with the child's last (the quarantine
+    // gives back the other units of the subtree as it walks it; guards are waited for).
+    end_own(
+        child,
+        OWN_QUARANTINED,
+        Kind::Quarantined,
+        || Some(info.clone()),
+        &|| stamp,
+    )
 }
 
 /// Quarantines the children in flight in `n` (see [`quarantine_subtree`]); returns how many.
