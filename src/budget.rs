@@ -298,8 +298,14 @@ impl Split {
             Split::Even { cap } => {
                 // Whole milliseconds, rounded down: the unit budgets travel in, and what one
                 // attempt does not get stays for the next (800 ms / 3 = 266, 267, 267).
-                let ms = remaining.saturating_sub(reserve).as_millis() / u128::from(attempts_left);
-                let share = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+                let ms = remaining.saturating_sub(reserve).as_millis();
+                // In 64 bits whenever it fits (every real budget): a 128-bit division is a
+                // library call on every attempt.
+                let share = match u64::try_from(ms) {
+                    Ok(ms) => ms / u64::from(attempts_left),
+                    Err(_) => u64::try_from(ms / u128::from(attempts_left)).unwrap_or(u64::MAX),
+                };
+                let share = Duration::from_millis(share);
                 cap.map_or(share, |c| share.min(c))
             }
             Split::Greedy { cap } => grant(remaining, reserve, cap),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::receipt::{ChildSpec, Receipt};
 use crate::error::Error;
-use crate::scope::{now_stamp, Scope};
+use crate::scope::{now_stamp, OwnRun, Scope};
 use crate::sync::Arc;
 use crate::tree::{self, TicketCell, TicketState};
 
@@ -397,8 +397,8 @@ impl fmt::Debug for Dispatched {
 #[doc(hidden)]
 #[must_use = "an own ticket that is dropped records Cancelled or EffectUnknown"]
 pub struct OwnTicket {
-    scope: Scope,
-    finished: bool,
+    /// `None` once the receipt is recorded, or while [`run`](Self::run) holds the handle.
+    scope: Option<Scope>,
 }
 
 impl OwnTicket {
@@ -408,18 +408,35 @@ impl OwnTicket {
             tree::own_info(&scope.node).is_some(),
             "not built dispatched"
         );
-        OwnTicket {
-            scope,
-            finished: false,
-        }
+        OwnTicket { scope: Some(scope) }
+    }
+
+    /// The child scope this is the ticket of.
+    pub(crate) fn scope(&self) -> &Scope {
+        let Some(scope) = &self.scope else {
+            unreachable!("an own ticket keeps its scope until its receipt");
+        };
+        scope
     }
 
     /// What was dispatched.
     pub(crate) fn spec(&self) -> &ChildSpec {
-        let Some(spec) = tree::own_info(&self.scope.node) else {
+        let Some(spec) = tree::own_info(&self.scope().node) else {
             unreachable!("an own ticket's scope was built dispatched");
         };
         spec
+    }
+
+    /// Runs `fut` in the ticket's scope, as [`Scope::run`] does, on the ticket's own handle:
+    /// the future yields the ticket back with the outcome (its work already dropped, so that
+    /// it stopped before its receipt), and dropping the future before that records the
+    /// ticket's default receipt after dropping the work.
+    #[inline(always)]
+    pub(crate) fn run<F: std::future::Future>(mut self, fut: F) -> OwnRun<F> {
+        let Some(scope) = self.scope.take() else {
+            unreachable!("an own ticket keeps its scope until its receipt");
+        };
+        OwnRun::new(scope, fut)
     }
 
     /// Records [`Receipt::Succeeded`].
@@ -434,45 +451,58 @@ impl OwnTicket {
 
     /// Records `receipt` unless a quarantine got there first (invariant 5).
     pub fn finish(mut self, receipt: Receipt) {
-        self.finished = true;
-        self.record(receipt);
+        if let Some(scope) = self.scope.take() {
+            record_own(&scope, &receipt);
+        }
     }
+}
 
-    fn record(&self, receipt: Receipt) {
-        let kind = receipt.kind();
-        let record = match receipt {
-            Receipt::EffectUnknown(rec) => {
-                let mut spec = self.spec().clone();
-                spec.replace_record(rec);
-                Some(spec)
-            }
-            Receipt::Quarantined => Some(self.spec().clone()),
-            _ => None,
+/// Records the receipt of `scope`'s own ticket unless a quarantine got there first.
+fn record_own(scope: &Scope, receipt: &Receipt) {
+    // By reference: a receipt passed on by value is copied right after its tag was written
+    // (a store-forwarding stall on every attempt's end).
+    let spec = || {
+        let Some(spec) = tree::own_info(&scope.node) else {
+            unreachable!("an own ticket's scope was built dispatched");
         };
-        tree::record_own_receipt(&self.scope.node, kind, record, now_stamp);
-    }
+        spec.clone()
+    };
+    let record = match receipt {
+        Receipt::EffectUnknown(rec) => {
+            let mut spec = spec();
+            spec.replace_record(rec.clone());
+            Some(spec)
+        }
+        Receipt::Quarantined => Some(spec()),
+        _ => None,
+    };
+    tree::record_own_receipt(&scope.node, receipt.kind(), record.as_ref(), now_stamp);
 }
 
 impl Drop for OwnTicket {
     fn drop(&mut self) {
-        if self.finished {
+        let Some(scope) = self.scope.take() else {
             return;
-        }
-        let spec = self.spec();
+        };
+        let Some(spec) = tree::own_info(&scope.node) else {
+            unreachable!("an own ticket's scope was built dispatched");
+        };
         let receipt = match spec.effect_record() {
             Some(rec) if spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
             _ if std::thread::panicking() => Receipt::Failed,
             _ => Receipt::Cancelled,
         };
-        self.record(receipt);
+        record_own(&scope, &receipt);
     }
 }
 
 impl fmt::Debug for OwnTicket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OwnTicket")
-            .field("spec", self.spec())
-            .field("quarantined", &tree::own_quarantined(&self.scope.node))
-            .finish()
+        let mut d = f.debug_struct("OwnTicket");
+        if let Some(scope) = &self.scope {
+            d.field("spec", self.spec())
+                .field("quarantined", &tree::own_quarantined(&scope.node));
+        }
+        d.finish()
     }
 }

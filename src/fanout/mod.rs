@@ -314,11 +314,11 @@ impl<'s> FanOut<'s> {
                 // The branch's scope is also its ticket, dispatched in the fan-out's scope.
                 let started = child
                     .build_dispatched(&ChildSpec::read_only(branch.name.clone()))
-                    .map(|s| (s.clone(), OwnTicket::new(s)));
+                    .map(OwnTicket::new);
                 match (started, branch.start.take()) {
-                    (Ok((s, dispatched)), Some(start)) => {
-                        let fut = start(s.clone());
-                        inflight.spawn(i, s, dispatched, fut);
+                    (Ok(dispatched), Some(start)) => {
+                        let fut = start(dispatched.scope().clone());
+                        inflight.spawn(i, dispatched, fut);
                     }
                     (Err(e), _) if branch.required => {
                         break 'run Some(FanOutError::not_started(Some(branch.name.clone()), e));

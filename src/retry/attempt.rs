@@ -15,7 +15,7 @@ use crate::cause::Cause;
 use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
-use crate::scope::{Note, Scope};
+use crate::scope::{ChildBuilder, Note, Scope};
 
 /// What an attempt knows about itself; passed to the operation for every attempt.
 ///
@@ -191,9 +191,8 @@ fn stop_of(e: &Error) -> Stop {
     }
 }
 
-/// A dispatched attempt: its scope, its ticket and its place in the ledger.
+/// A dispatched attempt: its ticket (which holds its scope) and its place in the ledger.
 pub(crate) struct Started {
-    pub(crate) scope: Scope,
     pub(crate) dispatched: OwnTicket,
     pub(crate) index: usize,
     pub(crate) attempt: Attempt,
@@ -300,13 +299,20 @@ impl<'s> Call<'s> {
     pub(crate) fn open(
         scope: &'s Scope,
         spec: ChildSpec,
-        mut limits: Limits,
+        limits: Limits,
         retry_budget: Option<&'s RetryBudget>,
     ) -> Call<'s> {
         let owner = !scope.has_mark(spec.name());
-        if !owner || matches!(spec.effect(), Effect::SideEffecting) {
-            limits.max_attempts = limits.max_attempts.min(1);
-        }
+        // A fresh value, not a field written into `limits`: the struct is copied into the
+        // call right away, and a copy of a struct just written field by field stalls.
+        let limits = Limits {
+            max_attempts: if !owner || matches!(spec.effect(), Effect::SideEffecting) {
+                limits.max_attempts.min(1)
+            } else {
+                limits.max_attempts
+            },
+            ..limits
+        };
         let back = limits.reserve.saturating_add(limits.min_useful);
         let last_start = match scope.deadline() {
             Some(d) if !back.is_zero() => Some(d.checked_sub(back).unwrap_or(d)),
@@ -379,6 +385,10 @@ impl<'s> Call<'s> {
     /// the first, and the attempt's child scope, which is also its ticket in the scope
     /// (registered and dispatched by the CAS that fails if the scope was cancelled since:
     /// invariant 2).
+    ///
+    /// Always inlined: returned by value, `Started` would be copied out of the result right
+    /// after it was written (a store-forwarding stall per attempt).
+    #[inline(always)]
     pub(crate) fn start(&mut self, hedge: bool, endpoint: u32) -> Result<Started, Stop> {
         // The first start follows `open` at once: its clock read serves both.
         let opened_at = self.opened_at.take();
@@ -402,24 +412,12 @@ impl<'s> Call<'s> {
         } else if let Some(b) = self.retry_budget {
             b.deposit();
         }
-        let mut child = self
-            .scope
-            .child()
-            .reserve(limits.reserve)
-            .min_useful(limits.min_useful)
-            // Named after the dependency (its ticket's name), and marked (one retry owner).
-            .mark_own();
-        if let Some(b) = budget {
-            child = child.cap(b);
-        }
         // The attempt is a child of the retry's scope and, the same node, a ticket
         // dispatched there: its unit is taken by the CAS that fails once that scope was
-        // cancelled (invariant 2), and its receipt is counted there.
-        let scope = child
-            .at(now)
-            .build_dispatched(&self.ledger.spec)
+        // cancelled (invariant 2), and its receipt is counted there. Named after the
+        // dependency (its ticket's name), and marked (one retry owner).
+        let scope = ChildBuilder::attempt(self.scope, &self.ledger.spec, budget, now)
             .map_err(|e| stop_of(&e))?;
-        let dispatched = OwnTicket::new(scope.clone());
         // Nothing is sent at or after the attempt's own deadline either: a budget with nothing
         // left (no minimum useful budget) is its cancel now, and the attempt never starts.
         if scope.expire_if_due(now) || scope.is_cancelled() {
@@ -430,7 +428,7 @@ impl<'s> Call<'s> {
                 .cause()
                 .or_else(|| scope.cause())
                 .unwrap_or(Cause::DeadlineExceeded);
-            dispatched.finish(Receipt::Cancelled);
+            OwnTicket::new(scope).finish(Receipt::Cancelled);
             return Err(stop_of(&Error::cancelled(cause)));
         }
         let index = self.ledger.get().start(hedge, endpoint, budget, now);
@@ -442,8 +440,7 @@ impl<'s> Call<'s> {
             effect: self.ledger.spec.effect().clone(),
         };
         Ok(Started {
-            scope,
-            dispatched,
+            dispatched: OwnTicket::new(scope),
             index,
             attempt,
         })
@@ -560,21 +557,31 @@ impl<'s> Call<'s> {
     /// The attempt at `index` succeeded: ends the call. The ledger is attached to the scope's
     /// report before the attempt gets its receipt, so that the attempt's own ticket holds the
     /// scope until then — a first attempt that succeeds needs no hold.
+    ///
+    /// Returns the ledger if `keep`; otherwise the report has the only reference (none is
+    /// taken and dropped).
     #[inline]
-    pub(crate) fn succeed(mut self, index: usize, dispatched: OwnTicket) -> Arc<Ledger> {
+    pub(crate) fn succeed(
+        mut self,
+        index: usize,
+        dispatched: OwnTicket,
+        keep: bool,
+    ) -> Option<Arc<Ledger>> {
         let now = Instant::now();
         let ledger = self.ledger.get();
         ledger.end(index, AttemptEnd::Succeeded, now);
         if self.hold.is_some() || !self.parked.is_empty() || !self.held_back.is_empty() {
-            return self.close_at(Stop::Succeeded, now, Some(dispatched));
+            let ledger = self.close_at(Stop::Succeeded, now, Some(dispatched));
+            return keep.then_some(ledger);
         }
         // Nothing else to settle (a first attempt): the same steps as `close_at`, without
         // moving the call apart.
         ledger.finish(Stop::Succeeded, now);
         let ledger = self.ledger.0;
-        self.scope.add_note(Note::new(ledger.clone()));
+        let kept = keep.then(|| ledger.clone());
+        self.scope.add_note(Note::new(ledger));
         dispatched.succeed();
-        ledger
+        kept
     }
 
     /// Ends the call: finishes the ledger, attaches it to the scope's report and only then

@@ -346,12 +346,11 @@ impl<C, B> Hedge<C, B> {
                     let hedge = !inflight.is_empty();
                     match call.start(hedge, 0) {
                         Ok(Started {
-                            scope: s,
                             dispatched,
                             index,
                             attempt,
                         }) => {
-                            inflight.spawn(index, s, dispatched, op(attempt));
+                            inflight.spawn(index, dispatched, op(attempt));
                             next_hedge = (call.attempts_left() > 0)
                                 .then(|| Instant::now() + self.delay.delay());
                         }

@@ -372,7 +372,7 @@ where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_with_ledger(scope, spec, op).await.0
+        self.call(scope, spec, op, None).await
     }
 
     /// [`run`](Self::run), also returning the call's [`Ledger`] on success.
@@ -392,8 +392,33 @@ where
         &self,
         scope: &Scope,
         spec: ChildSpec,
-        mut op: F,
+        op: F,
     ) -> (Result<T, RetryError<E>>, Arc<Ledger>)
+    where
+        C: Classify<E>,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut ledger = None;
+        let out = self.call(scope, spec, op, Some(&mut ledger)).await;
+        let Some(ledger) = ledger else {
+            unreachable!("every call leaves its ledger when asked to");
+        };
+        (out, ledger)
+    }
+
+    /// The call behind [`run`](Self::run) and [`run_with_ledger`](Self::run_with_ledger); it
+    /// puts the ledger into `keep` if given one. The outcome is returned alone, not in a
+    /// tuple with the ledger: `run` would copy it out of the tuple right after it was
+    /// written (a store-forwarding stall on every call), and it needs no ledger of its own
+    /// (the report's is moved, not shared).
+    async fn call<T, E, F, Fut>(
+        &self,
+        scope: &Scope,
+        spec: ChildSpec,
+        mut op: F,
+        keep: Option<&mut Option<Arc<Ledger>>>,
+    ) -> Result<T, RetryError<E>>
     where
         C: Classify<E>,
         F: FnMut(Attempt) -> Fut,
@@ -402,7 +427,7 @@ where
         let mut call = Call::open(scope, spec, self.limits, self.budget.as_deref());
         if let Err(stop) = call.admit(false) {
             let ledger = call.refused(stop.clone());
-            return (Err(RetryError::new(stop, None, ledger.clone())), ledger);
+            return Err(RetryError::new(stop, None, kept(keep, ledger)));
         }
 
         // Made on the first retry only: a call that succeeds at once pays nothing for it.
@@ -423,7 +448,6 @@ where
                 }
             }
             let Started {
-                scope: attempt_scope,
                 dispatched,
                 index,
                 attempt,
@@ -431,10 +455,17 @@ where
                 Ok(started) => started,
                 Err(stop) => break stop,
             };
-            let out = attempt_scope.into_run(op(attempt)).await;
+            // The attempt runs on its ticket's handle, which comes back for the receipt.
+            let (out, dispatched) = dispatched.run(op(attempt)).await;
             let out = match out {
                 // The fast path of a success (often the first attempt): no hold, no verdict.
-                Ok(Ok(value)) => return (Ok(value), call.succeed(index, dispatched)),
+                Ok(Ok(value)) => {
+                    let ledger = call.succeed(index, dispatched, keep.is_some());
+                    if let Some(keep) = keep {
+                        *keep = ledger;
+                    }
+                    return Ok(value);
+                }
                 out => out,
             };
             let (verdict, error) =
@@ -444,7 +475,10 @@ where
             }
             let decision = match verdict {
                 // (Not reached: a success took the fast path above.)
-                Verdict::Success(value) => return (Ok(value), call.close(Stop::Succeeded)),
+                Verdict::Success(value) => {
+                    kept(keep, call.close(Stop::Succeeded));
+                    return Ok(value);
+                }
                 Verdict::Stop(stop) => break stop,
                 Verdict::Again(decision) => decision,
             };
@@ -473,8 +507,16 @@ where
             };
         };
         let ledger = call.close(stop.clone());
-        (Err(RetryError::new(stop, last, ledger.clone())), ledger)
+        Err(RetryError::new(stop, last, kept(keep, ledger)))
     }
+}
+
+/// Puts a copy of `ledger` into `keep`, if given one; returns `ledger`.
+fn kept(keep: Option<&mut Option<Arc<Ledger>>>, ledger: Arc<Ledger>) -> Arc<Ledger> {
+    if let Some(keep) = keep {
+        *keep = Some(ledger.clone());
+    }
+    ledger
 }
 
 impl<C, B: fmt::Debug> fmt::Debug for Retry<C, B> {

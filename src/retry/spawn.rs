@@ -38,15 +38,16 @@ impl<K, T: Send + 'static> InFlight<K, T> {
         self.tasks.is_empty()
     }
 
-    /// Runs `fut` in `scope` (already registered and dispatched there as `dispatched`).
+    /// Runs `fut` in the scope that `dispatched` is the ticket of.
     #[track_caller]
-    pub(crate) fn spawn<F>(&mut self, key: K, scope: Scope, dispatched: OwnTicket, fut: F)
+    pub(crate) fn spawn<F>(&mut self, key: K, dispatched: OwnTicket, fut: F)
     where
         F: Future<Output = T> + Send + 'static,
     {
-        let run = scope.run(fut);
+        let scope = dispatched.scope().clone();
+        let run = dispatched.run(fut);
         let handle = tokio::spawn(async move {
-            let out = run.await;
+            let (out, dispatched) = run.await;
             Finished { dispatched, out }
         });
         self.tasks.push((key, scope, handle));

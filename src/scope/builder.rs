@@ -42,9 +42,6 @@ pub struct ChildBuilder<'a> {
     min_useful: Duration,
     name: Option<std::sync::Arc<str>>,
     grace: Option<Duration>,
-    marked: bool,
-    /// The time the budget is computed from, if the caller has read the clock already.
-    now: Option<Instant>,
 }
 
 impl<'a> ChildBuilder<'a> {
@@ -58,8 +55,6 @@ impl<'a> ChildBuilder<'a> {
             min_useful: Duration::ZERO,
             name: None,
             grace: None,
-            marked: false,
-            now: None,
         }
     }
 
@@ -188,24 +183,6 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
-    /// Marks the child (and so every descendant) with the name of the ticket it is made with by
-    /// [`build_dispatched`](Self::build_dispatched), which is also its name, for
-    /// [`Scope::has_mark`]: the retry layer marks its attempts with the dependency name so that
-    /// a nested retry of the same dependency does not multiply the attempts.
-    #[inline]
-    pub(crate) fn mark_own(mut self) -> Self {
-        self.marked = true;
-        self
-    }
-
-    /// Computes the budget from `now` (a clock read the caller just made) instead of reading
-    /// the clock again.
-    #[inline]
-    pub(crate) fn at(mut self, now: Instant) -> Self {
-        self.now = Some(now);
-        self
-    }
-
     /// Creates the child.
     ///
     /// # Errors
@@ -239,8 +216,7 @@ impl<'a> ChildBuilder<'a> {
             && self.cap.is_none()
             && self.deadline.is_none()
             && self.name.is_none()
-            && self.grace.is_none()
-            && !self.marked;
+            && self.grace.is_none();
         if plain {
             // No budget to compute and nothing of its own: the child inherits everything. (A
             // separate function, so that the inlined check above is all a plain `build` costs
@@ -286,14 +262,12 @@ impl<'a> ChildBuilder<'a> {
             min_useful,
             name,
             grace,
-            marked,
-            now,
         } = self;
         let pext = &parent.node.ext;
         let bounded = pext.deadline.is_some() || cap.is_some() || deadline.is_some();
         let mut read_at = None;
         let deadline = if bounded {
-            let now = *read_at.insert(now.unwrap_or_else(Instant::now));
+            let now = *read_at.insert(Instant::now());
             let mut budget = ChildBudget::new().reserve(reserve).min_useful(min_useful);
             if let Some(c) = cap {
                 budget = budget.cap(c);
@@ -314,13 +288,44 @@ impl<'a> ChildBuilder<'a> {
             None
         };
         let tightens = ScopeExt::tightens(pext, deadline);
-        let ext = |_| ScopeExt::child_of(pext, deadline, name, grace, marked);
+        let ext = |_| ScopeExt::child_of(pext, deadline, name, grace, false);
         let node = match own {
             None => tree::new_child(&parent.node, ext),
             Some(spec) => tree::new_child_dispatched(&parent.node, spec, ext),
         }
         .map_err(Error::from)?;
         Ok(Scope::from_child_node(node, read_at.filter(|_| tightens)))
+    }
+
+    /// [`build_dispatched`](Self::build_dispatched) of a retry attempt: a child of `parent`,
+    /// named after `spec` and marked with it (one retry owner: a nested retry of the same
+    /// dependency does not multiply the attempts), with `budget` from `now`.
+    ///
+    /// The retry layer computed `budget` from `now` against the reserve and the minimum
+    /// useful budget already, so nothing is computed twice and no builder is assembled on
+    /// the path every attempt takes (passed on by value, one would be copied from the narrow
+    /// stores that made it: a store-forwarding stall).
+    #[track_caller]
+    #[inline(always)]
+    pub(crate) fn attempt(
+        parent: &Scope,
+        spec: &ChildSpec,
+        budget: Option<Duration>,
+        now: Instant,
+    ) -> Result<Scope, Error> {
+        if parent.node.state().is_closed() {
+            return Err(refused(parent));
+        }
+        let pext = &parent.node.ext;
+        // Never later than the parent, even if `now + budget` rounded (invariant 4).
+        let deadline = match (budget.map(|b| deadline_after(now, b)), pext.deadline) {
+            (Some(d), Some(p)) => Some(d.min(p)),
+            (d, p) => d.or(p),
+        };
+        let tightens = ScopeExt::tightens(pext, deadline);
+        let ext = |_| ScopeExt::child_of(pext, deadline, None, None, true);
+        let node = tree::new_child_dispatched(&parent.node, spec, ext).map_err(Error::from)?;
+        Ok(Scope::from_child_node(node, Some(now).filter(|_| tightens)))
     }
 }
 

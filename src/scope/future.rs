@@ -9,6 +9,7 @@ use pin_project_lite::pin_project;
 
 use super::{with_current, Scope};
 use crate::cause::Cause;
+use crate::child::OwnTicket;
 use crate::error::Error;
 use crate::tree::{self, Wait, WaiterKey};
 
@@ -106,20 +107,13 @@ pin_project! {
 
     impl<F: Future> PinnedDrop for Run<F> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(scope) = this.scope.as_ref() {
-                tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
-            }
-            let mut fut = this.fut;
-            if fut.is_some() {
-                // The work is dropped with the scope current, as it ran.
-                with_current(this.scope, || fut.set(None));
-            }
+            this.stop_work();
         }
     }
 }
 
 impl<F: Future> Run<F> {
+    #[inline(always)]
     pub(super) fn new(scope: Scope, fut: F) -> Self {
         Run {
             fut: Some(fut),
@@ -127,12 +121,25 @@ impl<F: Future> Run<F> {
             key: WaiterKey::default(),
         }
     }
-}
 
-impl<F: Future> Future for Run<F> {
-    type Output = Result<F::Output, Error>;
+    /// Leaves the cancel waiters and drops the work with the scope current, as it ran. The
+    /// scope's handle stays.
+    fn stop_work(self: Pin<&mut Self>) {
+        let this = self.project();
+        if let Some(scope) = this.scope.as_ref() {
+            tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
+        }
+        let mut fut = this.fut;
+        if fut.is_some() {
+            with_current(this.scope, || fut.set(None));
+        }
+    }
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// The poll of [`Run`], always inlined into [`OwnRun`]'s too: an output returned through
+    /// memory would be copied there right after it was written (a store-forwarding stall
+    /// per attempt).
+    #[inline(always)]
+    fn poll_work(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<F::Output, Error>> {
         let this = self.project();
         let Some(scope) = this.scope.as_ref() else {
             unreachable!("the scope is back after every poll");
@@ -160,11 +167,66 @@ impl<F: Future> Future for Run<F> {
     }
 }
 
+impl<F: Future> Future for Run<F> {
+    type Output = Result<F::Output, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.poll_work(cx)
+    }
+}
+
 impl<F: Future> fmt::Debug for Run<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run")
             .field("scope", &self.scope)
             .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// [`Run`] on the handle of an own ticket (see [`OwnTicket::run`]): yields the ticket back
+    /// with the outcome; dropped before that, it records the ticket's default receipt.
+    pub(crate) struct OwnRun<F: Future> {
+        #[pin]
+        run: Run<F>,
+    }
+
+    impl<F: Future> PinnedDrop for OwnRun<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut run = this.project().run;
+            if run.scope.is_some() {
+                // Not finished: the work stops first, then the ticket records its default
+                // receipt (invariant 6).
+                run.as_mut().stop_work();
+                if let Some(scope) = run.project().scope.take() {
+                    drop(OwnTicket::new(scope));
+                }
+            }
+        }
+    }
+}
+
+impl<F: Future> OwnRun<F> {
+    #[inline(always)]
+    pub(crate) fn new(scope: Scope, fut: F) -> Self {
+        OwnRun {
+            run: Run::new(scope, fut),
+        }
+    }
+}
+
+impl<F: Future> Future for OwnRun<F> {
+    type Output = (Result<F::Output, Error>, OwnTicket);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut run = self.project().run;
+        let out = std::task::ready!(run.as_mut().poll_work(cx));
+        // The work has stopped before the ticket goes back for its receipt (invariant 6).
+        run.as_mut().stop_work();
+        let Some(scope) = run.project().scope.take() else {
+            unreachable!("the scope is back after every poll");
+        };
+        Poll::Ready((out, OwnTicket::new(scope)))
     }
 }
 

@@ -17,6 +17,7 @@ mod future;
 mod timer;
 
 pub use builder::ChildBuilder;
+pub(crate) use future::OwnRun;
 pub use future::{Cancelled, OnCancel, Run};
 pub(crate) use timer::Timers;
 
@@ -637,12 +638,6 @@ impl Scope {
     /// ```
     pub fn run<F: Future>(&self, fut: F) -> Run<F> {
         Run::new(self.clone(), fut)
-    }
-
-    /// [`run`](Scope::run) with this handle moved into the future (one handle fewer to make
-    /// and drop).
-    pub(crate) fn into_run<F: Future>(self, fut: F) -> Run<F> {
-        Run::new(self, fut)
     }
 
     /// The scope of the running task, set by [`Scope::run`], [`Scope::spawn`] and the

@@ -1195,7 +1195,7 @@ pub(crate) fn record_receipt<X, R: Clone>(
     ran: bool,
     clock: impl Fn() -> u64,
 ) {
-    count_receipt(node, kind, record, ran, &clock);
+    count_receipt(node, kind, record.as_ref(), ran, &clock);
     if let Some(in_flight) = node.in_flight.get() {
         in_flight.unlist_ticket(cell.key());
     }
@@ -1208,10 +1208,10 @@ pub(crate) fn record_receipt<X, R: Clone>(
 pub(crate) fn record_own_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
-    record: Option<R>,
+    record: Option<&R>,
     clock: impl Fn() -> u64,
 ) {
-    end_own(node, OWN_DONE, kind, || record, &clock);
+    end_own(node, OWN_DONE, kind, record, &clock);
 }
 
 /// Ends `node`'s own ticket (see [`new_child_dispatched`]) as `to` (`OWN_DONE`: its owner's
@@ -1224,7 +1224,7 @@ fn end_own<X, R: Clone>(
     node: &Node<X, R>,
     to: u8,
     kind: Kind,
-    record: impl FnOnce() -> Option<R>,
+    record: Option<&R>,
     clock: &dyn Fn() -> u64,
 ) -> bool {
     // AcqRel: the winner of this CAS (the owner's or the quarantine's) is the one receipt.
@@ -1238,7 +1238,7 @@ fn end_own<X, R: Clone>(
     let Some(parent) = node.parent_node() else {
         unreachable!("a node that is a ticket has a parent");
     };
-    count_receipt(parent, kind, record(), true, clock);
+    count_receipt(parent, kind, record, true, clock);
     if node.state().is_cancelled() {
         node.counts
             .get_or_init()
@@ -1265,7 +1265,7 @@ pub(crate) fn own_info<X, R>(node: &Node<X, R>) -> Option<&R> {
 fn count_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
-    record: Option<R>,
+    record: Option<&R>,
     ran: bool,
     clock: &dyn Fn() -> u64,
 ) {
@@ -1286,11 +1286,11 @@ fn count_receipt<X, R: Clone>(
                     .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
             }
         }
-        if let Some(r) = &record {
+        if let Some(r) = record {
             let mut recs = cur.records.get_or_init().lock();
             match kind {
-                Kind::EffectUnknown => recs.effects.push(r.clone()),
-                Kind::Quarantined => recs.quarantined.push(r.clone()),
+                Kind::EffectUnknown => recs.effects.push(R::clone(r)),
+                Kind::Quarantined => recs.quarantined.push(R::clone(r)),
                 _ => {}
             }
         }
@@ -1355,7 +1355,7 @@ fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64) -> bool {
         child,
         OWN_QUARANTINED,
         Kind::Quarantined,
-        || Some(info.clone()),
+        Some(info),
         &|| stamp,
     )
 }
@@ -1372,7 +1372,7 @@ fn quarantine_in_flight<X, R: Clone>(
     for cell in cells {
         if let Some(was) = cell.finish_as(TicketState::Quarantined) {
             let ran = was == TicketState::Dispatched;
-            count_receipt(n, Kind::Quarantined, Some(cell.info()), ran, &|| stamp);
+            count_receipt(n, Kind::Quarantined, Some(&cell.info()), ran, &|| stamp);
             in_flight.unlist_ticket(cell.key());
             release_unit(n);
             count += 1;
@@ -1380,9 +1380,7 @@ fn quarantine_in_flight<X, R: Clone>(
     }
     // Tasks taken out of the list are decided: their late receipts find nothing (invariant 5).
     for _ in 0..tasks {
-        count_receipt(n, Kind::Quarantined, Some(task_info.clone()), true, &|| {
-            stamp
-        });
+        count_receipt(n, Kind::Quarantined, Some(task_info), true, &|| stamp);
         release_unit(n);
         count += 1;
     }
@@ -1393,9 +1391,27 @@ fn quarantine_in_flight<X, R: Clone>(
 #[derive(Debug, Default)]
 pub(crate) struct WaiterKey {
     slot: Option<usize>,
-    /// A copy of the waker in `slot`: a poll with a waker that `will_wake` the same task needs
-    /// no lock (the registered one is still in the list until the waking side drains it).
-    waker: Option<Waker>,
+    /// What identifies the waker in `slot` (see [`WakerId`]): a poll with a waker that is
+    /// the same needs no lock (the registered one is still in the list until the waking side
+    /// drains it).
+    waker: Option<WakerId>,
+}
+
+/// A waker's data and vtable addresses: equal for two wakers exactly when `will_wake` is
+/// true. Kept instead of a clone of the registered waker (no reference count taken and
+/// dropped per registration). It cannot name a reused address: the waker it was taken from
+/// stays alive in the node's list until the waking side drains the list, which it does only
+/// once the condition holds for good, and [`poll_wait`] checks the condition first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WakerId(usize, usize);
+
+impl WakerId {
+    fn of(waker: &Waker) -> WakerId {
+        WakerId(
+            waker.data().addr(),
+            std::ptr::from_ref(waker.vtable()).addr(),
+        )
+    }
 }
 
 /// Which waiter list.
@@ -1422,7 +1438,8 @@ pub(crate) fn poll_wait<X, R>(
         forget_waiter(node, which, key);
         return true;
     }
-    if key.slot.is_some() && key.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+    let id = WakerId::of(waker);
+    if key.slot.is_some() && key.waker == Some(id) {
         // Registered with an equivalent waker: the waking side will wake it.
         return false;
     }
@@ -1456,7 +1473,7 @@ pub(crate) fn poll_wait<X, R>(
     };
     drop(inner);
     drop(replaced);
-    key.waker = Some(waker.clone());
+    key.waker = Some(id);
     false
 }
 
