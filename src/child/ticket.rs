@@ -432,7 +432,7 @@ impl OwnTicket {
     /// it stopped before its receipt), and dropping the future before that records the
     /// ticket's default receipt after dropping the work.
     #[inline(always)]
-    pub(crate) fn run<F: std::future::Future>(mut self, fut: F) -> OwnRun<F> {
+    pub fn run<F: std::future::Future>(mut self, fut: F) -> OwnRun<F> {
         let Some(scope) = self.scope.take() else {
             unreachable!("an own ticket keeps its scope until its receipt");
         };

@@ -427,15 +427,17 @@ impl Scope {
     /// Waits for *stable quiescence* and reports it.
     ///
     /// Resolves once the watermark is closed (call [`close`](Scope::close) or cancel first),
-    /// every registered child of the subtree has a receipt, and every guard is released. After a
-    /// cancel, children still running when the grace period ends are quarantined (receipt
-    /// `Quarantined`, listed in the report, late outcome ignored). Once it resolves nothing of
-    /// this scope can start or commit, and the report never changes.
+    /// every registered child of the subtree has a receipt, every guard is released and every
+    /// body run with [`run`](Scope::run) has stopped. After a cancel, children still running
+    /// when the grace period ends are quarantined (receipt `Quarantined`, listed in the report,
+    /// late outcome ignored). Once it resolves nothing of this scope can start or commit, and
+    /// the report never changes.
     ///
-    /// The scope of a retry attempt or a fan-out branch holds that attempt or branch itself
-    /// (see [`Attempt::scope`](crate::retry::Attempt::scope)): awaited from inside the attempt,
-    /// its `quiesce` waits for the attempt, that is until the attempt's deadline (or forever).
-    /// Work an attempt spawns and must wait for goes into a child scope of it.
+    /// A body waits for itself: awaited inside [`run`](Scope::run) of this scope (or of a
+    /// descendant), inside a task spawned in it, or inside a retry attempt or fan-out branch
+    /// whose scope it is (see [`Attempt::scope`](crate::retry::Attempt::scope)), `quiesce`
+    /// resolves only once that body is stopped, by a cancel or the deadline. Work a body
+    /// starts and must wait for goes into a child scope, whose `quiesce` it can await.
     ///
     /// # Examples
     ///

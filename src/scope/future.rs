@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use super::{with_current, Scope};
+use super::{now_stamp, with_current, Scope};
 use crate::cause::Cause;
 use crate::child::OwnTicket;
 use crate::error::Error;
@@ -78,6 +78,9 @@ impl fmt::Debug for Cancelled {
 pin_project! {
     /// Runs a future with a scope current, stopping it on cancel. Returned by [`Scope::run`].
     ///
+    /// The future is the scope's body and holds it from quiet until it has stopped: see
+    /// [`Scope::run`].
+    ///
     /// # Cancel safety
     ///
     /// As cancel safe as the inner future.
@@ -95,7 +98,7 @@ pin_project! {
     /// ```
     #[must_use = "futures do nothing unless polled"]
     pub struct Run<F: Future> {
-        // The work; taken out (`None`) only by the drop below.
+        // The work; `None` once it has stopped (finished, stopped by the cancel, dropped).
         #[pin]
         fut: Option<F>,
         // The scope's handle: in the current-scope slot while the work is polled or dropped,
@@ -103,53 +106,100 @@ pin_project! {
         scope: Option<Scope>,
         // Its entry in the scope's cancel waiters, once a poll of the work was pending.
         key: WaiterKey,
+        // What the run holds of its scope.
+        hold: Hold,
     }
 
     impl<F: Future> PinnedDrop for Run<F> {
         fn drop(this: Pin<&mut Self>) {
-            this.stop_work();
+            this.stop();
         }
     }
 }
 
+/// What a [`Run`] holds of its scope.
+#[derive(Debug)]
+enum Hold {
+    /// A unit: the body is work of the scope, which is not quiet until the body has stopped.
+    Unit,
+    /// Nothing: the scope (or an ancestor, on the way up) was closed or cancelled when the run
+    /// was made, and refused it, for this reason.
+    Refused(tree::Refused),
+    /// Nothing of its own: the run of an own ticket (the ticket is the unit), or the unit was
+    /// given back.
+    Nothing,
+}
+
 impl<F: Future> Run<F> {
+    /// A body of `scope`: takes a unit of it (refused if it is closed).
     #[inline(always)]
     pub(super) fn new(scope: Scope, fut: F) -> Self {
+        let hold = match tree::take_unit(&scope.node) {
+            Ok(_) => Hold::Unit,
+            Err(refused) => Hold::Refused(refused),
+        };
+        Run::with_hold(scope, fut, hold)
+    }
+
+    #[inline(always)]
+    fn with_hold(scope: Scope, fut: F, hold: Hold) -> Self {
         Run {
             fut: Some(fut),
             scope: Some(scope),
             key: WaiterKey::default(),
+            hold,
         }
     }
 
-    /// Leaves the cancel waiters and drops the work with the scope current, as it ran. The
-    /// scope's handle stays.
-    fn stop_work(self: Pin<&mut Self>) {
+    /// Stops the body: leaves the cancel waiters, drops the work with the scope current (as it
+    /// ran), and only then gives back the run's unit, so that a scope seen quiet has no body
+    /// left that could still commit anything (invariant 6). The scope's handle stays.
+    fn stop(self: Pin<&mut Self>) {
         let this = self.project();
-        if let Some(scope) = this.scope.as_ref() {
-            tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
-        }
+        let Some(scope) = this.scope.as_ref() else {
+            return;
+        };
+        tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
         let mut fut = this.fut;
         if fut.is_some() {
             with_current(this.scope, || fut.set(None));
         }
+        if matches!(this.hold, Hold::Unit) {
+            *this.hold = Hold::Nothing;
+            if let Some(scope) = this.scope.as_ref() {
+                tree::release_guard(&scope.node, now_stamp);
+            }
+        }
     }
 
-    /// The poll of [`Run`], always inlined into [`OwnRun`]'s too: an output returned through
-    /// memory would be copied there right after it was written (a store-forwarding stall
-    /// per attempt).
+    /// The poll of [`Run`] (always inlined into [`OwnRun`]'s too: an output returned through
+    /// memory would be copied there right after it was written, a store-forwarding stall per
+    /// attempt). Once it is ready, the body has stopped.
     #[inline(always)]
-    fn poll_work(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<F::Output, Error>> {
+    fn poll_work(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<F::Output, Error>> {
+        let out = self.as_mut().poll_body(cx);
+        if out.is_ready() {
+            self.stop();
+        }
+        out
+    }
+
+    #[inline(always)]
+    fn poll_body(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<F::Output, Error>> {
         let this = self.project();
         let Some(scope) = this.scope.as_ref() else {
-            unreachable!("the scope is back after every poll");
+            panic!("`Run` polled after it completed");
         };
+        if let Hold::Refused(refused) = this.hold {
+            // No new work after close (or cancel): the body is never polled.
+            return Poll::Ready(Err(Error::from(refused.clone())));
+        }
         // A cancelled scope never polls its work again (invariant 2): one load decides.
         if scope.is_cancelled() {
             return Poll::Ready(Err(Error::cancelled(scope.cause_or_cancelled())));
         }
         let Some(fut) = this.fut.as_pin_mut() else {
-            unreachable!("the work is only taken by the drop");
+            panic!("`Run` polled after it completed");
         };
         if let Poll::Ready(out) = with_current(this.scope, || fut.poll(cx)) {
             return Poll::Ready(Ok(out));
@@ -186,7 +236,11 @@ impl<F: Future> fmt::Debug for Run<F> {
 pin_project! {
     /// [`Run`] on the handle of an own ticket (see [`OwnTicket::run`]): yields the ticket back
     /// with the outcome; dropped before that, it records the ticket's default receipt.
-    pub(crate) struct OwnRun<F: Future> {
+    ///
+    /// Public but hidden only for the floor bench (see [`OwnTicket`]).
+    #[doc(hidden)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct OwnRun<F: Future> {
         #[pin]
         run: Run<F>,
     }
@@ -197,7 +251,7 @@ pin_project! {
             if run.scope.is_some() {
                 // Not finished: the work stops first, then the ticket records its default
                 // receipt (invariant 6).
-                run.as_mut().stop_work();
+                run.as_mut().stop();
                 if let Some(scope) = run.project().scope.take() {
                     drop(OwnTicket::new(scope));
                 }
@@ -210,7 +264,8 @@ impl<F: Future> OwnRun<F> {
     #[inline(always)]
     pub(crate) fn new(scope: Scope, fut: F) -> Self {
         OwnRun {
-            run: Run::new(scope, fut),
+            // The ticket is the body's unit (its scope's first, taken when it was built).
+            run: Run::with_hold(scope, fut, Hold::Nothing),
         }
     }
 }
@@ -220,9 +275,9 @@ impl<F: Future> Future for OwnRun<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut run = self.project().run;
+        // Once ready, the work has stopped, before the ticket goes back for its receipt
+        // (invariant 6).
         let out = std::task::ready!(run.as_mut().poll_work(cx));
-        // The work has stopped before the ticket goes back for its receipt (invariant 6).
-        run.as_mut().stop_work();
         let Some(scope) = run.project().scope.take() else {
             unreachable!("the scope is back after every poll");
         };

@@ -526,8 +526,9 @@ impl Scope {
     }
 
     /// Closes the registration watermark of this scope and its descendants without cancelling:
-    /// running work goes on, new work (children, tasks, tickets, guards) is refused. This is
-    /// how a scope completes normally before [`quiesce`](Scope::quiesce).
+    /// running work goes on, new work (children, tasks, tickets, guards, bodies to
+    /// [`run`](Scope::run)) is refused. This is how a scope completes normally before
+    /// [`quiesce`](Scope::quiesce).
     ///
     /// # Examples
     ///
@@ -620,6 +621,18 @@ impl Scope {
     /// Returns `Err` with the cause if the scope is cancelled first (or already was: then `fut`
     /// is not polled at all). Dropping `fut` is how it is stopped, at its next `.await`.
     ///
+    /// `fut` is the scope's *body*, and work of the scope, as the body of a Trio cancel scope
+    /// is: from this call until it has stopped (finished, stopped by the cancel, or dropped
+    /// with the returned future) the scope is not quiet. So a body that
+    /// [`close`](Scope::close)s its scope and goes on is still stopped by a later cancel of an
+    /// ancestor or by the deadline, and once [`quiesce`](Scope::quiesce) has resolved no body
+    /// runs any more. Consequently:
+    ///
+    /// * a scope that is closed (or cancelled) when `run` is called refuses the body: the future
+    ///   yields [`Error::is_closed`](crate::Error::is_closed) (or the cancel) without polling it;
+    /// * a body must not await its own scope's `quiesce` (it would wait for itself until a
+    ///   cancel or the deadline stops it): work it must wait for goes into a child scope.
+    ///
     /// # Cancel safety
     ///
     /// As cancel safe as `fut`.
@@ -634,6 +647,15 @@ impl Scope {
     /// let s = Scope::with_timeout(Duration::from_millis(100));
     /// let v = s.run(async { Scope::current().remaining() }).await.unwrap();
     /// assert_eq!(v, Some(Duration::from_millis(100)));
+    ///
+    /// // A body that closed its scope is still stopped by the deadline.
+    /// let body = s.run(async {
+    ///     Scope::current().close();
+    ///     tokio::time::sleep(Duration::from_secs(60)).await;
+    /// });
+    /// assert!(body.await.unwrap_err().is_deadline_exceeded());
+    /// // And a closed scope takes no new body.
+    /// assert!(s.run(async {}).await.unwrap_err().is_cancelled());
     /// # }
     /// ```
     pub fn run<F: Future>(&self, fut: F) -> Run<F> {

@@ -1,0 +1,92 @@
+//! loom models of the body of `Scope::run`: it is work of its scope (it holds a unit of it), so
+//! the scope is not quiet while a body runs (DESIGN.md invariant 6: once quiet, nothing of the
+//! scope can still commit) and a cancel of an ancestor reaches a body that closed its own
+//! scope (invariant 1).
+#![cfg(loom)]
+
+use cancel_scope::{Cause, Lifecycle, Scope};
+use cancel_scope_loom_tests::model;
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Model 30: a body made and run on one thread while another closes the scope and waits for
+/// its quiet.
+///
+/// Invariant 6: a body made before the close has finished (its write is visible) when
+/// `quiesce` resolves; one made after it is refused (`is_closed`) and never polled. Without the
+/// body's unit, `quiesce` resolves while an accepted body has not run yet.
+#[test]
+fn run_body_racing_close_and_quiesce() {
+    model("run_body_racing_close_and_quiesce", || {
+        let scope = Scope::new();
+        let done = Arc::new(AtomicBool::new(false));
+        let body = {
+            let scope = scope.clone();
+            let done = done.clone();
+            thread::spawn(move || {
+                let run = scope.run(async move { done.store(true, Ordering::Release) });
+                match loom::future::block_on(run) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        assert!(e.is_closed() && !e.is_cancelled(), "{e}");
+                        false
+                    }
+                }
+            })
+        };
+        scope.close();
+        let report = loom::future::block_on(scope.quiesce());
+        let done_at_quiet = done.load(Ordering::Acquire);
+        let accepted = body.join().unwrap();
+        assert_eq!(report.state(), Lifecycle::Completed);
+        assert_eq!(
+            done_at_quiet, accepted,
+            "quiet while an accepted body had not finished"
+        );
+        assert_eq!(
+            done.load(Ordering::Acquire),
+            accepted,
+            "a refused body was polled"
+        );
+    });
+}
+
+/// Model 31: a body closes its own scope and then waits for the scope's cancel, while another
+/// thread cancels the parent.
+///
+/// Invariant 1 with invariant 6: the scope is not quiet while its body runs, so the parent's
+/// cancel walk reaches it and the body is woken (loom reports a deadlock otherwise: a quiet
+/// scope is passed by the walk).
+#[test]
+fn closed_body_reached_by_parent_cancel() {
+    model("closed_body_reached_by_parent_cancel", || {
+        let parent = Scope::new();
+        let scope = parent.child().build().unwrap();
+        let body = {
+            let scope = scope.clone();
+            thread::spawn(move || {
+                let inner = scope.clone();
+                let run = scope.run(async move {
+                    inner.close();
+                    inner.cancelled().await;
+                });
+                loom::future::block_on(run)
+            })
+        };
+        parent.cancel_because(Cause::ClientGone);
+        let out = body.join().unwrap();
+        // Stopped by the run (cancel seen before or after its poll) or by the body's own wait.
+        if let Err(e) = out {
+            assert_eq!(e.cause().map(Cause::origin), Some(&Cause::ClientGone));
+        }
+        assert_eq!(
+            scope.cause().as_ref().map(Cause::origin),
+            Some(&Cause::ClientGone)
+        );
+        assert_eq!(
+            loom::future::block_on(scope.quiesce()).state(),
+            Lifecycle::CancelledStable
+        );
+    });
+}
