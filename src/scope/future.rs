@@ -112,7 +112,7 @@ pin_project! {
 
     impl<F: Future> PinnedDrop for Run<F> {
         fn drop(this: Pin<&mut Self>) {
-            this.stop();
+            this.stop(false);
         }
     }
 }
@@ -153,23 +153,29 @@ impl<F: Future> Run<F> {
 
     /// Stops the body: leaves the cancel waiters, drops the work with the scope current (as it
     /// ran), and only then gives back the run's unit, so that a scope seen quiet has no body
-    /// left that could still commit anything (invariant 6). The scope's handle stays.
-    fn stop(self: Pin<&mut Self>) {
+    /// left that could still commit anything (invariant 6). `own`: also records the default
+    /// receipt of the own ticket whose scope this is, and takes the scope's handle for it;
+    /// otherwise the handle stays.
+    ///
+    /// What the run holds is given back also if dropping the work panics: the work is gone
+    /// then too, and a unit (or an own ticket) kept would keep the scope (or its parent) from
+    /// quiet for good, out of reach of a quarantine (invariant 5).
+    fn stop(self: Pin<&mut Self>, own: bool) {
         let this = self.project();
         let Some(scope) = this.scope.as_ref() else {
             return;
         };
         tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
+        let back = GiveBack {
+            scope: this.scope,
+            hold: this.hold,
+            own,
+        };
         let mut fut = this.fut;
         if fut.is_some() {
-            with_current(this.scope, || fut.set(None));
+            with_current(&mut *back.scope, || fut.set(None));
         }
-        if matches!(this.hold, Hold::Unit) {
-            *this.hold = Hold::Nothing;
-            if let Some(scope) = this.scope.as_ref() {
-                tree::release_guard(&scope.node, now_stamp);
-            }
-        }
+        drop(back);
     }
 
     /// The poll of [`Run`] (always inlined into [`OwnRun`]'s too: an output returned through
@@ -179,7 +185,7 @@ impl<F: Future> Run<F> {
     fn poll_work(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<F::Output, Error>> {
         let out = self.as_mut().poll_body(cx);
         if out.is_ready() {
-            self.stop();
+            self.stop(false);
         }
         out
     }
@@ -225,6 +231,30 @@ impl<F: Future> Future for Run<F> {
     }
 }
 
+/// What a stopping [`Run`] gives back once its work is dropped (see [`Run::stop`]), in a drop
+/// of its own so that a panic of the work's drop gives it back too.
+struct GiveBack<'a> {
+    scope: &'a mut Option<Scope>,
+    hold: &'a mut Hold,
+    own: bool,
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if matches!(self.hold, Hold::Unit) {
+            *self.hold = Hold::Nothing;
+            if let Some(scope) = self.scope.as_ref() {
+                tree::release_guard(&scope.node, now_stamp);
+            }
+        }
+        if self.own {
+            if let Some(scope) = self.scope.take() {
+                drop(OwnTicket::new(scope));
+            }
+        }
+    }
+}
+
 impl<F: Future> fmt::Debug for Run<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run")
@@ -247,15 +277,10 @@ pin_project! {
 
     impl<F: Future> PinnedDrop for OwnRun<F> {
         fn drop(this: Pin<&mut Self>) {
-            let mut run = this.project().run;
-            if run.scope.is_some() {
-                // Not finished: the work stops first, then the ticket records its default
-                // receipt (invariant 6).
-                run.as_mut().stop();
-                if let Some(scope) = run.project().scope.take() {
-                    drop(OwnTicket::new(scope));
-                }
-            }
+            let run = this.project().run;
+            // Not finished (the scope is still here): the work stops first, then the ticket
+            // records its default receipt (invariant 6).
+            run.stop(true);
         }
     }
 }
