@@ -1399,9 +1399,11 @@ pub(crate) struct WaiterKey {
 
 /// A waker's data and vtable addresses: equal for two wakers exactly when `will_wake` is
 /// true. Kept instead of a clone of the registered waker (no reference count taken and
-/// dropped per registration). It cannot name a reused address: the waker it was taken from
-/// stays alive in the node's list until the waking side drains the list, which it does only
-/// once the condition holds for good, and [`poll_wait`] checks the condition first.
+/// dropped per registration). It cannot name a reused address: it is taken from the clone
+/// in the node's list (not from the waker it was cloned from, which may be gone, its address
+/// reused by another waker, when its clone is a new object), which stays alive there until
+/// the waking side drains the list, which it does only once the condition holds for good,
+/// and [`poll_wait`] checks the condition first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WakerId(usize, usize);
 
@@ -1438,8 +1440,7 @@ pub(crate) fn poll_wait<X, R>(
         forget_waiter(node, which, key);
         return true;
     }
-    let id = WakerId::of(waker);
-    if key.slot.is_some() && key.waker == Some(id) {
+    if key.slot.is_some() && key.waker == Some(WakerId::of(waker)) {
         // Registered with an equivalent waker: the waking side will wake it.
         return false;
     }
@@ -1456,18 +1457,23 @@ pub(crate) fn poll_wait<X, R>(
         key.waker = None;
         return true;
     }
+    // The identity of the clone that goes into the list, not of `waker`: only the clone is
+    // kept alive there (a waker whose clone is a new object, e.g. one borrowed from a slot
+    // that is reused, would otherwise be named by an address that another waker can take).
+    let kept = waker.clone();
+    let id = WakerId::of(&kept);
     let replaced = match key.slot {
-        Some(INLINE) => inner.first_waiter.replace(waker.clone()),
+        Some(INLINE) => inner.first_waiter.replace(kept),
         Some(k) => waiters(&mut inner, which)
             .get_mut(k)
-            .map(|w| std::mem::replace(w, waker.clone())),
+            .map(|w| std::mem::replace(w, kept)),
         None if matches!(which, Wait::Cancel) && inner.first_waiter.is_none() => {
-            inner.first_waiter = Some(waker.clone());
+            inner.first_waiter = Some(kept);
             key.slot = Some(INLINE);
             None
         }
         None => {
-            key.slot = Some(waiters(&mut inner, which).insert(waker.clone()));
+            key.slot = Some(waiters(&mut inner, which).insert(kept));
             None
         }
     };
