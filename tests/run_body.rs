@@ -2,7 +2,7 @@
 //! as a spawned task or a retry attempt is): the scope is not quiet while a body runs, so a
 //! body that closed its own scope is still reached by a later cancel or deadline, and once
 //! `quiesce` has resolved no body of the scope is running (invariant 6). A closed scope
-//! accepts no new body.
+//! accepts a new body only from work it still has.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -131,4 +131,33 @@ async fn a_body_made_before_close_runs_after_it() {
     s.close();
     assert_eq!(run.await.unwrap(), 7);
     assert_eq!(s.lifecycle(), Lifecycle::Completed);
+}
+
+/// A task spawned before the close is work the scope still has: a body it runs after the
+/// close (an outgoing call made with the scope current, say) is part of that work, accepted,
+/// waited for and stopped by the cancel. Once the scope is quiet, a body is refused.
+#[tokio::test(start_paused = true)]
+async fn work_still_running_in_a_closed_scope_can_run_a_body_in_it() {
+    let s = Scope::with_timeout(Duration::from_secs(1));
+    let task = s
+        .spawn(async {
+            tokio::time::sleep(10 * MS).await;
+            // After the close below: the scope still has this task.
+            Scope::current()
+                .run(tokio::time::sleep(Duration::from_secs(3600)))
+                .await
+        })
+        .unwrap();
+    s.close();
+    let start = tokio::time::Instant::now();
+    let report = s.quiesce().await;
+    // Accepted: the body ran until the deadline stopped it (and its task), and quiesce waited
+    // for it. (Refused, it would have ended the task at 10 ms with `is_closed`.)
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert!(task.await.unwrap_err().is_deadline_exceeded());
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+
+    let quiet = Scope::new();
+    quiet.close();
+    assert!(quiet.run(async {}).await.unwrap_err().is_closed());
 }

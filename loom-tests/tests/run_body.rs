@@ -14,8 +14,9 @@ use loom::thread;
 /// its quiet.
 ///
 /// Invariant 6: a body made before the close has finished (its write is visible) when
-/// `quiesce` resolves; one made after it is refused (`is_closed`) and never polled. Without the
-/// body's unit, `quiesce` resolves while an accepted body has not run yet.
+/// `quiesce` resolves; one made after it (the scope then closed and quiet: it has no other
+/// work) is refused (`is_closed`) and never polled. Without the body's unit, `quiesce`
+/// resolves while an accepted body has not run yet.
 #[test]
 fn run_body_racing_close_and_quiesce() {
     model("run_body_racing_close_and_quiesce", || {
@@ -89,4 +90,46 @@ fn closed_body_reached_by_parent_cancel() {
             Lifecycle::CancelledStable
         );
     });
+}
+
+/// Model 32: a closed scope whose last work (a guard) is released, and the scope then
+/// quiesced, on one thread while another makes a body in it (work of that scope running after
+/// the close, as a task would).
+///
+/// Invariant 6: the body is accepted only while the scope still has work (its unit taken
+/// before the guard's release made the scope quiet), and then `quiesce` waits for it; otherwise
+/// it is refused and never polled. A quiet scope never takes a unit again.
+#[test]
+fn body_made_while_the_last_work_of_a_closed_scope_ends() {
+    model(
+        "body_made_while_the_last_work_of_a_closed_scope_ends",
+        || {
+            let scope = Scope::new();
+            let guard = scope.tether(()).unwrap();
+            scope.close();
+            let done = Arc::new(AtomicBool::new(false));
+            let body = {
+                let scope = scope.clone();
+                let done = done.clone();
+                thread::spawn(move || {
+                    let run = scope.run(async move { done.store(true, Ordering::Release) });
+                    loom::future::block_on(run).is_ok()
+                })
+            };
+            drop(guard);
+            let report = loom::future::block_on(scope.quiesce());
+            let done_at_quiet = done.load(Ordering::Acquire);
+            let accepted = body.join().unwrap();
+            assert_eq!(report.state(), Lifecycle::Completed);
+            assert_eq!(
+                done_at_quiet, accepted,
+                "quiet while an accepted body had not finished"
+            );
+            assert_eq!(
+                done.load(Ordering::Acquire),
+                accepted,
+                "a refused body was polled"
+            );
+        },
+    );
 }

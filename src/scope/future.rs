@@ -122,8 +122,8 @@ pin_project! {
 enum Hold {
     /// A unit: the body is work of the scope, which is not quiet until the body has stopped.
     Unit,
-    /// Nothing: the scope (or an ancestor, on the way up) was closed or cancelled when the run
-    /// was made, and refused it, for this reason.
+    /// Nothing: the scope (or an ancestor, on the way up) refused the body when the run was
+    /// made (cancelled, or closed and quiet), for this reason.
     Refused(tree::Refused),
     /// Nothing of its own: the run of an own ticket (the ticket is the unit), or the unit was
     /// given back.
@@ -131,10 +131,10 @@ enum Hold {
 }
 
 impl<F: Future> Run<F> {
-    /// A body of `scope`: takes a unit of it (refused if it is closed).
+    /// A body of `scope`: takes a unit of it (see [`Scope::run`] for when it is refused).
     #[inline(always)]
     pub(super) fn new(scope: Scope, fut: F) -> Self {
-        let hold = match tree::take_unit(&scope.node) {
+        let hold = match tree::take_unit_while_busy(&scope.node, true) {
             Ok(_) => Hold::Unit,
             Err(refused) => Hold::Refused(refused),
         };

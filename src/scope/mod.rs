@@ -526,9 +526,9 @@ impl Scope {
     }
 
     /// Closes the registration watermark of this scope and its descendants without cancelling:
-    /// running work goes on, new work (children, tasks, tickets, guards, bodies to
-    /// [`run`](Scope::run)) is refused. This is how a scope completes normally before
-    /// [`quiesce`](Scope::quiesce).
+    /// running work goes on, new work (children, tasks, tickets, guards) is refused, and so is
+    /// a body to [`run`](Scope::run) once the scope has no work left. This is how a scope
+    /// completes normally before [`quiesce`](Scope::quiesce).
     ///
     /// # Examples
     ///
@@ -628,8 +628,13 @@ impl Scope {
     /// ancestor or by the deadline, and once [`quiesce`](Scope::quiesce) has resolved no body
     /// runs any more. Consequently:
     ///
-    /// * a scope that is closed (or cancelled) when `run` is called refuses the body: the future
-    ///   yields [`Error::is_closed`](crate::Error::is_closed) (or the cancel) without polling it;
+    /// * a scope that is cancelled, or closed and quiet, when `run` is called refuses the body:
+    ///   the future yields the cancel (or [`Error::is_closed`](crate::Error::is_closed))
+    ///   without polling it. A closed scope that still has work (a task spawned before the
+    ///   close, a body) accepts a body made by that work: it is part of work the scope
+    ///   already has;
+    /// * as a guard, a body is waited for, not quarantined: a `Run` kept but no longer polled
+    ///   keeps its scope from quiet until it is dropped;
     /// * a body must not await its own scope's `quiesce` (it would wait for itself until a
     ///   cancel or the deadline stops it): work it must wait for goes into a child scope.
     ///

@@ -1167,12 +1167,26 @@ pub(crate) fn register_shielded<X, R>(
     node: &Node<X, R>,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Result<Arc<TicketCell<R>>, Refused> {
+    let generation = take_unit_while_busy(node, false)?;
+    Ok(list_in_flight(node, generation, make))
+}
+
+/// Takes a unit of `node` as [`take_unit`] does while its watermark is open; once it is closed,
+/// only while the node is not quiet (it has units: work it already has is still running, and
+/// the new unit is part of that work), and not at all once it is cancelled if
+/// `refuse_cancelled`. Taking a unit where there are units already needs no parent unit and
+/// cannot break a quiescence that has not been reached (invariant 6). Returns the generation
+/// the unit was taken in.
+pub(crate) fn take_unit_while_busy<X, R>(
+    node: &Node<X, R>,
+    refuse_cancelled: bool,
+) -> Result<u64, Refused> {
     loop {
         let s = node.state();
         if !s.is_closed() {
-            return register(node, make);
+            return take_unit(node);
         }
-        if s.active() == 0 || s.active() == ACTIVE_MASK {
+        if (refuse_cancelled && s.is_cancelled()) || s.active() == 0 || s.active() == ACTIVE_MASK {
             return Err(refusal(node, s));
         }
         if node
@@ -1180,7 +1194,7 @@ pub(crate) fn register_shielded<X, R>(
             .compare_exchange(s.0, s.0 + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            return Ok(list_in_flight(node, s.generation(), make));
+            return Ok(s.generation());
         }
     }
 }
