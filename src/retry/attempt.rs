@@ -576,7 +576,7 @@ impl<'s> Call<'s> {
         }
         // Nothing else to settle (a first attempt): the same steps as `close_at`, without
         // moving the call apart.
-        ledger.finish(Stop::Succeeded, now);
+        ledger.succeeded(now);
         let ledger = self.ledger.0;
         let kept = keep.then(|| ledger.clone());
         self.scope.add_note(Note::new(ledger));

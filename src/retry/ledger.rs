@@ -326,6 +326,13 @@ impl Ledger {
         self.stop = Some(stop);
     }
 
+    /// [`finish`](Self::finish) with [`Stop::Succeeded`], for the fast path of a call: no
+    /// `Stop` passed through memory right after it was written (a store-forwarding stall).
+    pub(crate) fn succeeded(&mut self, at: Instant) {
+        self.elapsed = at.saturating_duration_since(self.began);
+        self.stop = Some(Stop::Succeeded);
+    }
+
     /// The dependency (the name of the child spec the attempts were registered with).
     ///
     /// # Examples
