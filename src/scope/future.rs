@@ -197,7 +197,7 @@ impl<F: Future> Run<F> {
             panic!("`Run` polled after it completed");
         };
         if let Hold::Refused(refused) = this.hold {
-            // No new work after close (or cancel): the body is never polled.
+            // Refused (the scope cancelled, or closed with no work left): never polled.
             return Poll::Ready(Err(Error::from(refused.clone())));
         }
         // A cancelled scope never polls its work again (invariant 2): one load decides.
