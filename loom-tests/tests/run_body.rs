@@ -4,11 +4,41 @@
 //! scope (invariant 1).
 #![cfg(loom)]
 
-use cancel_scope::{Cause, Lifecycle, Scope};
+use cancel_scope::{Cause, Error, Lifecycle, Scope};
 use cancel_scope_loom_tests::model;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
+
+/// A body of `scope`, made and run on another thread, that sets the returned flag when it
+/// runs; the thread yields what its `Run` yielded.
+fn spawn_body(scope: &Scope) -> (Arc<AtomicBool>, thread::JoinHandle<Result<(), Error>>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let scope = scope.clone();
+    let flag = done.clone();
+    let body = thread::spawn(move || {
+        loom::future::block_on(scope.run(async move { flag.store(true, Ordering::Release) }))
+    });
+    (done, body)
+}
+
+/// Waits for `scope`'s quiet and checks it against the body (invariant 6): `accepted`, the
+/// body had finished when `quiesce` resolved; refused, it never ran.
+fn check_quiet_after_body(scope: &Scope, done: &AtomicBool, accepted: impl FnOnce() -> bool) {
+    let report = loom::future::block_on(scope.quiesce());
+    let done_at_quiet = done.load(Ordering::Acquire);
+    let accepted = accepted();
+    assert_eq!(report.state(), Lifecycle::Completed);
+    assert_eq!(
+        done_at_quiet, accepted,
+        "quiet while an accepted body had not finished"
+    );
+    assert_eq!(
+        done.load(Ordering::Acquire),
+        accepted,
+        "a refused body was polled"
+    );
+}
 
 /// Model 30: a body made and run on one thread while another closes the scope and waits for
 /// its quiet.
@@ -21,35 +51,15 @@ use loom::thread;
 fn run_body_racing_close_and_quiesce() {
     model("run_body_racing_close_and_quiesce", || {
         let scope = Scope::new();
-        let done = Arc::new(AtomicBool::new(false));
-        let body = {
-            let scope = scope.clone();
-            let done = done.clone();
-            thread::spawn(move || {
-                let run = scope.run(async move { done.store(true, Ordering::Release) });
-                match loom::future::block_on(run) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        assert!(e.is_closed() && !e.is_cancelled(), "{e}");
-                        false
-                    }
-                }
-            })
-        };
+        let (done, body) = spawn_body(&scope);
         scope.close();
-        let report = loom::future::block_on(scope.quiesce());
-        let done_at_quiet = done.load(Ordering::Acquire);
-        let accepted = body.join().unwrap();
-        assert_eq!(report.state(), Lifecycle::Completed);
-        assert_eq!(
-            done_at_quiet, accepted,
-            "quiet while an accepted body had not finished"
-        );
-        assert_eq!(
-            done.load(Ordering::Acquire),
-            accepted,
-            "a refused body was polled"
-        );
+        check_quiet_after_body(&scope, &done, || match body.join().unwrap() {
+            Ok(()) => true,
+            Err(e) => {
+                assert!(e.is_closed() && !e.is_cancelled(), "{e}");
+                false
+            }
+        });
     });
 }
 
@@ -107,29 +117,9 @@ fn body_made_while_the_last_work_of_a_closed_scope_ends() {
             let scope = Scope::new();
             let guard = scope.tether(()).unwrap();
             scope.close();
-            let done = Arc::new(AtomicBool::new(false));
-            let body = {
-                let scope = scope.clone();
-                let done = done.clone();
-                thread::spawn(move || {
-                    let run = scope.run(async move { done.store(true, Ordering::Release) });
-                    loom::future::block_on(run).is_ok()
-                })
-            };
+            let (done, body) = spawn_body(&scope);
             drop(guard);
-            let report = loom::future::block_on(scope.quiesce());
-            let done_at_quiet = done.load(Ordering::Acquire);
-            let accepted = body.join().unwrap();
-            assert_eq!(report.state(), Lifecycle::Completed);
-            assert_eq!(
-                done_at_quiet, accepted,
-                "quiet while an accepted body had not finished"
-            );
-            assert_eq!(
-                done.load(Ordering::Acquire),
-                accepted,
-                "a refused body was polled"
-            );
+            check_quiet_after_body(&scope, &done, || body.join().unwrap().is_ok());
         },
     );
 }

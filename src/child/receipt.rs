@@ -314,8 +314,33 @@ impl ChildSpec {
         self.record.as_ref()
     }
 
-    pub(crate) fn replace_record(&mut self, record: EffectRecord) {
-        self.record = Some(record);
+    /// What `receipt`, given to a child with this spec, lists in its scope's report: the child,
+    /// with the record of its unknown effect, for `EffectUnknown`; the child as it is for
+    /// `Quarantined` (whether given by the scope's quarantine or by the child's owner, and
+    /// counted as an unknown effect when the child may have had one); nothing otherwise.
+    pub(crate) fn listed_by(&self, receipt: &Receipt) -> Option<ChildSpec> {
+        match receipt {
+            Receipt::EffectUnknown(rec) => {
+                let mut spec = self.clone();
+                spec.record = Some(rec.clone());
+                Some(spec)
+            }
+            Receipt::Quarantined => Some(self.clone()),
+            _ => None,
+        }
+    }
+
+    /// The receipt of a child with this spec that ends without one (its ticket dropped):
+    /// `EffectUnknown` if it was dispatched and may have had an effect, `Failed` while
+    /// unwinding, `Cancelled` otherwise.
+    pub(crate) fn default_receipt(&self, dispatched: bool) -> Receipt {
+        match self.effect_record() {
+            Some(rec) if dispatched && self.effect().may_have_effect() => {
+                Receipt::EffectUnknown(rec.clone())
+            }
+            _ if std::thread::panicking() => Receipt::Failed,
+            _ => Receipt::Cancelled,
+        }
     }
 
     pub(crate) fn set_provider_handle(&mut self, handle: Arc<str>) {

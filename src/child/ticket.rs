@@ -66,30 +66,16 @@ impl Inner {
         let Some(was) = self.cell.finish_as(TicketState::Done) else {
             return;
         };
-        let kind = receipt.kind();
-        let record = match receipt {
-            Receipt::EffectUnknown(rec) => {
-                let mut spec = self.spec.clone();
-                spec.replace_record(rec);
-                Some(spec)
-            }
-            // Listed like a quarantine decided by the scope (and counted as an unknown effect
-            // when the child may have had one).
-            Receipt::Quarantined => Some(self.spec.clone()),
-            _ => None,
-        };
+        let record = self.spec.listed_by(&receipt);
         let ran = was == TicketState::Dispatched;
-        tree::record_receipt(&self.scope.node, &self.cell, kind, record, ran, now_stamp);
-    }
-
-    fn default_receipt(&self) -> Receipt {
-        match (self.cell.state(), self.spec.effect_record()) {
-            (TicketState::Dispatched, Some(rec)) if self.spec.effect().may_have_effect() => {
-                Receipt::EffectUnknown(rec.clone())
-            }
-            _ if std::thread::panicking() => Receipt::Failed,
-            _ => Receipt::Cancelled,
-        }
+        tree::record_receipt(
+            &self.scope.node,
+            &self.cell,
+            receipt.kind(),
+            record,
+            ran,
+            now_stamp,
+        );
     }
 }
 
@@ -99,7 +85,8 @@ impl Drop for Inner {
             self.cell.state(),
             TicketState::Prepared | TicketState::Dispatched
         ) {
-            let receipt = self.default_receipt();
+            let dispatched = self.cell.state() == TicketState::Dispatched;
+            let receipt = self.spec.default_receipt(dispatched);
             self.finish(receipt);
         }
     }
@@ -421,10 +408,7 @@ impl OwnTicket {
 
     /// What was dispatched.
     pub(crate) fn spec(&self) -> &ChildSpec {
-        let Some(spec) = tree::own_info(&self.scope().node) else {
-            unreachable!("an own ticket's scope was built dispatched");
-        };
-        spec
+        own_spec(self.scope())
     }
 
     /// Runs `fut` in the ticket's scope, as [`Scope::run`] does, on the ticket's own handle:
@@ -457,42 +441,28 @@ impl OwnTicket {
     }
 }
 
-/// Records the receipt of `scope`'s own ticket unless a quarantine got there first.
+/// What `scope`, made by `build_dispatched`, was dispatched as.
+fn own_spec(scope: &Scope) -> &ChildSpec {
+    let Some(spec) = tree::own_info(&scope.node) else {
+        unreachable!("an own ticket's scope was built dispatched");
+    };
+    spec
+}
+
+/// Records the receipt of `scope`'s own ticket unless a quarantine got there first. By
+/// reference: a receipt passed on by value is copied right after its tag was written (a
+/// store-forwarding stall on every attempt's end).
 fn record_own(scope: &Scope, receipt: &Receipt) {
-    // By reference: a receipt passed on by value is copied right after its tag was written
-    // (a store-forwarding stall on every attempt's end).
-    let spec = || {
-        let Some(spec) = tree::own_info(&scope.node) else {
-            unreachable!("an own ticket's scope was built dispatched");
-        };
-        spec.clone()
-    };
-    let record = match receipt {
-        Receipt::EffectUnknown(rec) => {
-            let mut spec = spec();
-            spec.replace_record(rec.clone());
-            Some(spec)
-        }
-        Receipt::Quarantined => Some(spec()),
-        _ => None,
-    };
+    let record = own_spec(scope).listed_by(receipt);
     tree::record_own_receipt(&scope.node, receipt.kind(), record.as_ref(), now_stamp);
 }
 
 impl Drop for OwnTicket {
     fn drop(&mut self) {
-        let Some(scope) = self.scope.take() else {
-            return;
-        };
-        let Some(spec) = tree::own_info(&scope.node) else {
-            unreachable!("an own ticket's scope was built dispatched");
-        };
-        let receipt = match spec.effect_record() {
-            Some(rec) if spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
-            _ if std::thread::panicking() => Receipt::Failed,
-            _ => Receipt::Cancelled,
-        };
-        record_own(&scope, &receipt);
+        if let Some(scope) = self.scope.take() {
+            // Always dispatched: it was built so.
+            record_own(&scope, &own_spec(&scope).default_receipt(true));
+        }
     }
 }
 

@@ -351,7 +351,7 @@ impl<'s> Call<'s> {
     }
 
     /// Ends a call that [`admit`](Self::admit) refused, without attaching its ledger.
-    pub(crate) fn refused(self, stop: Stop) -> Arc<Ledger> {
+    pub(crate) fn refused(self, stop: &Stop) -> Arc<Ledger> {
         let mut ledger = self.ledger;
         let began = ledger.began;
         ledger.get().finish(stop, began);
@@ -571,12 +571,12 @@ impl<'s> Call<'s> {
         let ledger = self.ledger.get();
         ledger.end(index, AttemptEnd::Succeeded, now);
         if self.hold.is_some() || !self.parked.is_empty() || !self.held_back.is_empty() {
-            let ledger = self.close_at(Stop::Succeeded, now, Some(dispatched));
+            let ledger = self.close_at(&Stop::Succeeded, now, Some(dispatched));
             return keep.then_some(ledger);
         }
         // Nothing else to settle (a first attempt): the same steps as `close_at`, without
         // moving the call apart.
-        ledger.succeeded(now);
+        ledger.finish(&Stop::Succeeded, now);
         let ledger = self.ledger.0;
         let kept = keep.then(|| ledger.clone());
         self.scope.add_note(Note::new(ledger));
@@ -587,12 +587,12 @@ impl<'s> Call<'s> {
     /// Ends the call: finishes the ledger, attaches it to the scope's report and only then
     /// gives the receipts that waited for it (parked and held-back attempts) and releases the
     /// hold.
-    pub(crate) fn close(self, stop: Stop) -> Arc<Ledger> {
+    pub(crate) fn close(self, stop: &Stop) -> Arc<Ledger> {
         self.close_at(stop, Instant::now(), None)
     }
 
     #[inline]
-    fn close_at(self, stop: Stop, at: Instant, winner: Option<OwnTicket>) -> Arc<Ledger> {
+    fn close_at(self, stop: &Stop, at: Instant, winner: Option<OwnTicket>) -> Arc<Ledger> {
         let Call {
             scope,
             mut ledger,
@@ -601,7 +601,7 @@ impl<'s> Call<'s> {
             mut hold,
             ..
         } = self;
-        let success = stop == Stop::Succeeded;
+        let success = *stop == Stop::Succeeded;
         ledger.get().finish(stop, at);
         let ledger = ledger.0;
         let ticket_held = winner.is_some() || !parked.is_empty() || !held_back.is_empty();

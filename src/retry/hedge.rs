@@ -329,7 +329,7 @@ impl<C, B> Hedge<C, B> {
         };
         let mut call = Call::open(scope, spec, limits, policy.budget.as_deref());
         if let Err(stop) = call.admit(true) {
-            let ledger = call.refused(stop.clone());
+            let ledger = call.refused(&stop);
             return (Err(RetryError::new(stop, None, ledger.clone())), ledger);
         }
 
@@ -424,7 +424,7 @@ impl<C, B> Hedge<C, B> {
                     .end(index, AttemptEnd::Panicked, Instant::now()),
             }
         }
-        let ledger = call.close(stop.clone());
+        let ledger = call.close(&stop);
         match winner {
             Some(value) => (Ok(value), ledger),
             None => (Err(RetryError::new(stop, last, ledger.clone())), ledger),

@@ -321,16 +321,12 @@ impl Ledger {
         }
     }
 
-    pub(crate) fn finish(&mut self, stop: Stop, at: Instant) {
+    /// Ends the ledger at `at` with `stop`. By reference: a `Stop` passed by value is copied
+    /// right after the caller wrote it (a store-forwarding stall on every successful call);
+    /// `&Stop::Succeeded` is a constant.
+    pub(crate) fn finish(&mut self, stop: &Stop, at: Instant) {
         self.elapsed = at.saturating_duration_since(self.began);
-        self.stop = Some(stop);
-    }
-
-    /// [`finish`](Self::finish) with [`Stop::Succeeded`], for the fast path of a call: no
-    /// `Stop` passed through memory right after it was written (a store-forwarding stall).
-    pub(crate) fn succeeded(&mut self, at: Instant) {
-        self.elapsed = at.saturating_duration_since(self.began);
-        self.stop = Some(Stop::Succeeded);
+        self.stop = Some(stop.clone());
     }
 
     /// The dependency (the name of the child spec the attempts were registered with).

@@ -426,7 +426,7 @@ where
     {
         let mut call = Call::open(scope, spec, self.limits, self.budget.as_deref());
         if let Err(stop) = call.admit(false) {
-            let ledger = call.refused(stop.clone());
+            let ledger = call.refused(&stop);
             return Err(RetryError::new(stop, None, kept(keep, ledger)));
         }
 
@@ -476,7 +476,7 @@ where
             let decision = match verdict {
                 // (Not reached: a success took the fast path above.)
                 Verdict::Success(value) => {
-                    kept(keep, call.close(Stop::Succeeded));
+                    kept(keep, call.close(&Stop::Succeeded));
                     return Ok(value);
                 }
                 Verdict::Stop(stop) => break stop,
@@ -506,7 +506,7 @@ where
                 }
             };
         };
-        let ledger = call.close(stop.clone());
+        let ledger = call.close(&stop);
         Err(RetryError::new(stop, last, kept(keep, ledger)))
     }
 }

@@ -277,24 +277,12 @@ impl<'a> ChildBuilder<'a> {
             }
             let remaining = pext.deadline.map(|d| d.saturating_duration_since(now));
             let b = budget.compute(remaining).map_err(Error::exhausted)?;
-            let d = b.map(|b| deadline_after(now, b));
-            // Never later than the parent, even if `now + b` rounded (invariant 4).
-            match (d, pext.deadline) {
-                (Some(d), Some(p)) => Some(d.min(p)),
-                (d, p) => d.or(p),
-            }
+            within_parent(b.map(|b| deadline_after(now, b)), pext)
         } else {
             // Unbounded parent and child: an unbounded budget is always useful.
             None
         };
-        let tightens = ScopeExt::tightens(pext, deadline);
-        let ext = |_| ScopeExt::child_of(pext, deadline, name, grace, false);
-        let node = match own {
-            None => tree::new_child(&parent.node, ext),
-            Some(spec) => tree::new_child_dispatched(&parent.node, spec, ext),
-        }
-        .map_err(Error::from)?;
-        Ok(Scope::from_child_node(node, read_at.filter(|_| tightens)))
+        link(parent, deadline, read_at, name, grace, false, own)
     }
 
     /// [`build_dispatched`](Self::build_dispatched) of a retry attempt: a child of `parent`,
@@ -316,17 +304,44 @@ impl<'a> ChildBuilder<'a> {
         if parent.node.state().is_closed() {
             return Err(refused(parent));
         }
-        let pext = &parent.node.ext;
-        // Never later than the parent, even if `now + budget` rounded (invariant 4).
-        let deadline = match (budget.map(|b| deadline_after(now, b)), pext.deadline) {
-            (Some(d), Some(p)) => Some(d.min(p)),
-            (d, p) => d.or(p),
-        };
-        let tightens = ScopeExt::tightens(pext, deadline);
-        let ext = |_| ScopeExt::child_of(pext, deadline, None, None, true);
-        let node = tree::new_child_dispatched(&parent.node, spec, ext).map_err(Error::from)?;
-        Ok(Scope::from_child_node(node, Some(now).filter(|_| tightens)))
+        let deadline = within_parent(budget.map(|b| deadline_after(now, b)), &parent.node.ext);
+        link(parent, deadline, Some(now), None, None, true, Some(spec))
     }
+}
+
+/// `deadline`, never later than the parent's, even if `now + budget` rounded (invariant 4).
+#[inline(always)]
+fn within_parent(deadline: Option<Instant>, parent: &ScopeExt) -> Option<Instant> {
+    match (deadline, parent.deadline) {
+        (Some(d), Some(p)) => Some(d.min(p)),
+        (d, p) => d.or(p),
+    }
+}
+
+/// Creates the child with its `deadline`, computed from the clock reading `read_at` (if one
+/// was needed), and links it into `parent` (as its ticket too, described by `own`, if given);
+/// its timer is armed if it tightens the parent's deadline. Always inlined, for the same
+/// reason as [`ChildBuilder::build_with`].
+#[track_caller]
+#[inline(always)]
+fn link(
+    parent: &Scope,
+    deadline: Option<Instant>,
+    read_at: Option<Instant>,
+    name: Option<std::sync::Arc<str>>,
+    grace: Option<Duration>,
+    marked: bool,
+    own: Option<&ChildSpec>,
+) -> Result<Scope, Error> {
+    let pext = &parent.node.ext;
+    let tightens = ScopeExt::tightens(pext, deadline);
+    let ext = |_| ScopeExt::child_of(pext, deadline, tightens, name, grace, marked);
+    let node = match own {
+        None => tree::new_child(&parent.node, ext),
+        Some(spec) => tree::new_child_dispatched(&parent.node, spec, ext),
+    }
+    .map_err(Error::from)?;
+    Ok(Scope::from_child_node(node, read_at.filter(|_| tightens)))
 }
 
 /// A child without a deadline, a name or marks of its own, under a parent without a deadline.

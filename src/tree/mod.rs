@@ -48,10 +48,9 @@
 //!    can then only be taken through the node itself (closed) or through a child going from 0 to
 //!    1, which needs a unit of this node (closed) — a child born with a unit (its own ticket,
 //!    [`new_child_dispatched`]) takes that unit of this node by the same CAS before it exists:
-//!    so quiet is forever, and since receipts are
-//!    counted before their unit is released, no counter changes after quiet is observed. A
-//!    cancel that finds a node quiet without a cancel leaves it (and its quiet subtree) as it
-//!    is: `Completed` is final.
+//!    so quiet is forever, and since receipts are counted before their unit is released, no
+//!    counter changes after quiet is observed. A cancel that finds a node quiet without a
+//!    cancel leaves it (and its quiet subtree) as it is: `Completed` is final.
 //! 7. **Finished children are unlinked.** A child is linked into one slot of its parent's
 //!    sharded registry at creation. A node *retires* once it has no public handle and no linked
 //!    child (a node whose handles are gone stays linked, and reachable by its ancestors'
@@ -793,10 +792,10 @@ struct CancelWalk<X, R> {
 impl<X, R> CancelWalk<X, R> {
     /// Marks the children of `n` (its shards `in_use`) with `below` (or `own`'s cause, see
     /// [`Walk`]) and, within [`HELD_DEPTH`], their subtrees, holding the registry lock of each
-    /// node on the way. Lock order: a node's
-    /// shard, then a child's `inner`, then the child's shards — always downwards, as
-    /// everything else that takes two of them (`new_child` takes one node's shard, then its
-    /// own `inner`). Wakers and callbacks are only collected: they run once no lock is held.
+    /// node on the way. Lock order: a node's shard, then a child's `inner`, then the child's
+    /// shards — always downwards, as everything else that takes two of them (`new_child`
+    /// takes one node's shard, then its own `inner`). Wakers and callbacks are only
+    /// collected: they run once no lock is held.
     fn children(
         &mut self,
         below: &Cause,
