@@ -560,7 +560,10 @@ impl<'s> Call<'s> {
     ///
     /// Returns the ledger if `keep`; otherwise the report has the only reference (none is
     /// taken and dropped).
-    #[inline]
+    ///
+    /// Always inlined: the call, passed by value, would be copied right after its fields were
+    /// written (a store-forwarding stall on every successful call).
+    #[inline(always)]
     pub(crate) fn succeed(
         mut self,
         index: usize,
