@@ -18,6 +18,37 @@ pub(crate) use loom::sync::{
     Arc,
 };
 
+/// A weak reference (the timers' entries: see `scope::timer`). loom's `Arc` has none; under
+/// loom no timer is ever armed (there is no tokio runtime), so a strong reference stands in.
+#[cfg(not(loom))]
+pub(crate) use std::sync::Weak;
+
+/// `Arc::downgrade`.
+#[cfg(not(loom))]
+pub(crate) fn downgrade<T>(this: &Arc<T>) -> Weak<T> {
+    Arc::downgrade(this)
+}
+
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Weak<T>(Arc<T>);
+
+#[cfg(loom)]
+impl<T> Weak<T> {
+    pub(crate) fn upgrade(&self) -> Option<Arc<T>> {
+        Some(self.0.clone())
+    }
+
+    pub(crate) fn strong_count(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+}
+
+#[cfg(loom)]
+pub(crate) fn downgrade<T>(this: &Arc<T>) -> Weak<T> {
+    Weak(this.clone())
+}
+
 /// loom's thread-locals, one per model thread: loom runs every model thread on the one OS
 /// thread that calls `loom::model`, so a `std` thread-local would be shared by all of them.
 #[cfg(loom)]

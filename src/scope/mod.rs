@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::cause::Cause;
 use crate::child::ChildSpec;
-use crate::sync::{Arc, AtomicUsize, LazyBox, Mutex, OnceLock, Ordering};
+use crate::sync::{Arc, AtomicU8, LazyBox, Mutex, OnceLock, Ordering};
 use crate::tree::{self, Node};
 
 mod builder;
@@ -31,7 +31,11 @@ pub(crate) type Context = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 /// quarantines children that have not stopped.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
 
-const NO_TIMER: usize = usize::MAX;
+/// [`ScopeExt::timer`]: the scope has an entry in its tree's timers.
+const ARMED: u8 = 1;
+/// [`ScopeExt::timer`]: the scope made its tree's timers (the other scopes that use them are
+/// its descendants).
+const OWNS_TIMERS: u8 = 2;
 
 /// What the scope layer keeps in each tree node. Kept small: a node is allocated (and
 /// initialised) for every child scope, so what most scopes share with their parent sits behind
@@ -43,8 +47,9 @@ pub(crate) struct ScopeExt {
     /// Grace period, request context and the tree's timers, shared with the parent
     /// unless this scope changed one of them; `None`: all defaults.
     shared: Option<std::sync::Arc<Shared>>,
-    /// This scope's entry in the timers, if it tightened the deadline.
-    timer_key: AtomicUsize,
+    /// [`ARMED`] if this scope has an entry in the timers (it tightened the deadline), and
+    /// [`OWNS_TIMERS`] if it made them.
+    timer: AtomicU8,
     /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
     /// [`Scope::has_mark`]).
     marked: bool,
@@ -306,7 +311,7 @@ impl Scope {
             deadline,
             name,
             shared,
-            timer_key: AtomicUsize::new(NO_TIMER),
+            timer: AtomicU8::new(if deadline.is_some() { OWNS_TIMERS } else { 0 }),
             marked: false,
             notes: LazyBox::new(),
         });
@@ -329,10 +334,12 @@ impl Scope {
             tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
             return;
         }
-        let key = Timers::insert(timers, deadline, self.node.clone());
+        Timers::insert(timers, deadline, &self.node);
         // Relaxed: read only by the drop that takes the node's handle count to zero, which
-        // synchronizes with this thread through that count.
-        ext.timer_key.store(key, Ordering::Relaxed);
+        // synchronizes with this thread through that count; nobody else writes it (the scope
+        // is being made).
+        let t = ext.timer.load(Ordering::Relaxed);
+        ext.timer.store(t | ARMED, Ordering::Relaxed);
     }
 
     /// If this scope's deadline has passed at `now`, cancels it with
@@ -764,6 +771,13 @@ impl Scope {
         self.node.child_count()
     }
 
+    /// Number of entries in this scope's tree's deadline timers, live and dead (for memory
+    /// tests: dead entries are dropped lazily, see `scope::timer`).
+    #[doc(hidden)]
+    pub fn __timer_entries(&self) -> usize {
+        self.node.ext.timers().map_or(0, |t| t.entries())
+    }
+
     /// A probe that tells whether this scope's node has been freed (for memory tests: no
     /// reference cycle keeps a finished tree alive).
     #[doc(hidden)]
@@ -792,13 +806,18 @@ impl Clone for Scope {
 impl Drop for Scope {
     fn drop(&mut self) {
         // A node is gone once neither handles nor children are left; until then its timer
-        // stays armed, because children that inherit its deadline rely on it.
+        // stays armed, because children that inherit its deadline rely on it. Its entry is
+        // not taken out: it dies with the node (see `timer`).
         tree::drop_handle(&self.node, |node| {
             let ext = &node.ext;
-            let key = ext.timer_key.load(Ordering::Relaxed);
-            if key != NO_TIMER {
-                if let Some(t) = ext.timers() {
-                    t.remove(key, node);
+            let t = ext.timer.load(Ordering::Relaxed);
+            if t != 0 {
+                if let Some(timers) = ext.timers() {
+                    if t & OWNS_TIMERS != 0 {
+                        timers.shut_down();
+                    } else {
+                        timers.count_gone();
+                    }
                 }
             }
         });
@@ -891,7 +910,7 @@ impl ScopeExt {
             deadline: parent.deadline,
             name: None,
             shared: parent.shared.clone(),
-            timer_key: AtomicUsize::new(NO_TIMER),
+            timer: AtomicU8::new(0),
             marked: false,
             notes: LazyBox::new(),
         }
@@ -940,7 +959,7 @@ impl ScopeExt {
             deadline,
             name,
             shared,
-            timer_key: AtomicUsize::new(NO_TIMER),
+            timer: AtomicU8::new(if new_timers { OWNS_TIMERS } else { 0 }),
             marked,
             notes: LazyBox::new(),
         }

@@ -5,51 +5,109 @@
 //! one tokio task that sleeps until the earliest deadline and cancels whatever is due, so
 //! creating a child with a deadline costs a heap push under a lock, not a task or a timer-wheel
 //! entry, and deadlines fire whether or not anyone polls the scope.
+//!
+//! # Disarming without the lock
+//!
+//! An entry holds a weak reference to its scope's node. A scope whose last handle goes does
+//! not take the lock to take its entry out: the entry is dead once the node is freed (its
+//! weak reference no longer upgrades), and dead entries are dropped lazily, when they reach
+//! the top of the heap or by a compaction. The scope only counts itself gone
+//! ([`Timers::count_gone`]: a load and a store, no read-modify-write), and a compaction runs
+//! once the gone scopes since the last one reach half the entries that one left (at least
+//! [`MIN_COMPACTION`]): its cost, linear in the heap, is at most three times the number of
+//! gone scopes that paid for it, and the dead entries are at most half the live ones plus
+//! that minimum (invariant 7; a count lost to a race only delays a compaction). The node's
+//! allocation (not its contents, which go with its last strong reference) lives until its
+//! entry is dropped.
+//!
+//! When the scope that made the tree's timers goes, every scope that uses them has gone (they
+//! are its descendants, and a node goes only after its children): the heap is cleared and the
+//! driver exits ([`Timers::shut_down`]).
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use slab::Slab;
 use tokio::time::Instant;
 
 use super::{stamp_of, Core};
 use crate::cause::Cause;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{downgrade, Arc, AtomicUsize, Mutex, Ordering, Weak};
 use crate::tree;
 
+/// The fewest gone scopes that start a compaction: the compaction frees their nodes'
+/// allocations at once, and up to this many fit the allocator's per-thread cache (glibc's
+/// tcache holds 7 chunks of a size), from which the next nodes are allocated.
+const MIN_COMPACTION: usize = 7;
+
 /// The timers of one tree of scopes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Timers {
     state: Mutex<TimerState>,
     wake: tokio::sync::Notify,
+    /// Scopes with an entry that have gone, counted without a read-modify-write: two that go
+    /// at once on two threads may count one (a lost count only delays a compaction).
+    gone: AtomicUsize,
+    /// The value of `gone` that starts the next compaction.
+    compact_at: AtomicUsize,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers {
+            state: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            gone: AtomicUsize::new(0),
+            compact_at: AtomicUsize::new(MIN_COMPACTION),
+        }
+    }
+}
+
+/// A deadline and the scope it cancels; ordered by deadline, earliest first out of the heap.
+#[derive(Debug)]
+struct Entry {
+    deadline: Instant,
+    node: Weak<Core>,
+}
+
+impl Entry {
+    /// Whether the scope has gone and its node was freed: nothing is left to cancel.
+    fn is_dead(&self) -> bool {
+        self.node.strong_count() == 0
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.deadline == other.deadline
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    /// Reversed, so that `BinaryHeap` (a max-heap) yields the earliest deadline first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.deadline.cmp(&self.deadline)
+    }
 }
 
 #[derive(Debug, Default)]
 struct TimerState {
-    /// Live entries: deadline, sequence number, node.
-    entries: Slab<(Instant, u64, Arc<Core>)>,
-    /// Earliest first; may hold stale items whose slab slot was removed or reused (checked
-    /// against the sequence number and dropped lazily, compacted when they dominate).
-    heap: BinaryHeap<Reverse<(Instant, u64, usize)>>,
-    seq: u64,
+    /// Earliest first; may hold dead entries (see the module docs).
+    heap: BinaryHeap<Entry>,
     /// The deadline the driver sleeps until, if it runs.
     armed: Option<Instant>,
     running: bool,
 }
 
-impl TimerState {
-    /// Adds an entry; returns its key.
-    fn push(&mut self, deadline: Instant, node: Arc<Core>) -> usize {
-        self.seq += 1;
-        let seq = self.seq;
-        let key = self.entries.insert((deadline, seq, node));
-        self.heap.push(Reverse((deadline, seq, key)));
-        key
-    }
-}
-
 impl Timers {
-    /// Arms a deadline for `node`; returns the key for [`Timers::remove`].
+    /// Arms a deadline for `node`, which counts itself gone ([`count_gone`](Self::count_gone))
+    /// when its last handle goes.
     ///
     /// An associated function rather than a `self: &Arc<Self>` method: under `cfg(loom)` the
     /// shim's `Arc` is loom's, which cannot be a method receiver on stable Rust.
@@ -58,7 +116,11 @@ impl Timers {
     ///
     /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
     #[track_caller]
-    pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: Arc<Core>) -> usize {
+    pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: &Arc<Core>) {
+        let entry = Entry {
+            deadline,
+            node: downgrade(node),
+        };
         let mut st = this.state.lock();
         if !st.running {
             drop(st);
@@ -70,73 +132,80 @@ impl Timers {
             if !st.running {
                 st.running = true;
                 st.armed = Some(deadline);
-                let key = st.push(deadline, node);
+                st.heap.push(entry);
                 drop(st);
                 handle.spawn(drive(this.clone()));
-                return key;
+                return;
             }
         }
-        let key = st.push(deadline, node);
+        st.heap.push(entry);
         if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
             this.wake.notify_one();
         }
-        key
     }
 
-    /// Disarms the deadline of a scope whose last handle was dropped.
-    ///
-    /// `key` may be stale: if the deadline already fired, its slot was freed and may now hold
-    /// another scope's entry, which must stay armed. So the entry is removed only if it is
-    /// `node`'s (a node arms at most one timer).
-    pub(crate) fn remove(&self, key: usize, node: &Core) {
+    /// Counts a scope with an entry whose last handle went (see the module docs); compacts
+    /// the heap when enough have gone since the last compaction.
+    pub(crate) fn count_gone(&self) {
+        // Relaxed, and not a read-modify-write: the count only decides when to compact.
+        let gone = self.gone.load(Ordering::Relaxed).saturating_add(1);
+        self.gone.store(gone, Ordering::Relaxed);
+        if gone >= self.compact_at.load(Ordering::Relaxed) {
+            self.compact();
+        }
+    }
+
+    /// Drops the dead entries. The calling scope's own entry is not dead yet (the caller still
+    /// holds its node): the next compaction drops it.
+    fn compact(&self) {
         let mut st = self.state.lock();
-        if st
-            .entries
-            .get(key)
-            .is_some_and(|(_, _, n)| std::ptr::eq::<Core>(&**n, node))
-        {
-            st.entries.remove(key);
-        }
-        let stale = st.heap.len() - st.entries.len();
-        if stale > 64 && stale > st.entries.len() {
-            // Keep memory proportional to live deadlines (invariant 7).
-            let live: Vec<_> = st
-                .entries
-                .iter()
-                .map(|(k, (d, s, _))| Reverse((*d, *s, k)))
-                .collect();
-            st.heap = BinaryHeap::from(live);
-        }
-        if st.entries.is_empty() && st.running {
-            drop(st);
-            // Let the driver notice that nothing is left and exit.
+        st.heap.retain(|e| !e.is_dead());
+        let left = st.heap.len();
+        let next = self
+            .gone
+            .load(Ordering::Relaxed)
+            .saturating_add((left / 2).max(MIN_COMPACTION));
+        self.compact_at.store(next, Ordering::Relaxed);
+    }
+
+    /// The scope that made these timers has gone, and with it every scope that used them:
+    /// drops every entry and lets the driver exit.
+    pub(crate) fn shut_down(&self) {
+        let mut st = self.state.lock();
+        let entries = std::mem::take(&mut st.heap);
+        let running = st.running;
+        drop(st);
+        drop(entries);
+        if running {
             self.wake.notify_one();
         }
     }
 
-    /// Pops every due entry; returns them and the next deadline (`None`: the driver stops).
+    /// Number of entries, live and dead (for memory tests).
+    pub(crate) fn entries(&self) -> usize {
+        self.state.lock().heap.len()
+    }
+
+    /// Pops every due entry; returns the scopes to cancel and the next deadline (`None`: the
+    /// driver stops).
     fn due(&self, now: Instant) -> (Vec<Arc<Core>>, Option<Instant>) {
         let mut st = self.state.lock();
         let mut fired = Vec::new();
-        while let Some(Reverse((deadline, seq, key))) = st.heap.peek().copied() {
-            let live = st.entries.get(key).is_some_and(|e| e.1 == seq);
-            if !live {
-                st.heap.pop();
-                continue;
-            }
-            if deadline > now {
+        while let Some(top) = st.heap.peek() {
+            if top.deadline > now && !top.is_dead() {
                 break;
             }
-            st.heap.pop();
-            fired.push(st.entries.remove(key).2);
+            let Some(entry) = st.heap.pop() else { break };
+            if entry.deadline <= now {
+                fired.extend(entry.node.upgrade());
+            }
         }
-        let next = st.heap.peek().map(|Reverse((d, _, _))| *d);
+        let next = st.heap.peek().map(|e| e.deadline);
         st.armed = next;
         if next.is_none() {
             st.running = false;
-            st.heap.clear();
         }
         (fired, next)
     }
@@ -159,7 +228,6 @@ impl Drop for Running {
         }
     }
 }
-
 async fn drive(timers: Arc<Timers>) {
     let mut running = Running {
         timers: timers.clone(),
