@@ -301,8 +301,16 @@ impl Split {
                 let ms = remaining.saturating_sub(reserve).as_millis();
                 // In 64 bits whenever it fits (every real budget): a 128-bit division is a
                 // library call on every attempt.
+                // The usual counts are divided by a constant (a multiplication), not by a
+                // hardware division (about 10 ns here).
                 let share = match u64::try_from(ms) {
-                    Ok(ms) => ms / u64::from(attempts_left),
+                    Ok(ms) => match attempts_left {
+                        1 => ms,
+                        2 => ms / 2,
+                        3 => ms / 3,
+                        4 => ms / 4,
+                        n => ms / u64::from(n),
+                    },
                     Err(_) => u64::try_from(ms / u128::from(attempts_left)).unwrap_or(u64::MAX),
                 };
                 let share = Duration::from_millis(share);

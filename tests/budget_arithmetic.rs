@@ -156,6 +156,16 @@ proptest! {
     }
 
     #[test]
+    fn an_even_share_is_the_whole_milliseconds_left_divided_by_the_attempts_left(
+        remaining in dur(), attempts in 1u32..12, reserve in dur(),
+    ) {
+        // The reference in 128 bits (every count, whether divided by a constant or not).
+        let ms = remaining.saturating_sub(reserve).as_millis() / u128::from(attempts);
+        let want = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+        prop_assert_eq!(Split::Even { cap: None }.attempt(remaining, attempts, reserve), want);
+    }
+
+    #[test]
     fn attempts_together_never_exceed_the_budget(remaining in 0u64..100_000, attempts in 1u32..8) {
         let split = Split::Even { cap: None };
         let mut left = ms(remaining);

@@ -361,18 +361,22 @@ where
     /// assert_eq!(request.remaining(), Some(ms(680)));
     /// # }
     /// ```
-    pub async fn run<T, E, F, Fut>(
-        &self,
-        scope: &Scope,
+    // The call's own future, not an `async fn` awaiting it: that wrapper would move the
+    // arguments it had just stored into the call's future (a store-forwarding stall per call).
+    pub fn run<'a, T, E, F, Fut>(
+        &'a self,
+        scope: &'a Scope,
         spec: ChildSpec,
         op: F,
-    ) -> Result<T, RetryError<E>>
+    ) -> impl Future<Output = Result<T, RetryError<E>>> + 'a
     where
         C: Classify<E>,
-        F: FnMut(Attempt) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        F: FnMut(Attempt) -> Fut + 'a,
+        Fut: Future<Output = Result<T, E>> + 'a,
+        T: 'a,
+        E: 'a,
     {
-        self.call(scope, spec, op, None).await
+        self.call(scope, spec, op, None)
     }
 
     /// [`run`](Self::run), also returning the call's [`Ledger`] on success.
