@@ -24,8 +24,6 @@
 //! are its descendants, and a node goes only after its children): the heap is cleared and the
 //! driver exits ([`Timers::shut_down`]).
 
-use std::collections::BinaryHeap;
-
 use tokio::time::Instant;
 
 use super::{stamp_of, Core};
@@ -61,7 +59,7 @@ impl Default for Timers {
     }
 }
 
-/// A deadline and the scope it cancels; ordered by deadline, earliest first out of the heap.
+/// A deadline and the scope it cancels.
 #[derive(Debug)]
 struct Entry {
     deadline: Instant,
@@ -75,31 +73,79 @@ impl Entry {
     }
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        self.deadline == other.deadline
+/// A binary min-heap of entries by deadline.
+///
+/// Not `std`'s `BinaryHeap`: its push writes the entry and at once reads it back whole for
+/// the sift (a store-forwarding stall on every push). Here the new deadline stays in a
+/// register, and the usual push (deadlines that come later than their parent's: most
+/// scopes are made with the same timeout) compares one parent and moves nothing.
+#[derive(Debug, Default)]
+struct Heap(Vec<Entry>);
+
+impl Heap {
+    fn len(&self) -> usize {
+        self.0.len()
     }
-}
 
-impl Eq for Entry {}
-
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
+    fn peek(&self) -> Option<&Entry> {
+        self.0.first()
     }
-}
 
-impl Ord for Entry {
-    /// Reversed, so that `BinaryHeap` (a max-heap) yields the earliest deadline first.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        other.deadline.cmp(&self.deadline)
+    fn push(&mut self, entry: Entry) {
+        let deadline = entry.deadline;
+        let mut i = self.0.len();
+        self.0.push(entry);
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.0[parent].deadline <= deadline {
+                break;
+            }
+            self.0.swap(i, parent);
+            i = parent;
+        }
+    }
+
+    fn pop(&mut self) -> Option<Entry> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let top = self.0.swap_remove(0);
+        self.sift_down(0);
+        Some(top)
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        let n = self.0.len();
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut least = i;
+            if l < n && self.0[l].deadline < self.0[least].deadline {
+                least = l;
+            }
+            if r < n && self.0[r].deadline < self.0[least].deadline {
+                least = r;
+            }
+            if least == i {
+                return;
+            }
+            self.0.swap(i, least);
+            i = least;
+        }
+    }
+
+    /// Keeps the entries `keep` says, and restores the heap order (linear).
+    fn retain(&mut self, keep: impl FnMut(&Entry) -> bool) {
+        self.0.retain(keep);
+        for i in (0..self.0.len() / 2).rev() {
+            self.sift_down(i);
+        }
     }
 }
 
 #[derive(Debug, Default)]
 struct TimerState {
     /// Earliest first; may hold dead entries (see the module docs).
-    heap: BinaryHeap<Entry>,
+    heap: Heap,
     /// The deadline the driver sleeps until, if it runs.
     armed: Option<Instant>,
     running: bool,
@@ -255,6 +301,62 @@ async fn drive(timers: Arc<Timers>) {
             biased;
             _ = timers.wake.notified() => {}
             _ = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn entry(base: Instant, ms: u64) -> Entry {
+        Entry {
+            deadline: base + Duration::from_millis(ms),
+            node: Weak::new(),
+        }
+    }
+
+    proptest! {
+        /// Pushes, pops and a retain in any order give the deadlines back earliest first.
+        #[test]
+        fn the_heap_yields_deadlines_in_order(
+            first in proptest::collection::vec(0u64..50, 0..64),
+            then in proptest::collection::vec(0u64..50, 0..64),
+            pops in 0usize..32,
+            keep_odd in any::<bool>(),
+        ) {
+            let base = Instant::now();
+            let mut heap = Heap::default();
+            let mut model: Vec<u64> = Vec::new();
+            for &ms in &first {
+                heap.push(entry(base, ms));
+                model.push(ms);
+            }
+            model.sort_unstable();
+            for _ in 0..pops {
+                let got = heap.pop().map(|e| e.deadline);
+                let want = (!model.is_empty()).then(|| model.remove(0));
+                prop_assert_eq!(got, want.map(|ms| base + Duration::from_millis(ms)));
+            }
+            if keep_odd {
+                heap.retain(|e| (e.deadline - base).as_millis() % 2 == 1);
+                model.retain(|ms| ms % 2 == 1);
+            }
+            for &ms in &then {
+                heap.push(entry(base, ms));
+                model.push(ms);
+            }
+            model.sort_unstable();
+            prop_assert_eq!(heap.len(), model.len());
+            let mut out = Vec::new();
+            while let Some(e) = heap.pop() {
+                out.push((e.deadline - base).as_millis() as u64);
+            }
+            prop_assert_eq!(out, model);
         }
     }
 }
