@@ -91,6 +91,9 @@ impl Heap {
         self.0.first()
     }
 
+    /// Always inlined: an entry passed through memory is read back right after it was
+    /// written (a store-forwarding stall).
+    #[inline(always)]
     fn push(&mut self, entry: Entry) {
         let deadline = entry.deadline;
         let mut i = self.0.len();
