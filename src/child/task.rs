@@ -121,8 +121,9 @@ pin_project! {
         // The task's handle of its scope: in the current-scope slot while `fut` is polled or
         // dropped, here otherwise.
         scope: Option<Scope>,
-        // Its entry in the scope's in-flight list, which holds its waker while it waits (for
-        // the scope's cancel); `None` once the receipt is recorded (with `fut`).
+        // Its place in the scope's in-flight list: counted until its first `Pending`, then an
+        // entry that holds its waker while it waits (for the scope's cancel); `None` once the
+        // receipt is recorded (with `fut`).
         task: Option<TaskKey>,
         // Set while `fut` is polled: if the task is dropped with it set, that poll unwound,
         // and the receipt is `Failed`.
@@ -183,9 +184,11 @@ impl<F: Future> Future for Task<F> {
             match polled {
                 Poll::Ready(out) => Ok(out),
                 // Pending: only now leave the waker for the cancel (work that finishes on its
-                // first poll never does). A cancel that came meanwhile is seen.
+                // first poll never does). A cancel that came meanwhile is seen. The first
+                // `Pending` lists the task, with its waker (one lock): until then it was only
+                // counted (no lock), and a quarantine still finds it if its first poll is stuck.
                 Poll::Pending => {
-                    let Some(task) = *this.task else {
+                    let Some(task) = this.task.as_mut() else {
                         unreachable!("the task's entry goes with the future");
                     };
                     if !tree::poll_cancel_task(&scope.node, task, cx.waker()) {
