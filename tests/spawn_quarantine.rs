@@ -21,6 +21,38 @@ fn stuck_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A task whose first poll blocks its worker thread (ignoring any cancel) until released.
+struct Stuck<T> {
+    handle: cancel_scope::JoinHandle<T>,
+    /// Resolves once the first poll has started.
+    started: tokio::sync::oneshot::Receiver<()>,
+    /// Ends the blocking part of the first poll; the task then runs `then`.
+    release: mpsc::Sender<()>,
+}
+
+/// Spawns a [`Stuck`] task of `s` on `rt`: after its blocking part it runs `then`.
+fn spawn_stuck<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    s: &Scope,
+    then: impl std::future::Future<Output = T> + Send + 'static,
+) -> Stuck<T> {
+    let (release, release_rx) = mpsc::channel::<()>();
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let _on = rt.enter();
+    let handle = s
+        .spawn(async move {
+            started_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            then.await
+        })
+        .unwrap();
+    Stuck {
+        handle,
+        started,
+        release,
+    }
+}
+
 /// `quiesce()`, failing instead of hanging if it waits for a receipt that never comes.
 async fn quiesce(s: &Scope) -> Report {
     tokio::time::timeout(Duration::from_secs(3600), s.quiesce())
@@ -50,26 +82,16 @@ impl Drop for DropFlag {
 async fn a_task_stuck_in_its_first_poll_is_quarantined_and_its_late_output_records_nothing() {
     let rt = stuck_runtime();
     let s = scope();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let h = {
-        let _on = rt.enter();
-        s.spawn(async move {
-            started_tx.send(()).unwrap();
-            release_rx.recv().unwrap(); // the first poll ignores the cancel until released
-            "late"
-        })
-        .unwrap()
-    };
-    started_rx.await.unwrap();
+    let stuck = spawn_stuck(&rt, &s, async { "late" });
+    stuck.started.await.unwrap();
     s.cancel();
     let report = quiesce(&s).await;
     assert_eq!((report.quarantined(), report.total()), (1, 1), "{report:?}");
     assert_eq!(report.quarantined_children()[0].name(), "task");
     assert_eq!(report.state(), Lifecycle::CancelledStable);
     // The first poll ends with the output: the handle yields it, and nothing is recorded.
-    release_tx.send(()).unwrap();
-    assert_eq!(h.await.unwrap(), "late");
+    stuck.release.send(()).unwrap();
+    assert_eq!(stuck.handle.await.unwrap(), "late");
     assert_eq!(quiesce(&s).await, report);
     rt.shutdown_background();
 }
@@ -80,21 +102,13 @@ async fn a_task_stuck_in_its_first_poll_is_quarantined_and_its_late_output_recor
 async fn a_quarantined_task_whose_first_poll_ends_pending_is_stopped_and_records_nothing() {
     let rt = stuck_runtime();
     let s = scope();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let dropped = Arc::new(AtomicBool::new(false));
-    let h = {
-        let _on = rt.enter();
-        let guard = DropFlag(dropped.clone());
-        s.spawn(async move {
-            let _guard = guard;
-            started_tx.send(()).unwrap();
-            release_rx.recv().unwrap();
-            std::future::pending::<()>().await;
-        })
-        .unwrap()
-    };
-    started_rx.await.unwrap();
+    let guard = DropFlag(dropped.clone());
+    let stuck = spawn_stuck(&rt, &s, async move {
+        let _guard = guard;
+        std::future::pending::<()>().await;
+    });
+    stuck.started.await.unwrap();
     s.cancel();
     let report = quiesce(&s).await;
     assert_eq!((report.quarantined(), report.total()), (1, 1), "{report:?}");
@@ -102,8 +116,8 @@ async fn a_quarantined_task_whose_first_poll_ends_pending_is_stopped_and_records
         !dropped.load(Ordering::SeqCst),
         "the work is still in its poll"
     );
-    release_tx.send(()).unwrap();
-    assert!(h.await.unwrap_err().is_cancelled());
+    stuck.release.send(()).unwrap();
+    assert!(stuck.handle.await.unwrap_err().is_cancelled());
     assert!(dropped.load(Ordering::SeqCst), "a quarantined task stops");
     assert_eq!(quiesce(&s).await, report);
     rt.shutdown_background();
@@ -144,27 +158,18 @@ async fn tasks_quarantined_before_their_first_poll_record_nothing_when_they_end(
 async fn listed_and_unlisted_tasks_are_each_quarantined_once() {
     let rt = stuck_runtime();
     let s = scope();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let stuck = {
-        let _on = rt.enter();
-        s.spawn(async move {
-            started_tx.send(()).unwrap();
-            release_rx.recv().unwrap();
-        })
-        .unwrap()
-    };
+    let stuck = spawn_stuck(&rt, &s, async {});
     // Waits on the test's runtime: listed at its first `Pending`.
     let (_never_tx, never_rx) = tokio::sync::oneshot::channel::<()>();
     let waiting = s.spawn(never_rx).unwrap();
-    started_rx.await.unwrap();
+    stuck.started.await.unwrap();
     tokio::task::yield_now().await; // `waiting` polls once and lists itself
     assert_eq!(s.__quarantine_now(), 2);
     assert_eq!(s.__quarantine_now(), 0);
     // The listed one is woken by the quarantine and stops; the stuck one ends late.
     assert!(waiting.await.unwrap_err().is_cancelled());
-    release_tx.send(()).unwrap();
-    stuck.await.unwrap();
+    stuck.release.send(()).unwrap();
+    stuck.handle.await.unwrap();
     s.close();
     let report = quiesce(&s).await;
     assert_eq!((report.quarantined(), report.total()), (2, 2), "{report:?}");

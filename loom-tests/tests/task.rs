@@ -7,7 +7,7 @@
 //! unpolled (aborting it).
 #![cfg(loom)]
 
-use cancel_scope::{Cause, Lifecycle, Scope};
+use cancel_scope::{Cause, Error, Lifecycle, Scope};
 use cancel_scope_loom_tests::{model, model_bounded, THREE_THREAD_PREEMPTIONS};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
@@ -110,6 +110,18 @@ fn spawned_task_in_child_scope_racing_root_cancel() {
     });
 }
 
+/// Spawns two tasks of `scope` (unspawned, see `__task`) that end on a new thread: one runs
+/// its work (ready with 7), one is dropped unpolled (aborted). Yields the first one's outcome.
+fn end_two_tasks_on_a_thread(scope: &Scope) -> thread::JoinHandle<Result<i32, Error>> {
+    let runs = scope.__task(std::future::ready(7)).unwrap();
+    let aborted = scope.__task(std::future::ready(8)).unwrap();
+    thread::spawn(move || {
+        let out = loom::future::block_on(runs);
+        drop(aborted);
+        out
+    })
+}
+
 /// Model 17: two tasks end on one thread — one runs to completion, one is dropped unpolled
 /// (aborted) — while the scope is cancelled, quarantined and quiesced on another.
 ///
@@ -120,13 +132,7 @@ fn spawned_task_in_child_scope_racing_root_cancel() {
 fn task_receipt_racing_quarantine() {
     model("task_receipt_racing_quarantine", || {
         let scope = Scope::new();
-        let runs = scope.__task(std::future::ready(7)).unwrap();
-        let aborted = scope.__task(std::future::ready(8)).unwrap();
-        let owner = thread::spawn(move || {
-            let out = loom::future::block_on(runs);
-            drop(aborted);
-            out
-        });
+        let owner = end_two_tasks_on_a_thread(&scope);
         scope.cancel();
         let quarantined = scope.__quarantine_now();
         let report = loom::future::block_on(scope.quiesce());
@@ -205,13 +211,7 @@ fn unlisted_task_ending_at_first_poll_racing_quarantine() {
         "unlisted_task_ending_at_first_poll_racing_quarantine",
         || {
             let scope = Scope::new();
-            let runs = scope.__task(std::future::ready(7)).unwrap();
-            let aborted = scope.__task(std::future::ready(8)).unwrap();
-            let owner = thread::spawn(move || {
-                let out = loom::future::block_on(runs);
-                drop(aborted);
-                out
-            });
+            let owner = end_two_tasks_on_a_thread(&scope);
             let quarantined = scope.__quarantine_now();
             // Not cancelled: the work runs and its output comes back, quarantined or not.
             assert_eq!(owner.join().unwrap().unwrap(), 7);
