@@ -7,7 +7,7 @@
 //! unpolled (aborting it).
 #![cfg(loom)]
 
-use cancel_scope::{Cause, Lifecycle, Scope};
+use cancel_scope::{Cause, Error, Lifecycle, Scope};
 use cancel_scope_loom_tests::{model, model_bounded, THREE_THREAD_PREEMPTIONS};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
@@ -110,6 +110,18 @@ fn spawned_task_in_child_scope_racing_root_cancel() {
     });
 }
 
+/// Spawns two tasks of `scope` (unspawned, see `__task`) that end on a new thread: one runs
+/// its work (ready with 7), one is dropped unpolled (aborted). Yields the first one's outcome.
+fn end_two_tasks_on_a_thread(scope: &Scope) -> thread::JoinHandle<Result<i32, Error>> {
+    let runs = scope.__task(std::future::ready(7)).unwrap();
+    let aborted = scope.__task(std::future::ready(8)).unwrap();
+    thread::spawn(move || {
+        let out = loom::future::block_on(runs);
+        drop(aborted);
+        out
+    })
+}
+
 /// Model 17: two tasks end on one thread — one runs to completion, one is dropped unpolled
 /// (aborted) — while the scope is cancelled, quarantined and quiesced on another.
 ///
@@ -120,13 +132,7 @@ fn spawned_task_in_child_scope_racing_root_cancel() {
 fn task_receipt_racing_quarantine() {
     model("task_receipt_racing_quarantine", || {
         let scope = Scope::new();
-        let runs = scope.__task(std::future::ready(7)).unwrap();
-        let aborted = scope.__task(std::future::ready(8)).unwrap();
-        let owner = thread::spawn(move || {
-            let out = loom::future::block_on(runs);
-            drop(aborted);
-            out
-        });
+        let owner = end_two_tasks_on_a_thread(&scope);
         scope.cancel();
         let quarantined = scope.__quarantine_now();
         let report = loom::future::block_on(scope.quiesce());
@@ -188,4 +194,89 @@ fn quarantine_overtaking_the_cancel_walk_wakes_the_task() {
             assert_eq!(report.state(), Lifecycle::CancelledStable);
         },
     );
+}
+
+/// Model 33: a task whose work ends at its first poll (it never waits, so it is only counted
+/// in its in-flight shard's unlisted word, never listed), and a task dropped unpolled (aborted),
+/// end on one thread while the scope is quarantined on another (no cancel: the work runs).
+///
+/// Invariant 5: each task has exactly one receipt — its own (`Succeeded`, `Cancelled`) if its
+/// epoch-checked decrement of the count came first, `Quarantined` if the quarantine's bump of
+/// the epoch (which takes the whole count) did; the loser records nothing. Units: the scope,
+/// closed afterwards, becomes quiet (a unit released twice or never makes `quiesce()` wait
+/// forever, which loom reports). Invariant 6: the report does not change.
+#[test]
+fn unlisted_task_ending_at_first_poll_racing_quarantine() {
+    model(
+        "unlisted_task_ending_at_first_poll_racing_quarantine",
+        || {
+            let scope = Scope::new();
+            let owner = end_two_tasks_on_a_thread(&scope);
+            let quarantined = scope.__quarantine_now();
+            // Not cancelled: the work runs and its output comes back, quarantined or not.
+            assert_eq!(owner.join().unwrap().unwrap(), 7);
+            scope.close();
+            let report = loom::future::block_on(scope.quiesce());
+            assert_eq!(report.total(), 2, "{report:?}");
+            assert_eq!(report.quarantined(), quarantined as u64);
+            assert_eq!(report.quarantined_children().len(), quarantined);
+            assert_eq!(
+                report.succeeded() + report.cancelled() + report.quarantined(),
+                2
+            );
+            assert!(report.succeeded() <= 1 && report.cancelled() <= 1);
+            assert_eq!(report.state(), Lifecycle::Completed);
+            assert_eq!(loom::future::block_on(scope.quiesce()), report);
+        },
+    );
+}
+
+/// Model 34: a task whose work waits (its first poll returns `Pending`, and nothing but the
+/// scope wakes it) lists itself while the scope is quarantined on another thread.
+///
+/// The task moves from its shard's unlisted count into the shard's list under the shard lock,
+/// and the quarantine takes the count before it takes that lock: it meets the task exactly
+/// once, in the count (the listing then fails and the task stops at once) or in the list (it
+/// takes the entry and wakes the task, which finds itself unlisted and stops). Invariant 5:
+/// one `Quarantined` receipt; the task ends `Err(cancelled)`. Walking the shards before taking
+/// the count, or taking the task out of the count outside the lock, lets the quarantine miss
+/// it: the count is 0 and the task waits forever (loom reports the deadlock).
+#[test]
+fn first_pending_listing_racing_quarantine() {
+    model("first_pending_listing_racing_quarantine", || {
+        let scope = Scope::new();
+        let task = scope.__task(std::future::pending::<()>()).unwrap();
+        let runner = thread::spawn(move || loom::future::block_on(task));
+        let quarantined = scope.__quarantine_now();
+        assert_eq!(quarantined, 1, "the quarantine missed the task");
+        let err = runner.join().unwrap().unwrap_err();
+        assert!(err.is_cancelled(), "{err:?}");
+        scope.close();
+        let report = loom::future::block_on(scope.quiesce());
+        assert_eq!((report.total(), report.quarantined()), (1, 1), "{report:?}");
+        assert_eq!(report.state(), Lifecycle::Completed);
+    });
+}
+
+/// Model 35: a task whose work waits lists itself, with its waker, at its first `Pending`
+/// while the scope is cancelled on another thread.
+///
+/// No lost wake-up: until it lists itself the task is not waiting (it is in its first poll),
+/// and it lists itself under its shard's lock and then reads the cancel mark, which the cancel
+/// sets before it takes each shard's lock to wake the listed tasks: either the cancel finds the
+/// waker, or the task sees the mark. Reading the mark before listing loses the wake-up (loom
+/// reports the deadlock). Invariant 5: one `Cancelled` receipt.
+#[test]
+fn first_pending_listing_racing_cancel() {
+    model("first_pending_listing_racing_cancel", || {
+        let scope = Scope::new();
+        let task = scope.__task(std::future::pending::<()>()).unwrap();
+        let runner = thread::spawn(move || loom::future::block_on(task));
+        scope.cancel();
+        let err = runner.join().unwrap().unwrap_err();
+        assert!(err.is_cancelled(), "{err:?}");
+        let report = loom::future::block_on(scope.quiesce());
+        assert_eq!((report.total(), report.cancelled()), (1, 1), "{report:?}");
+        assert_eq!(report.state(), Lifecycle::CancelledStable);
+    });
 }

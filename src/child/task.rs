@@ -121,8 +121,9 @@ pin_project! {
         // The task's handle of its scope: in the current-scope slot while `fut` is polled or
         // dropped, here otherwise.
         scope: Option<Scope>,
-        // Its entry in the scope's in-flight list, which holds its waker while it waits (for
-        // the scope's cancel); `None` once the receipt is recorded (with `fut`).
+        // Its place in the scope's in-flight list: counted until its first `Pending`, then an
+        // entry that holds its waker while it waits (for the scope's cancel); `None` once the
+        // receipt is recorded (with `fut`).
         task: Option<TaskKey>,
         // Set while `fut` is polled: if the task is dropped with it set, that poll unwound,
         // and the receipt is `Failed`.
@@ -159,6 +160,22 @@ fn stop<F>(mut fut: Pin<&mut Option<F>>, scope: &mut Option<Scope>, task: TaskKe
     }
 }
 
+/// Polls a task's work; the caller has made its scope current. Work that finishes is dropped
+/// at once, still with its scope current, as [`stop`] would drop it (with one swap of the
+/// current scope per task instead of two); the drop's panic, if any, is returned with the
+/// output.
+fn poll_work<F: Future>(
+    mut fut: Pin<&mut Option<F>>,
+    cx: &mut Context<'_>,
+) -> Poll<(F::Output, std::thread::Result<()>)> {
+    let Some(work) = fut.as_mut().as_pin_mut() else {
+        unreachable!("checked before the poll");
+    };
+    let out = std::task::ready!(work.poll(cx));
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.set(None)));
+    Poll::Ready((out, dropped))
+}
+
 impl<F: Future> Future for Task<F> {
     type Output = Result<F::Output, Error>;
 
@@ -168,42 +185,57 @@ impl<F: Future> Future for Task<F> {
             unreachable!("the scope is back after every poll");
         };
         // A cancelled scope never polls its work again (invariant 2): one load decides.
-        let out = if tree::task_cancelled(&scope.node) {
-            Err(cancel_error(scope))
-        } else {
-            let Some(fut) = this.fut.as_mut().as_pin_mut() else {
-                panic!("a scope task polled after it completed");
-            };
+        if !tree::task_cancelled(&scope.node) {
+            assert!(this.fut.is_some(), "a scope task polled after it completed");
+            let fut = this.fut.as_mut();
             *this.polling = true;
-            let polled = with_current(this.scope, || fut.poll(cx));
+            let polled = with_current(this.scope, || poll_work(fut, cx));
             *this.polling = false;
             let Some(scope) = this.scope.as_ref() else {
                 unreachable!("the scope is back after every poll");
             };
             match polled {
-                Poll::Ready(out) => Ok(out),
+                // The work has finished and is dropped (invariant 6: stopped before it is
+                // counted); if its drop panicked, the receipt is `Failed` and the panic goes
+                // on once it is recorded.
+                Poll::Ready((out, dropped)) => {
+                    let kind = if dropped.is_ok() {
+                        Kind::Succeeded
+                    } else {
+                        Kind::Failed
+                    };
+                    if let Some(task) = this.task.take() {
+                        // Invariant 5: unless a quarantine took the task first.
+                        tree::record_task_receipt(&scope.node, task, kind, true, now_stamp);
+                    }
+                    if let Err(panic) = dropped {
+                        std::panic::resume_unwind(panic);
+                    }
+                    return Poll::Ready(Ok(out));
+                }
                 // Pending: only now leave the waker for the cancel (work that finishes on its
-                // first poll never does). A cancel that came meanwhile is seen.
+                // first poll never does). A cancel that came meanwhile is seen. The first
+                // `Pending` lists the task, with its waker (one lock): until then it was only
+                // counted (no lock), and a quarantine still finds it if its first poll is stuck.
                 Poll::Pending => {
-                    let Some(task) = *this.task else {
+                    let Some(task) = this.task.as_mut() else {
                         unreachable!("the task's entry goes with the future");
                     };
                     if !tree::poll_cancel_task(&scope.node, task, cx.waker()) {
                         return Poll::Pending;
                     }
-                    Err(cancel_error(scope))
                 }
             }
-        };
-        let kind = if out.is_ok() {
-            Kind::Succeeded
-        } else {
-            Kind::Cancelled
-        };
-        if let Some(task) = this.task.take() {
-            stop(this.fut, this.scope, task, kind);
         }
-        Poll::Ready(out)
+        // Cancelled (before this poll, or while the work waited) or quarantined: stopped.
+        let Some(scope) = this.scope.as_ref() else {
+            unreachable!("the scope is back after every poll");
+        };
+        let err = cancel_error(scope);
+        if let Some(task) = this.task.take() {
+            stop(this.fut, this.scope, task, Kind::Cancelled);
+        }
+        Poll::Ready(Err(err))
     }
 }
 

@@ -39,8 +39,14 @@
 //! 5. **Exactly one receipt per ticket.** A ticket's [`TicketCell`] moves out of
 //!    `PREPARED`/`DISPATCHED` by one CAS, made either by its owner (receipt, drop) or by
 //!    quarantine; only the winner records a receipt and releases the unit. A spawned task has
-//!    no cell: its entry in the in-flight list is taken out under the shard lock by exactly one
-//!    of its receipt and a quarantine (a sequence number tells a reused slot apart). A child
+//!    no cell. Until its first `Pending` it is only counted in an in-flight shard's unlisted
+//!    word, whose epoch a quarantine bumps as it takes the whole count: exactly one of the
+//!    task's epoch-checked decrement (its receipt, or its listing) and the quarantine's bump
+//!    takes it. Once listed, its entry is taken out under the shard lock by exactly one of its
+//!    receipt and a quarantine (a sequence number tells a reused slot apart). A task moves
+//!    from the count into the list under that lock, which the quarantine takes after its
+//!    bump, so the quarantine meets it in one of the two places, never both (see
+//!    `InFlight::set_task_waker`). A child
 //!    node that is itself a ticket of its parent ([`new_child_dispatched`]: a retry attempt)
 //!    has no cell either: its `own` state moves out of `OWN_DISPATCHED` by one CAS, its
 //!    owner's or a quarantine's, which finds it through the parent's registry.
@@ -1086,23 +1092,31 @@ fn list_in_flight<X, R>(
         .list_ticket(|key| make(key, generation))
 }
 
-/// Registers a spawned task: takes a unit and lists the task, inline, as in flight.
+/// Registers a spawned task: takes a unit and counts the task as in flight, unlisted (it is
+/// listed, with its waker, when it first returns `Pending`: see [`poll_cancel_task`]; most
+/// tasks end at their first poll and never take an in-flight lock).
 ///
 /// The unit CAS requires an open watermark in the generation the state word has, which is the
 /// dispatch CAS's condition (invariant 2): a task registered here is dispatched by the same
 /// CAS, with no second RMW of the state word. In the word's modification order that CAS comes
 /// before any cancel of this node (whose RMW sets `CLOSED`), and the cancel, which walks down
-/// to this node through its linked ancestors, then wakes the task (see [`poll_cancel_task`]).
+/// to this node through its linked ancestors, then marks its in-flight list, which the task
+/// reads before each poll of its work ([`task_cancelled`]) and after it lists itself (see
+/// [`poll_cancel_task`]).
 ///
 /// The in-flight list exists before the unit CAS: a cancel whose RMW comes after that CAS in
 /// the word's modification order synchronizes with it, so it finds the list, marks it and
 /// wakes whatever task is waiting in it (see [`poll_cancel_task`]).
+///
+/// The task is counted after its unit is taken (a quarantine that takes the count releases
+/// the units of the tasks in it, see `InFlight::take_for_quarantine`), so that a task that is
+/// refused never appears in the count.
 pub(crate) fn register_task<X, R>(node: &Node<X, R>) -> Result<TaskKey, Refused> {
     // Keep this order: the list must exist before the unit CAS (see above). loom cannot check
     // it (`LazyBox` is eager under loom).
     let in_flight = node.in_flight.get_or_init();
     take_unit(node)?;
-    Ok(in_flight.list_task())
+    Ok(in_flight.add_task())
 }
 
 /// Records the receipt of a task of `node`, unless a quarantine took it first (then returns
@@ -1135,22 +1149,26 @@ pub(crate) fn task_cancelled<X, R>(node: &Node<X, R>) -> bool {
     node.in_flight.get().is_some_and(InFlight::is_cancelled)
 }
 
-/// Polls for the cancel of `node` on behalf of `task`, listed in flight in `node`: returns
-/// `true` if the cancel has reached the task's list; otherwise keeps `waker` in the task's
-/// entry, where the cancel finds it, and returns `false`.
+/// Polls for the cancel of `node` on behalf of `task`, in flight in `node`, whose work just
+/// returned `Pending`: returns `true` if the cancel has reached the task's list, or a
+/// quarantine took the task; otherwise keeps `waker` in the task's entry, where the cancel
+/// finds it, and returns `false`. On the task's first `Pending` this lists it (one lock for
+/// the entry and the waker) and updates `task` to its entry.
 ///
 /// No lock of the node itself is taken, nor its state word read (every spawn and receipt of
 /// the node writes that word, so from a worker thread reading it is a cache miss): the node's
 /// cancel ([`mark_cancelled`], after its RMW of the state word) marks the in-flight list
 /// cancelled and then wakes the waker of every listed task. No wake-up is lost: the entry's
 /// shard lock orders this poll against that walk. If the walk took the lock first, the mark
-/// was set before it, and the load below sees it; otherwise the walk finds the waker. A task
-/// listed after the walk of its shard took that shard's lock after the walk did, and sees
-/// the mark (set before the walk) in [`task_cancelled`] when it is first polled. A quarantine
-/// takes the task out of the list and wakes it; this then returns `true`.
-pub(crate) fn poll_cancel_task<X, R>(node: &Node<X, R>, task: TaskKey, waker: &Waker) -> bool {
+/// was set before it, and the load below sees it; otherwise the walk finds the waker. This
+/// holds for the first `Pending` too, which lists the task under that lock: until then the
+/// task was not waiting (it was in its first poll, or about to be polled, and then sees the
+/// mark in [`task_cancelled`]), so the walk had nothing to wake. A quarantine takes the task
+/// out of the list (or out of the unlisted count) and wakes it if listed; this then returns
+/// `true`.
+pub(crate) fn poll_cancel_task<X, R>(node: &Node<X, R>, task: &mut TaskKey, waker: &Waker) -> bool {
     let Some(in_flight) = node.in_flight.get() else {
-        unreachable!("a task is listed in flight");
+        unreachable!("a task is in flight");
     };
     if !in_flight.set_task_waker(task, waker) {
         // Quarantined (usually after a cancel, but it may overtake the cancel walk): it stops.
@@ -1391,7 +1409,8 @@ fn quarantine_in_flight<X, R: Clone>(
             count += 1;
         }
     }
-    // Tasks taken out of the list are decided: their late receipts find nothing (invariant 5).
+    // Tasks taken out of the list or the unlisted count are decided: their late receipts (and
+    // listings) find nothing (invariant 5).
     for _ in 0..tasks {
         count_receipt(n, Kind::Quarantined, Some(task_info), true, &|| stamp);
         release_unit(n);

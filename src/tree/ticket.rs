@@ -5,7 +5,7 @@ use std::task::Waker;
 
 use slab::Slab;
 
-use crate::sync::{arc_in_place, Arc, AtomicU8, Mutex, Ordering};
+use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,8 +120,18 @@ const SHARDS: usize = 4;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 const SHARD_MASK: usize = SHARDS - 1;
 
-/// Where a spawned task is listed in its node's in-flight list: its shard and slot, and a
-/// sequence number, because a slot can be reused once a quarantine took the task out.
+/// The slot part of the key of a task that is counted in its shard's unlisted word, not
+/// listed in its slab (a slab slot never comes near it).
+const UNLISTED: usize = usize::MAX >> SHARD_BITS;
+
+/// `InFlightShard::unlisted`: the count is the low 32 bits, the epoch the high 32.
+const COUNT_MASK: u64 = (1 << 32) - 1;
+const EPOCH_SHIFT: u32 = 32;
+
+/// Where a spawned task is in its node's in-flight list: its shard, and either its slot and a
+/// sequence number (listed: the sequence number, because a slot can be reused once a
+/// quarantine took the task out), or `UNLISTED` and the epoch of the shard's unlisted word in
+/// which it was counted (a task that has not returned `Pending` yet).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TaskKey {
     key: usize,
@@ -132,14 +142,15 @@ pub(crate) struct TaskKey {
 enum Entry<R> {
     /// A ticket: its state lives in the shared cell (the owner moves it without this lock).
     Ticket(Arc<TicketCell<R>>),
-    /// A spawned task, kept inline (no allocation of its own): whoever takes the entry out of
-    /// the list under the shard lock, the task's receipt or a quarantine, records the one
-    /// receipt (invariant 5). Tasks all have the same spec, given to the quarantine, so the
-    /// entry is three words (it is moved in and out of the list for every task).
+    /// A spawned task that has returned `Pending` (one that has not is only counted, see
+    /// [`InFlightShard::unlisted`]), kept inline (no allocation of its own): whoever takes the
+    /// entry out of the list under the shard lock, the task's receipt or a quarantine, records
+    /// the one receipt (invariant 5). Tasks all have the same spec, given to the quarantine, so
+    /// the entry is three words (it is moved in and out of the list for every task).
     Task {
         seq: u64,
-        /// The task's waker while it waits, for the node's cancel.
-        waker: Option<Waker>,
+        /// The task's waker, for the node's cancel (the task is listed when it first waits).
+        waker: Waker,
     },
 }
 
@@ -151,8 +162,80 @@ struct ShardCells<R> {
 /// One shard of a node's in-flight list, padded so that two shards' locks never share a
 /// cache line.
 struct InFlightShard<R> {
+    /// Spawned tasks of this shard that hold a unit of the node but are not listed in `cells`
+    /// (registered, and not yet returned `Pending`: most tasks end at their first poll, and
+    /// then never take the lock): the low 32 bits count them, the high 32 bits are an epoch,
+    /// which a quarantine bumps as it takes the whole count ([`InFlightShard::quarantine_unlisted`]).
+    /// A task remembers the epoch it was counted in; it leaves the count by a compare-and-swap
+    /// that requires that epoch ([`InFlightShard::take_unlisted`]): so exactly one of its
+    /// receipt (or its listing) and a quarantine takes it (invariant 5). The count cannot
+    /// overflow into the epoch: each task counted holds a unit, and a node has fewer than
+    /// 2^32 units. Next to the lock: a task's first `Pending` writes both.
+    unlisted: AtomicU64,
     cells: Mutex<ShardCells<R>>,
     _pad: [u8; 64],
+}
+
+impl<R> InFlightShard<R> {
+    /// Takes a task counted in `epoch` out of the unlisted count. `false`: a quarantine took it
+    /// (the epoch moved on).
+    #[inline]
+    fn take_unlisted(&self, epoch: u64) -> bool {
+        // Acquire/AcqRel: pairs with the other RMWs of the word (the spawn's increment, a
+        // quarantine's bump); a task that wins here is decided before any later bump reads the
+        // count.
+        let mut cur = self.unlisted.load(Ordering::Acquire);
+        while cur >> EPOCH_SHIFT == epoch {
+            debug_assert!(cur & COUNT_MASK != 0, "an unlisted task not counted");
+            match self.unlisted.compare_exchange_weak(
+                cur,
+                cur - 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+        false
+    }
+
+    /// For a quarantine: takes every unlisted task of this shard (they are quarantined), by
+    /// bumping the epoch and zeroing the count in one step; returns how many.
+    ///
+    /// An empty count is left as it is (no unlisted task holds its epoch), and the argument of
+    /// [`InFlight::set_task_waker`] holds for the load that reads it as for a bump: a load
+    /// that reads 0 reads either from before a task's increment (that task is registered
+    /// while this quarantine runs, which may then miss it, as it may miss a ticket registered
+    /// meanwhile: the cancel that precedes a quarantine stops such a task at its first poll),
+    /// or from the task's decrement or later, and then this quarantine's lock of the shard
+    /// comes after the task's (a load cannot read from a write that happens after it).
+    ///
+    /// The epoch wraps after 2^32 bumps; each bump takes at least one task, so a task would
+    /// have to stay in its first poll while 2^32 later tasks of its shard were quarantined
+    /// (after a cancel, which closes the node, no task is registered any more).
+    fn quarantine_unlisted(&self) -> usize {
+        // AcqRel: Acquire so that the unit CAS of every task counted (before its increment,
+        // Release) happens-before the quarantine releases that unit.
+        let mut cur = self.unlisted.load(Ordering::Acquire);
+        loop {
+            let count = cur & COUNT_MASK;
+            if count == 0 {
+                return 0;
+            }
+            let next = (cur & !COUNT_MASK).wrapping_add(1 << EPOCH_SHIFT);
+            match self.unlisted.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                // At most 32 bits.
+                Ok(_) => return count as usize,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
 }
 
 /// The children of a node that have no receipt yet. The node's cancel marks it and wakes the
@@ -169,6 +252,7 @@ impl<R> Default for InFlight<R> {
     fn default() -> Self {
         InFlight {
             shards: std::array::from_fn(|_| InFlightShard {
+                unlisted: AtomicU64::new(0),
                 cells: Mutex::new(ShardCells {
                     slab: Slab::new(),
                     next_seq: 0,
@@ -228,23 +312,38 @@ impl<R> InFlight<R> {
         drop(removed);
     }
 
-    /// Lists a task.
-    pub(super) fn list_task(&self) -> TaskKey {
+    /// Registers a task, unlisted: counts it in a shard's unlisted word (no lock). Its unit
+    /// is taken already (see `tree::register_task`).
+    pub(super) fn add_task(&self) -> TaskKey {
         let shard = next_shard();
-        let mut cells = self.shards[shard].cells.lock();
-        let seq = cells.next_seq;
-        cells.next_seq = seq.wrapping_add(1);
-        let key = cells.slab.insert(Entry::Task { seq, waker: None });
+        // AcqRel: Release so that a quarantine that takes this count (Acquire) comes after the
+        // task's unit CAS, before it releases that unit.
+        let prev = self.shards[shard].unlisted.fetch_add(1, Ordering::AcqRel);
         TaskKey {
-            key: (key << SHARD_BITS) | shard,
-            seq,
+            key: (UNLISTED << SHARD_BITS) | shard,
+            seq: prev >> EPOCH_SHIFT,
         }
     }
 
-    /// Takes a task out of the list for its receipt. `false`: a quarantine took it first.
+    /// Takes a task out, unlisted or listed, for its receipt. `false`: a quarantine took it
+    /// first.
+    // Inlined: most tasks end unlisted, and that path is one CAS (a call and the listed
+    // path's frame were a third of it).
+    #[inline]
     pub(super) fn unlist_task(&self, task: TaskKey) -> bool {
-        let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
+        let shard = &self.shards[task.key & SHARD_MASK];
+        if task.key >> SHARD_BITS == UNLISTED {
+            // No lock: the count's epoch decides between this and a quarantine.
+            return shard.take_unlisted(task.seq);
+        }
+        self.unlist_listed(task)
+    }
+
+    /// [`unlist_task`](Self::unlist_task) for a task that was listed.
+    #[inline(never)]
+    fn unlist_listed(&self, task: TaskKey) -> bool {
         let slot = task.key >> SHARD_BITS;
+        let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
         if !matches!(cells.slab.get(slot), Some(Entry::Task { seq, .. }) if *seq == task.seq) {
             return false;
         }
@@ -255,20 +354,51 @@ impl<R> InFlight<R> {
         true
     }
 
-    /// Keeps the waker of a listed task (replacing an older one). `false`: not listed any more.
-    pub(super) fn set_task_waker(&self, task: TaskKey, waker: &Waker) -> bool {
-        let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
-        let Some(Entry::Task { seq, waker: slot }) = cells.slab.get_mut(task.key >> SHARD_BITS)
-        else {
+    /// Keeps the waker of a task that returned `Pending`, for the node's cancel: on its first
+    /// `Pending` the task is listed, with the waker (and `task` becomes its listed key); later,
+    /// the waker replaces an older one. `false`: quarantined (not counted or listed any more).
+    ///
+    /// Listing moves the task from its shard's unlisted count into the shard's slab under the
+    /// shard lock, and a quarantine takes a shard's count before it takes that lock to walk the
+    /// slab ([`take_for_quarantine`](Self::take_for_quarantine)): so the quarantine meets the
+    /// task exactly once. If the task's decrement comes first in the word's modification
+    /// order, the quarantine does not count it, and takes the lock after the task released it
+    /// (had the quarantine taken it before, its bump, sequenced before its lock, would
+    /// happen-before the task's decrement and so come first in that order): it finds the
+    /// entry. Otherwise the decrement finds the epoch bumped and fails: counted by the
+    /// quarantine, the task is not listed.
+    pub(super) fn set_task_waker(&self, task: &mut TaskKey, waker: &Waker) -> bool {
+        let shard_index = task.key & SHARD_MASK;
+        let shard = &self.shards[shard_index];
+        let mut cells = shard.cells.lock();
+        let slot = task.key >> SHARD_BITS;
+        if slot == UNLISTED {
+            // Under the lock (see above).
+            if !shard.take_unlisted(task.seq) {
+                return false;
+            }
+            let seq = cells.next_seq;
+            cells.next_seq = seq.wrapping_add(1);
+            let key = cells.slab.insert(Entry::Task {
+                seq,
+                waker: waker.clone(),
+            });
+            *task = TaskKey {
+                key: (key << SHARD_BITS) | shard_index,
+                seq,
+            };
+            return true;
+        }
+        let Some(Entry::Task { seq, waker: kept }) = cells.slab.get_mut(slot) else {
             return false;
         };
         if *seq != task.seq {
             return false;
         }
-        if slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        if kept.will_wake(waker) {
             return true;
         }
-        let old = slot.replace(waker.clone());
+        let old = std::mem::replace(kept, waker.clone());
         drop(cells);
         drop(old);
         true
@@ -289,19 +419,27 @@ impl<R> InFlight<R> {
         for shard in &self.shards {
             let cells = shard.cells.lock();
             wakers.extend(cells.slab.iter().filter_map(|(_, e)| match e {
-                Entry::Task { waker, .. } => waker.clone(),
+                Entry::Task { waker, .. } => Some(waker.clone()),
                 Entry::Ticket(_) => None,
             }));
         }
     }
 
     /// For a quarantine: copies of the listed tickets' cells (each is decided by its CAS), and
-    /// the number of listed tasks, which are taken out here (decided by this lock).
+    /// the number of tasks, listed or not, which are taken out here (decided by the unlisted
+    /// word's epoch and the shard lock).
+    ///
+    /// In each shard the unlisted count is taken first, then the lock, in that order: a task
+    /// that lists itself moves from the count to the slab under that lock, so it is met by
+    /// exactly one of the two steps (see [`set_task_waker`](Self::set_task_waker)).
     pub(super) fn take_for_quarantine(&self) -> (Vec<Arc<TicketCell<R>>>, usize) {
         let mut tickets = Vec::new();
         let mut tasks = 0;
         let mut wakers = Vec::new();
         for shard in &self.shards {
+            // Unlisted tasks are in their first poll or about to be polled: they need no
+            // waking, they find the epoch bumped when they return `Pending` or finish.
+            tasks += shard.quarantine_unlisted();
             let mut cells = shard.cells.lock();
             let task_slots: Vec<usize> = cells
                 .slab
@@ -317,7 +455,7 @@ impl<R> InFlight<R> {
             for k in task_slots {
                 if let Entry::Task { waker, .. } = cells.slab.remove(k) {
                     tasks += 1;
-                    wakers.extend(waker);
+                    wakers.push(waker);
                 }
             }
         }
