@@ -304,9 +304,6 @@ impl<F: Future> OwnRun<F> {
 impl<F: Future> Future for OwnRun<F> {
     type Output = (Result<F::Output, Error>, OwnTicket);
 
-    /// Always inlined: the output, returned through memory, was copied by the caller right
-    /// after it was written (a store-forwarding stall per attempt).
-    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut run = self.project().run;
         // Once ready, the work has stopped, before the ticket goes back for its receipt
