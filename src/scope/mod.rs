@@ -733,8 +733,9 @@ impl Scope {
         with_current(&mut Some(self.clone()), f)
     }
 
-    /// Whether this scope or an ancestor carries `key` (see [`ChildBuilder::mark`]). Walks up
-    /// the tree: marks are rare, and a scope keeps its own only (no allocation per mark).
+    /// Whether this scope or an ancestor carries `key` (a retry attempt marks its scope with
+    /// its dependency, see `ChildBuilder::attempt`). Walks up the tree: marks are rare, and a
+    /// scope keeps its own only (no allocation per mark).
     pub(crate) fn has_mark(&self, key: &str) -> bool {
         let mut n = Some(&*self.node);
         while let Some(node) = n {
