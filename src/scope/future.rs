@@ -125,10 +125,9 @@ enum Hold {
     /// Nothing: the scope (or an ancestor, on the way up) refused the body when the run was
     /// made (cancelled, or closed and quiet), for this reason.
     Refused(tree::Refused),
-    /// Nothing: the unit was given back.
+    /// Nothing of its own: the run of an own ticket (the ticket is the unit), or the unit was
+    /// given back.
     Nothing,
-    /// Nothing of its own: the run of an own ticket (the ticket is the unit, see [`OwnRun`]).
-    Own,
 }
 
 impl<F: Future> Run<F> {
@@ -166,12 +165,7 @@ impl<F: Future> Run<F> {
         let Some(scope) = this.scope.as_ref() else {
             return;
         };
-        if !matches!(this.hold, Hold::Own) {
-            tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
-        }
-        // An own ticket's run leaves its waiter: the ticket's node goes with the ticket (its
-        // receipt follows at once), and its waiters with it. A cancel of that node meanwhile
-        // wakes the task for nothing, which a task allows.
+        tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
         let back = GiveBack {
             scope: this.scope,
             hold: this.hold,
@@ -296,7 +290,7 @@ impl<F: Future> OwnRun<F> {
     pub(crate) fn new(scope: Scope, fut: F) -> Self {
         OwnRun {
             // The ticket is the body's unit (its scope's first, taken when it was built).
-            run: Run::with_hold(scope, fut, Hold::Own),
+            run: Run::with_hold(scope, fut, Hold::Nothing),
         }
     }
 }
