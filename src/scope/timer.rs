@@ -16,9 +16,13 @@
 //! once the gone scopes since the last one reach half the entries that one left (at least
 //! [`MIN_COMPACTION`]): its cost, linear in the heap, is at most three times the number of
 //! gone scopes that paid for it, and the dead entries are at most half the live ones plus
-//! that minimum (invariant 7; a count lost to a race only delays a compaction). The node's
-//! allocation (not its contents, which go with its last strong reference) lives until its
-//! entry is dropped.
+//! that minimum. Counts can be lost: scopes that go at once on several threads may each
+//! store the same count, and a thread stalled between its load and its store can take the
+//! count back by every increment made meanwhile. So an insert also compacts once the heap
+//! has doubled since the last compaction (plus the minimum): whatever the counts, the heap
+//! holds at most about twice the live deadlines (invariant 7), at the same amortized cost.
+//! The node's allocation (not its contents, which go with its last strong reference) lives
+//! until its entry is dropped.
 //!
 //! When the scope that made the tree's timers goes, every scope that uses them has gone (they
 //! are its descendants, and a node goes only after its children): the heap is cleared and the
@@ -152,6 +156,9 @@ struct TimerState {
     /// The deadline the driver sleeps until, if it runs.
     armed: Option<Instant>,
     running: bool,
+    /// The heap size at which an insert compacts (see the module docs); 0 until the first
+    /// compaction sets it.
+    limit: usize,
 }
 
 impl Timers {
@@ -188,6 +195,9 @@ impl Timers {
             }
         }
         st.heap.push(entry);
+        if st.heap.len() >= st.limit.max(4 * MIN_COMPACTION) {
+            this.compact_locked(&mut st);
+        }
         if st.armed.is_none_or(|a| deadline < a) {
             st.armed = Some(deadline);
             drop(st);
@@ -209,7 +219,10 @@ impl Timers {
     /// Drops the dead entries. The calling scope's own entry is not dead yet (the caller still
     /// holds its node): the next compaction drops it.
     fn compact(&self) {
-        let mut st = self.state.lock();
+        self.compact_locked(&mut self.state.lock());
+    }
+
+    fn compact_locked(&self, st: &mut TimerState) {
         st.heap.retain(|e| !e.is_dead());
         let left = st.heap.len();
         let next = self
@@ -217,6 +230,7 @@ impl Timers {
             .load(Ordering::Relaxed)
             .saturating_add((left / 2).max(MIN_COMPACTION));
         self.compact_at.store(next, Ordering::Relaxed);
+        st.limit = left.saturating_mul(2).saturating_add(2 * MIN_COMPACTION);
     }
 
     /// The scope that made these timers has gone, and with it every scope that used them:
