@@ -45,8 +45,8 @@ const MIN_COMPACTION: usize = 7;
 pub(crate) struct Timers {
     state: Mutex<TimerState>,
     wake: tokio::sync::Notify,
-    /// Scopes with an entry that have gone, counted without a read-modify-write: two that go
-    /// at once on two threads may count one (a lost count only delays a compaction).
+    /// Scopes with an entry that have gone, counted without a read-modify-write: counts can
+    /// be lost under races, which only delays a compaction (see the module docs).
     gone: AtomicUsize,
     /// The value of `gone` that starts the next compaction.
     compact_at: AtomicUsize,
