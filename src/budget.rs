@@ -300,9 +300,8 @@ impl Split {
                 // attempt does not get stays for the next (800 ms / 3 = 266, 267, 267).
                 let ms = remaining.saturating_sub(reserve).as_millis();
                 // In 64 bits whenever it fits (every real budget): a 128-bit division is a
-                // library call on every attempt.
-                // The usual counts are divided by a constant (a multiplication), not by a
-                // hardware division (about 10 ns here).
+                // library call on every attempt. The usual counts are divided by a constant
+                // (a multiplication), not by a hardware division (about 10 ns here).
                 let share = match u64::try_from(ms) {
                     Ok(ms) => match attempts_left {
                         1 => ms,

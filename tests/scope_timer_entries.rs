@@ -12,36 +12,26 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// A child of `parent` with its own `timeout`.
+fn child_within(parent: &Scope, timeout: Duration) -> Scope {
+    parent.child().timeout(timeout).build().unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_long_lived_root_with_many_short_lived_deadlines_keeps_flat_timers() {
     let root = Scope::with_timeout(Duration::from_secs(3600));
     for _ in 0..10_000 {
-        drop(
-            root.child()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        );
+        drop(child_within(&root, Duration::from_secs(30)));
     }
     // The root's entry, the last child's and at most a compaction's worth of dead ones.
     assert!(root.__timer_entries() <= 16, "{}", root.__timer_entries());
 
     // With 1,000 deadlines live, churn keeps the heap within one and a half times that.
     let live: Vec<_> = (0..1_000)
-        .map(|_| {
-            root.child()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap()
-        })
+        .map(|_| child_within(&root, Duration::from_secs(60)))
         .collect();
     for _ in 0..10_000 {
-        drop(
-            root.child()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
-        );
+        drop(child_within(&root, Duration::from_secs(30)));
     }
     let n = root.__timer_entries();
     assert!((1_001..=1_001 + 1_001 / 2 + 16).contains(&n), "{n}");
@@ -58,14 +48,14 @@ async fn compactions_keep_every_live_deadline_firing_at_its_own_time() {
     // Every other child is kept: the dropped ones interleave with the live ones in the heap.
     let mut kept = Vec::new();
     for i in 1..=200u64 {
-        let c = root.child().timeout(ms(i * 10)).build().unwrap();
+        let c = child_within(&root, ms(i * 10));
         if i % 2 == 0 {
             kept.push((i, c));
         }
     }
     // More churn, so that several compactions run.
     for _ in 0..1_000 {
-        drop(root.child().timeout(ms(5)).build().unwrap());
+        drop(child_within(&root, ms(5)));
     }
     assert!(root.__timer_entries() < 300, "{}", root.__timer_entries());
     for (i, c) in &kept {
@@ -81,14 +71,14 @@ async fn compactions_keep_every_live_deadline_firing_at_its_own_time() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_scope_is_freed_at_once_and_later_deadlines_still_fire() {
     let root = Scope::with_timeout(Duration::from_secs(10));
-    let first = root.child().timeout(ms(10)).build().unwrap();
+    let first = child_within(&root, ms(10));
     let probe = first.__freed_probe();
     drop(first);
     assert!(
         probe(),
         "the node is freed at once, its entry does not keep it"
     );
-    let second = root.child().timeout(ms(50)).build().unwrap();
+    let second = child_within(&root, ms(50));
     tokio::time::sleep(ms(20)).await; // past the dropped scope's deadline
     assert!(!second.is_cancelled());
     assert!(!root.is_cancelled());
@@ -100,11 +90,7 @@ async fn a_dropped_scope_is_freed_at_once_and_later_deadlines_still_fire() {
 async fn the_timer_task_exits_when_the_scope_that_made_the_timers_goes() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let root = Scope::with_timeout(Duration::from_secs(3600));
-    let child = root
-        .child()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let child = child_within(&root, Duration::from_secs(60));
     assert_eq!(metrics.num_alive_tasks(), 1, "the tree's timer task");
     drop(child);
     assert_eq!(
@@ -120,16 +106,8 @@ async fn the_timer_task_exits_when_the_scope_that_made_the_timers_goes() {
 
     // The same for timers made by a child (its parent has no deadline).
     let root = Scope::new();
-    let owner = root
-        .child()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let inner = owner
-        .child()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let owner = child_within(&root, Duration::from_secs(60));
+    let inner = child_within(&owner, Duration::from_secs(30));
     assert_eq!(metrics.num_alive_tasks(), 1);
     drop(owner); // orphaned: its child still holds it
     tokio::time::sleep(ms(1)).await;
@@ -159,11 +137,7 @@ async fn concurrent_churn_keeps_live_deadlines_and_bounds_the_heap() {
                 let _runtime = handle.enter();
                 let mut kept = Vec::new();
                 for i in 0..60_000u64 {
-                    let c = root
-                        .child()
-                        .timeout(ms(1 + (i * 7 + t) % 5000))
-                        .build()
-                        .unwrap();
+                    let c = child_within(&root, ms(1 + (i * 7 + t) % 5000));
                     if i % 200 == 0 {
                         kept.push((c.deadline().unwrap(), c));
                     }
@@ -198,16 +172,8 @@ async fn concurrent_churn_keeps_live_deadlines_and_bounds_the_heap() {
 async fn timers_made_by_an_orphaned_scope_last_until_its_last_descendant_goes() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let root = Scope::new();
-    let owner = root
-        .child()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let mid = owner
-        .child()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let owner = child_within(&root, Duration::from_secs(60));
+    let mid = child_within(&owner, Duration::from_secs(30));
     let leaf = mid.child().build().unwrap(); // inherits mid's deadline: no entry of its own
     drop(owner);
     drop(mid);
@@ -232,11 +198,7 @@ async fn roots_that_come_and_go_leave_no_timer_task() {
     for _ in 0..1000 {
         drop(Scope::with_timeout(Duration::from_secs(3600)));
         let detached = request.detach(Duration::from_secs(3600));
-        let child = detached
-            .child()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap();
+        let child = child_within(&detached, Duration::from_secs(60));
         drop(detached);
         drop(child);
         drop(Scope::with_deadline(Instant::now()));

@@ -810,16 +810,14 @@ impl Drop for Scope {
         // stays armed, because children that inherit its deadline rely on it. Its entry is
         // not taken out: it dies with the node (see `timer`).
         tree::drop_handle(&self.node, |node| {
-            let ext = &node.ext;
-            let t = ext.timer.load(Ordering::Relaxed);
-            if t != 0 {
-                if let Some(timers) = ext.timers() {
-                    if t & OWNS_TIMERS != 0 {
-                        timers.shut_down();
-                    } else {
-                        timers.count_gone();
-                    }
-                }
+            let t = node.ext.timer.load(Ordering::Relaxed);
+            let Some(timers) = node.ext.timers().filter(|_| t != 0) else {
+                return;
+            };
+            if t & OWNS_TIMERS != 0 {
+                timers.shut_down();
+            } else {
+                timers.count_gone();
             }
         });
     }
