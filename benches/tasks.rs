@@ -33,46 +33,82 @@ fn spawn_join(c: &mut Criterion) {
     g.finish();
 }
 
-fn spawn_many_then_quiesce(c: &mut Criterion) {
-    const TASKS: usize = 10_000;
+const TASKS: usize = 10_000;
+
+/// 10,000 tasks spawned into a scope, which is then closed and quiesced.
+async fn scope_quiesce() -> u64 {
+    let scope = Scope::new();
+    for _ in 0..TASKS {
+        // The handle is not needed: quiesce waits for every task.
+        drop(
+            scope
+                .spawn(async { tokio::task::yield_now().await })
+                .unwrap(),
+        );
+    }
+    scope.close();
+    scope.quiesce().await.succeeded()
+}
+
+/// The same with tokio-util's `TaskTracker`: spawn, close, wait.
+async fn task_tracker() {
+    let tracker = TaskTracker::new();
+    for _ in 0..TASKS {
+        tracker.spawn(async { tokio::task::yield_now().await });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// The same with tokio's `JoinSet`: spawn, then join every task.
+async fn join_set() {
+    let mut set = JoinSet::new();
+    for _ in 0..TASKS {
+        set.spawn(async { tokio::task::yield_now().await });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+/// The three side by side, spawning from the benchmark's `block_on` thread or, `in_a_worker`,
+/// from inside a task on a worker, as a request handler spawns (the spawns then go to the
+/// worker's own run queue instead of the runtime's injection queue).
+fn spawn_many_then_wait(c: &mut Criterion, group: &str, in_a_worker: bool) {
     let rt = runtime();
-    let mut g = c.benchmark_group("spawn_10000_then_wait_for_all");
+    let mut g = c.benchmark_group(group);
     g.sample_size(20);
     g.bench_function("cancel_scope_quiesce", |b| {
         b.to_async(&rt).iter(|| async {
-            let scope = Scope::new();
-            for _ in 0..TASKS {
-                // The handle is not needed: quiesce waits for every task.
-                drop(
-                    scope
-                        .spawn(async { tokio::task::yield_now().await })
-                        .unwrap(),
-                );
+            if in_a_worker {
+                tokio::spawn(scope_quiesce()).await.unwrap()
+            } else {
+                scope_quiesce().await
             }
-            scope.close();
-            scope.quiesce().await.succeeded()
         })
     });
     g.bench_function("task_tracker", |b| {
         b.to_async(&rt).iter(|| async {
-            let tracker = TaskTracker::new();
-            for _ in 0..TASKS {
-                tracker.spawn(async { tokio::task::yield_now().await });
+            if in_a_worker {
+                tokio::spawn(task_tracker()).await.unwrap()
+            } else {
+                task_tracker().await
             }
-            tracker.close();
-            tracker.wait().await;
         })
     });
     g.bench_function("join_set", |b| {
         b.to_async(&rt).iter(|| async {
-            let mut set = JoinSet::new();
-            for _ in 0..TASKS {
-                set.spawn(async { tokio::task::yield_now().await });
+            if in_a_worker {
+                tokio::spawn(join_set()).await.unwrap()
+            } else {
+                join_set().await
             }
-            while set.join_next().await.is_some() {}
         })
     });
     g.finish();
+}
+
+fn spawn_many_then_quiesce(c: &mut Criterion) {
+    spawn_many_then_wait(c, "spawn_10000_then_wait_for_all", false);
+    spawn_many_then_wait(c, "spawn_10000_then_wait_for_all_in_a_worker", true);
 }
 
 criterion_group!(benches, spawn_join, spawn_many_then_quiesce);
