@@ -69,9 +69,10 @@ async fn join_set() {
     while set.join_next().await.is_some() {}
 }
 
-/// The three side by side, spawning from the benchmark's `block_on` thread or, `in_a_worker`,
-/// from inside a task on a worker, as a request handler spawns (the spawns then go to the
-/// worker's own run queue instead of the runtime's injection queue).
+/// The three side by side, spawning from the benchmark's `block_on` thread (one task at a time
+/// through the runtime's injection queue) or, `in_a_worker`, from inside a task on a worker,
+/// as a request handler spawns (into that worker's run queue, which moves half of itself to
+/// the injection queue, in a batch, whenever it is full).
 fn spawn_many_then_wait(c: &mut Criterion, group: &str, in_a_worker: bool) {
     let rt = runtime();
     let mut g = c.benchmark_group(group);

@@ -1349,11 +1349,21 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
 /// Quarantines every ticket of `node`'s subtree that has no receipt yet: each gets a
 /// `Quarantined` receipt (its record lists it) and gives back its unit; the late real outcome is
 /// then ignored (invariant 5). Spawned tasks are recorded with `task_info`. Returns how many.
+///
+/// If `node` is cancelled, its cancel first reaches the whole subtree (a walk of its own, as
+/// a repeated `cancel` makes): the cancel that preceded this quarantine may still be walking
+/// down (a zero grace period, or a walk that stalled). Quarantining the own ticket of a
+/// closed child before that walk reached it would give back the child's last unit and make
+/// it quiet, and a quiet node is never cancelled afterwards (invariant 6): its body (a retry
+/// attempt's run) would wait on for a cancel that never comes (loom model 38).
 pub(crate) fn quarantine_subtree<X, R: Clone>(
     node: &Arc<Node<X, R>>,
     task_info: &R,
     stamp: u64,
 ) -> usize {
+    if let Some(cause) = node.cause() {
+        cancel(node, cause, stamp);
+    }
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
