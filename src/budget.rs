@@ -264,7 +264,8 @@ impl std::error::Error for BudgetExhausted {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Split {
     /// `min(cap, remaining / attempts_left)` in whole milliseconds: every attempt gets a fair
-    /// share.
+    /// share. A share that rounds down to nothing is not a reason to start nothing: while
+    /// time is left, an attempt gets at least `min(1 ms, what is left)`.
     Even {
         /// Per-attempt cap.
         cap: Option<Duration>,
@@ -289,6 +290,9 @@ impl Split {
     /// let even = Split::Even { cap: None };
     /// assert_eq!(even.attempt(ms(900), 3, ms(0)), ms(300));
     /// assert_eq!(even.attempt(ms(900), 0, ms(0)), ms(0)); // no attempts left
+    /// // Less than 1 ms per attempt: 1 ms, or what is left if that is less.
+    /// assert_eq!(even.attempt(ms(2), 3, ms(0)), ms(1));
+    /// assert_eq!(even.attempt(Duration::from_micros(400), 3, ms(0)), Duration::from_micros(400));
     /// ```
     pub fn attempt(&self, remaining: Duration, attempts_left: u32, reserve: Duration) -> Duration {
         if attempts_left == 0 {
@@ -312,7 +316,15 @@ impl Split {
                     },
                     Err(_) => u64::try_from(ms / u128::from(attempts_left)).unwrap_or(u64::MAX),
                 };
-                let share = Duration::from_millis(share);
+                let share = if share == 0 {
+                    // Less than 1 ms per attempt left: this one gets 1 ms, or all that is left
+                    // if that is less (a budget is never rounded up).
+                    remaining
+                        .saturating_sub(reserve)
+                        .min(Duration::from_millis(1))
+                } else {
+                    Duration::from_millis(share)
+                };
                 cap.map_or(share, |c| share.min(c))
             }
             Split::Greedy { cap } => grant(remaining, reserve, cap),

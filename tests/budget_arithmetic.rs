@@ -159,9 +159,15 @@ proptest! {
     fn an_even_share_is_the_whole_milliseconds_left_divided_by_the_attempts_left(
         remaining in dur(), attempts in 1u32..12, reserve in dur(),
     ) {
-        // The reference in 128 bits (every count, whether divided by a constant or not).
-        let ms = remaining.saturating_sub(reserve).as_millis() / u128::from(attempts);
-        let want = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+        // The reference in 128 bits (every count, whether divided by a constant or not); a
+        // share under 1 ms is 1 ms, or all that is left if that is less.
+        let left = remaining.saturating_sub(reserve);
+        let ms = left.as_millis() / u128::from(attempts);
+        let want = if ms == 0 {
+            left.min(Duration::from_millis(1))
+        } else {
+            Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+        };
         prop_assert_eq!(Split::Even { cap: None }.attempt(remaining, attempts, reserve), want);
     }
 

@@ -370,15 +370,39 @@ impl<'s> Call<'s> {
         self.limits.max_attempts.saturating_sub(self.started())
     }
 
-    /// Whether another attempt could start after waiting `wait` (the scope's cancel, the
-    /// attempt count, the reserve line, the minimum useful budget): checked before a backoff
-    /// sleep, so that a sleep after which nothing may start is not slept.
-    pub(crate) fn check_after(&self, wait: Duration) -> Result<(), Stop> {
+    /// Whether another attempt could start after waiting `wait` (the scope's cancel or close,
+    /// the attempt count, the reserve line, the minimum useful budget, a token in the retry
+    /// budget): checked before a backoff sleep, so that a sleep after which nothing may start
+    /// is not slept. A retry refused here for want of a token is counted refused (in the
+    /// ledger and the retry budget).
+    pub(crate) fn check_after(&mut self, wait: Duration) -> Result<(), Stop> {
         if let Some(cause) = self.scope.cause() {
             return Err(Stop::Cancelled(cause));
         }
+        if let Some(stop) = self.closed() {
+            return Err(stop);
+        }
         let remaining = self.scope.remaining().map(|r| r.saturating_sub(wait));
-        attempt_budget(&self.limits, remaining, self.attempts_left()).map(|_| ())
+        attempt_budget(&self.limits, remaining, self.attempts_left())?;
+        if self.started() > 0 && self.retry_budget.is_some_and(RetryBudget::refuses_now) {
+            self.ledger.get().refused_by_budget += 1;
+            return Err(Stop::RetryBudget);
+        }
+        Ok(())
+    }
+
+    /// Why no attempt can start in the scope any more, if its watermark is closed: its cancel
+    /// (a cancel closes the watermark before the cause is readable, so the state decides), or
+    /// its close.
+    fn closed(&self) -> Option<Stop> {
+        if !self.scope.is_closed() {
+            return None;
+        }
+        Some(if self.scope.is_cancelled() {
+            Stop::Cancelled(self.scope.cause_or_cancelled())
+        } else {
+            Stop::Closed
+        })
     }
 
     /// Starts the next attempt: budget from the ledger, retry budget for every attempt after
@@ -403,6 +427,10 @@ impl<'s> Call<'s> {
             .map(|d| d.saturating_duration_since(now));
         let budget = attempt_budget(&limits, remaining, self.attempts_left())?;
         if self.started() > 0 {
+            // A closed scope refuses the attempt below: no token is spent on it.
+            if let Some(stop) = self.closed() {
+                return Err(stop);
+            }
             if let Some(b) = self.retry_budget {
                 if !b.withdraw() {
                     self.ledger.get().refused_by_budget += 1;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::attempt::{Call, Limits, Started, Unknown, Verdict};
-use super::classify::Classify;
+use super::classify::{Classify, Decision};
 use super::error::RetryError;
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use super::spawn::{Finished, InFlight};
@@ -199,7 +199,14 @@ impl fmt::Debug for Latencies {
 /// Only read-only and idempotent work is hedged (every attempt reuses the idempotency key);
 /// side-effecting work makes a single attempt. Hedges overlap, so each may use what is left of
 /// the budget (the policy's cap and reserve still apply). An attempt that fails while none is in
-/// flight is followed at once by the next, as the classification allows.
+/// flight is followed at once by the next, as the classification allows: no backoff is slept,
+/// but [`Decision::SwitchEndpoint`] moves the next attempts to the next endpoint, and
+/// [`Decision::RetryAfter`] holds every later start (retry or hedge) until the hint has passed,
+/// or ends the call with [`Stop::RetryAfterTooLong`] if nothing could start then and nothing is
+/// in flight.
+///
+/// [`Decision::SwitchEndpoint`]: super::Decision::SwitchEndpoint
+/// [`Decision::RetryAfter`]: super::Decision::RetryAfter
 ///
 /// [`RetryBudget`]: super::RetryBudget
 ///
@@ -337,6 +344,9 @@ impl<C, B> Hedge<C, B> {
         let mut last: Option<E> = None;
         let mut winner: Option<T> = None;
         let mut next_hedge: Option<Instant> = None;
+        let mut endpoint = 0u32;
+        // The dependency's pushback (`Decision::RetryAfter`): nothing starts before it.
+        let mut not_before: Option<Instant> = None;
         let stop = 'call: {
             // The first attempt (and, later, one after a failure with nothing in flight).
             let mut start_now = true;
@@ -344,15 +354,21 @@ impl<C, B> Hedge<C, B> {
                 if start_now {
                     start_now = false;
                     let hedge = !inflight.is_empty();
-                    match call.start(hedge, 0) {
+                    match call.start(hedge, endpoint) {
                         Ok(Started {
                             dispatched,
                             index,
                             attempt,
                         }) => {
                             inflight.spawn(index, dispatched, op(attempt));
-                            next_hedge = (call.attempts_left() > 0)
-                                .then(|| Instant::now() + self.delay.delay());
+                            // A delay too long to represent never hedges.
+                            next_hedge = if call.attempts_left() > 0 {
+                                Instant::now()
+                                    .checked_add(self.delay.delay())
+                                    .map(|at| not_before.map_or(at, |nb| at.max(nb)))
+                            } else {
+                                None
+                            };
                         }
                         // Nothing more may start: wait for what is in flight, if anything.
                         Err(stop) if inflight.is_empty() => break 'call stop,
@@ -383,13 +399,40 @@ impl<C, B> Hedge<C, B> {
                                 break 'call Stop::Succeeded;
                             }
                             Verdict::Stop(stop) => break 'call stop,
+                            Verdict::Again(Decision::SwitchEndpoint) => {
+                                endpoint = endpoint.wrapping_add(1);
+                            }
+                            Verdict::Again(Decision::RetryAfter(hint)) => {
+                                match call.check_after(hint) {
+                                    Ok(()) => {
+                                        // Checked against the deadline: representable.
+                                        let at = Instant::now().checked_add(hint);
+                                        not_before = not_before.max(at);
+                                        next_hedge = next_hedge.zip(not_before).map(|(h, nb)| h.max(nb));
+                                    }
+                                    Err(stop) if inflight.is_empty() => {
+                                        break 'call match stop {
+                                            Stop::ReserveReached | Stop::BelowMinUseful => {
+                                                Stop::RetryAfterTooLong(hint)
+                                            }
+                                            stop => stop,
+                                        };
+                                    }
+                                    // Nothing more starts: wait for what is in flight.
+                                    Err(_) => next_hedge = None,
+                                }
+                            }
                             Verdict::Again(_) => {}
                         }
                         if inflight.is_empty() {
                             if call.attempts_left() == 0 {
                                 break 'call Stop::AttemptsExhausted;
                             }
-                            start_now = true;
+                            match not_before.filter(|at| *at > Instant::now()) {
+                                // Started when the hint has passed (or the scope is cancelled).
+                                Some(at) => next_hedge = Some(at),
+                                None => start_now = true,
+                            }
                         }
                     }
                     () = sleep_until(next_hedge), if next_hedge.is_some() => {

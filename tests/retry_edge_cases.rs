@@ -1,0 +1,183 @@
+//! Edge cases of retries and hedges (found by review): a huge hedge delay, an empty retry
+//! budget or a closed scope met before a backoff sleep, a hedge told to switch endpoint or to
+//! come back later, an even split with less than 1 ms per attempt.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cancel_scope::retry::{Decision, HedgeDelay, Retry, RetryBudget, Stop};
+use cancel_scope::{ChildSpec, Scope};
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A hedge delay too long to represent (`Duration::MAX`: "never hedge") never hedges; it
+/// does not overflow `Instant + Duration`.
+#[tokio::test(start_paused = true)]
+async fn a_huge_hedge_delay_does_not_panic() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(Duration::MAX));
+    let out = hedge
+        .run(&request, ChildSpec::read_only("search"), |_| async {
+            tokio::time::sleep(ms(10)).await;
+            Ok::<_, ()>(7)
+        })
+        .await;
+    assert_eq!(out.unwrap(), 7);
+}
+
+/// With the process-wide retry budget empty, the call stops with `RetryBudget` before the
+/// backoff sleep: a sleep after which nothing may start is not slept. The refusal is counted.
+#[tokio::test(start_paused = true)]
+async fn an_empty_retry_budget_is_checked_before_the_backoff_sleep() {
+    let budget = Arc::new(RetryBudget::new(0).burst(1));
+    assert!(budget.withdraw()); // the storm emptied it
+    let request = Scope::with_timeout(ms(5000));
+    let retry = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(3)
+        .budget(budget.clone())
+        .backoff(vec![ms(1000), ms(1000)]);
+    let t0 = Instant::now();
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::RetryBudget);
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "slept a backoff that could not be used"
+    );
+    assert_eq!((budget.retries(), budget.refused()), (1, 1));
+    assert_eq!(err.ledger().refused_by_budget(), 1);
+}
+
+/// A scope closed while an attempt runs: the call ends `Closed` without withdrawing a retry
+/// token for an attempt that could not be registered.
+#[tokio::test(start_paused = true)]
+async fn a_closed_scope_does_not_spend_a_retry_token() {
+    let budget = Arc::new(RetryBudget::new(0).burst(5));
+    let request = Scope::with_timeout(ms(5000));
+    let retry = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(3)
+        .budget(budget.clone())
+        .backoff(vec![ms(1000), ms(1000)]);
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |a| {
+            let request = request.clone();
+            async move {
+                assert_eq!(a.number(), 1);
+                request.close(); // the handler is done and closes the request
+                Err::<(), _>(())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::Closed);
+    assert_eq!(
+        budget.retries(),
+        0,
+        "a token was spent on an attempt that never started"
+    );
+    assert_eq!(budget.balance(), 5.0);
+}
+
+/// A hedged call told `RetryAfter(300 ms)` starts its next attempt only once the hint has
+/// passed, as a sequential retry does.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_honours_the_retry_after_hint() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|_: &()| Decision::RetryAfter(ms(300)))
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(500)));
+    let (out, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("quota"), |a| async move {
+            if a.number() == 1 {
+                Err(())
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    out.unwrap();
+    assert!(
+        ledger.attempts()[1].started_at() - ledger.began() == ms(300),
+        "retried {:?} after a 300 ms Retry-After",
+        ledger.attempts()[1].started_at() - ledger.began()
+    );
+}
+
+/// A hedged call told `SwitchEndpoint` moves its next attempt to the next endpoint.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_switches_endpoint_when_told_to() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|_: &&str| Decision::SwitchEndpoint)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(500)));
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let out = hedge
+        .run(&request, ChildSpec::read_only("db"), move |a| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if a.endpoint() == 0 {
+                    Err("connection refused")
+                } else {
+                    Ok(a.endpoint())
+                }
+            }
+        })
+        .await;
+    assert_eq!(out.unwrap(), 1, "all attempts went to the dead endpoint 0");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A scope closed while an attempt runs: the call ends `Closed` at once, without sleeping a
+/// backoff after which nothing may start.
+#[tokio::test(start_paused = true)]
+async fn a_closed_scope_does_not_sleep_the_backoff() {
+    let request = Scope::with_timeout(ms(5000));
+    let retry = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(3)
+        .backoff(vec![ms(1000), ms(1000)]);
+    let t0 = Instant::now();
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| {
+            let request = request.clone();
+            async move {
+                request.close();
+                Err::<(), _>(())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!((err.stop(), t0.elapsed()), (&Stop::Closed, Duration::ZERO));
+}
+
+/// The even split with less than 1 ms per attempt left (9 ms, 10 attempts) still starts an
+/// attempt with what is left (1 ms), instead of stopping `BelowMinUseful` with no minimum
+/// useful budget set.
+#[tokio::test(start_paused = true)]
+async fn an_even_split_below_one_ms_per_attempt_still_starts_an_attempt() {
+    let request = Scope::with_timeout(ms(9));
+    let retry = Retry::new(|_: &()| Decision::Backoff).max_attempts(10);
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.ledger().started() >= 1,
+        "{:?} with nothing started",
+        err.stop()
+    );
+    assert_eq!(err.ledger().attempts()[0].budget(), Some(ms(1)));
+}
