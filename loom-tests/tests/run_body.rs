@@ -123,3 +123,34 @@ fn body_made_while_the_last_work_of_a_closed_scope_ends() {
         },
     );
 }
+
+/// Model 39 (found by review): a scope that has work (a guard) throughout is closed on one
+/// thread while another makes a body in it.
+///
+/// A closed scope that still has work accepts a body (model 32), and so does an open one: so
+/// this body is accepted whichever comes first. Before the fix it could be refused as
+/// "closed": the open state read first sent it to the open path, whose unit CAS then found
+/// the close and refused instead of deciding again as a closed, busy scope.
+#[test]
+fn body_of_a_busy_scope_racing_its_close_is_accepted() {
+    model("body_of_a_busy_scope_racing_its_close_is_accepted", || {
+        let scope = Scope::new();
+        let guard = scope.tether(()).unwrap();
+        let closer = {
+            let scope = scope.clone();
+            thread::spawn(move || scope.close())
+        };
+        let out = loom::future::block_on(scope.run(async { 7 }));
+        closer.join().unwrap();
+        drop(guard);
+        assert_eq!(
+            out.map_err(|e| e.to_string()),
+            Ok(7),
+            "a body of a scope that had work throughout was refused"
+        );
+        assert_eq!(
+            loom::future::block_on(scope.quiesce()).state(),
+            Lifecycle::Completed
+        );
+    });
+}

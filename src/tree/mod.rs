@@ -1201,7 +1201,11 @@ pub(crate) fn take_unit_while_busy<X, R>(
     loop {
         let s = node.state();
         if !s.is_closed() {
-            return take_unit(node);
+            match take_unit(node) {
+                // Closed (or cancelled) since the read: decide again, as a closed node.
+                Err(_) if node.state().is_closed() => continue,
+                taken => return taken,
+            }
         }
         if (refuse_cancelled && s.is_cancelled()) || s.active() == 0 || s.active() == ACTIVE_MASK {
             return Err(refusal(node, s));
