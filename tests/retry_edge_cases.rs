@@ -181,3 +181,106 @@ async fn an_even_split_below_one_ms_per_attempt_still_starts_an_attempt() {
     );
     assert_eq!(err.ledger().attempts()[0].budget(), Some(ms(1)));
 }
+
+#[derive(Debug)]
+enum Failure {
+    Busy,
+    Down,
+}
+
+/// A hedge told `RetryAfter` longer than its budget allows, while another attempt is in
+/// flight, starts nothing more: when the other attempt fails too, the call ends
+/// `RetryAfterTooLong`, not with an attempt started at once.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_keeps_a_too_long_retry_after_while_another_attempt_is_in_flight() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|e: &Failure| match e {
+        Failure::Busy => Decision::RetryAfter(ms(2000)),
+        Failure::Down => Decision::Backoff,
+    })
+    .max_attempts(3)
+    .hedge(HedgeDelay::Fixed(ms(100)));
+    let (out, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("quota"), |a| async move {
+            match a.number() {
+                1 => {
+                    tokio::time::sleep(ms(150)).await;
+                    Err(Failure::Busy)
+                }
+                2 => {
+                    tokio::time::sleep(ms(100)).await;
+                    Err(Failure::Down)
+                }
+                _ => Ok(()),
+            }
+        })
+        .await;
+    assert_eq!(ledger.started(), 2);
+    assert_eq!(out.unwrap_err().stop(), &Stop::RetryAfterTooLong(ms(2000)));
+}
+
+/// A hedge counts one refused retry once, in the budget and in the ledger, and a hedged call
+/// that succeeds counts no refusal for a retry it never needed.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_counts_a_refused_retry_once_and_a_needless_one_not_at_all() {
+    for (second_succeeds, refused) in [(false, 1u32), (true, 0)] {
+        let budget = Arc::new(RetryBudget::new(0).burst(1));
+        let request = Scope::with_timeout(ms(1000));
+        let hedge = Retry::new(|_: &Failure| Decision::RetryAfter(ms(10)))
+            .max_attempts(3)
+            .budget(budget.clone())
+            .hedge(HedgeDelay::Fixed(ms(100)));
+        let (out, ledger) = hedge
+            .run_with_ledger(&request, ChildSpec::read_only("quota"), |a| async move {
+                if a.number() == 1 {
+                    tokio::time::sleep(ms(150)).await;
+                    Err(Failure::Busy)
+                } else if second_succeeds {
+                    tokio::time::sleep(ms(60)).await;
+                    Ok(())
+                } else {
+                    tokio::time::sleep(ms(80)).await;
+                    Err(Failure::Busy)
+                }
+            })
+            .await;
+        assert_eq!(out.is_ok(), second_succeeds);
+        if !second_succeeds {
+            assert_eq!(out.unwrap_err().stop(), &Stop::RetryBudget);
+        }
+        assert_eq!(
+            (budget.refused(), ledger.refused_by_budget()),
+            (u64::from(refused), refused)
+        );
+        assert_eq!(budget.retries(), 1); // the hedge
+    }
+}
+
+/// A sequential retry takes its token when it decides to retry, before the backoff: one
+/// withdrawal per retry, whether the retry is decided by a backoff or a `RetryAfter` hint.
+#[tokio::test(start_paused = true)]
+async fn a_retry_takes_one_token_per_retry_before_its_backoff() {
+    let budget = Arc::new(RetryBudget::new(0).burst(5));
+    let request = Scope::with_timeout(ms(5000));
+    let retry = Retry::new(|e: &Failure| match e {
+        Failure::Busy => Decision::RetryAfter(ms(50)),
+        Failure::Down => Decision::Backoff,
+    })
+    .max_attempts(3)
+    .budget(budget.clone())
+    .backoff(vec![ms(100), ms(100)]);
+    let (out, ledger) = retry
+        .run_with_ledger(&request, ChildSpec::read_only("db"), |a| async move {
+            match a.number() {
+                1 => Err(Failure::Busy),
+                2 => Err(Failure::Down),
+                _ => Ok(()),
+            }
+        })
+        .await;
+    out.unwrap();
+    assert_eq!(ledger.started(), 3);
+    assert_eq!((budget.retries(), budget.refused()), (2, 0));
+    assert_eq!(budget.balance(), 3.0);
+    assert_eq!(ledger.elapsed(), ms(150));
+}

@@ -289,6 +289,9 @@ pub(crate) struct Call<'s> {
     hold: Option<Tethered<()>>,
     /// The clock read of `open`, for the first `start` that follows at once.
     opened_at: Option<Instant>,
+    /// A retry-budget token already taken for the next attempt (see
+    /// [`prepay_retry`](Self::prepay_retry)).
+    prepaid: bool,
 }
 
 impl<'s> Call<'s> {
@@ -332,6 +335,7 @@ impl<'s> Call<'s> {
             held_back: Vec::new(),
             hold: None,
             opened_at: Some(now),
+            prepaid: false,
         }
     }
 
@@ -371,11 +375,9 @@ impl<'s> Call<'s> {
     }
 
     /// Whether another attempt could start after waiting `wait` (the scope's cancel or close,
-    /// the attempt count, the reserve line, the minimum useful budget, a token in the retry
-    /// budget): checked before a backoff sleep, so that a sleep after which nothing may start
-    /// is not slept. A retry refused here for want of a token is counted refused (in the
-    /// ledger and the retry budget).
-    pub(crate) fn check_after(&mut self, wait: Duration) -> Result<(), Stop> {
+    /// the attempt count, the reserve line, the minimum useful budget): checked before a
+    /// backoff sleep, so that a sleep after which nothing may start is not slept.
+    pub(crate) fn check_after(&self, wait: Duration) -> Result<(), Stop> {
         if let Some(cause) = self.scope.cause() {
             return Err(Stop::Cancelled(cause));
         }
@@ -383,11 +385,26 @@ impl<'s> Call<'s> {
             return Err(stop);
         }
         let remaining = self.scope.remaining().map(|r| r.saturating_sub(wait));
-        attempt_budget(&self.limits, remaining, self.attempts_left())?;
-        if self.started() > 0 && self.retry_budget.is_some_and(RetryBudget::refuses_now) {
+        attempt_budget(&self.limits, remaining, self.attempts_left()).map(|_| ())
+    }
+
+    /// Takes the retry-budget token of the next attempt now, when a sequential retry decides
+    /// to retry, before its backoff sleep (as Finagle's and gRPC's retry budgets decide at the
+    /// failure): a retry the budget refuses stops the call at once, without sleeping, and is
+    /// counted refused once. The token is the next `start`'s; it is spent even if the sleep is
+    /// cut short.
+    pub(crate) fn prepay_retry(&mut self) -> Result<(), Stop> {
+        let Some(b) = self.retry_budget else {
+            return Ok(());
+        };
+        if self.prepaid || self.started() == 0 {
+            return Ok(());
+        }
+        if !b.withdraw() {
             self.ledger.get().refused_by_budget += 1;
             return Err(Stop::RetryBudget);
         }
+        self.prepaid = true;
         Ok(())
     }
 
@@ -432,7 +449,7 @@ impl<'s> Call<'s> {
                 return Err(stop);
             }
             if let Some(b) = self.retry_budget {
-                if !b.withdraw() {
+                if !std::mem::take(&mut self.prepaid) && !b.withdraw() {
                     self.ledger.get().refused_by_budget += 1;
                     return Err(Stop::RetryBudget);
                 }

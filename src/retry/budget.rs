@@ -133,16 +133,6 @@ impl RetryBudget {
         ok
     }
 
-    /// Whether a retry could withdraw a token now; if not, counts it refused. Checked before a
-    /// backoff sleep (the token is taken only when the retry starts).
-    pub(crate) fn refuses_now(&self) -> bool {
-        if self.balance.load(Ordering::Relaxed) >= MILLI {
-            return false;
-        }
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        true
-    }
-
     /// Tokens in the bucket now.
     ///
     /// # Examples

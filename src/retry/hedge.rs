@@ -345,8 +345,10 @@ impl<C, B> Hedge<C, B> {
         let mut winner: Option<T> = None;
         let mut next_hedge: Option<Instant> = None;
         let mut endpoint = 0u32;
-        // The dependency's pushback (`Decision::RetryAfter`): nothing starts before it.
+        // The dependency's pushback (`Decision::RetryAfter`): nothing starts before it, and
+        // once nothing could start after it, the call ends when nothing is in flight.
         let mut not_before: Option<Instant> = None;
+        let mut no_more: Option<Stop> = None;
         let stop = 'call: {
             // The first attempt (and, later, one after a failure with nothing in flight).
             let mut start_now = true;
@@ -403,28 +405,33 @@ impl<C, B> Hedge<C, B> {
                                 endpoint = endpoint.wrapping_add(1);
                             }
                             Verdict::Again(Decision::RetryAfter(hint)) => {
-                                match call.check_after(hint) {
+                                match call.check_after(hint).map_err(|stop| match stop {
+                                    Stop::ReserveReached | Stop::BelowMinUseful => {
+                                        Stop::RetryAfterTooLong(hint)
+                                    }
+                                    stop => stop,
+                                }) {
                                     Ok(()) => {
                                         // Checked against the deadline: representable.
                                         let at = Instant::now().checked_add(hint);
                                         not_before = not_before.max(at);
                                         next_hedge = next_hedge.zip(not_before).map(|(h, nb)| h.max(nb));
                                     }
-                                    Err(stop) if inflight.is_empty() => {
-                                        break 'call match stop {
-                                            Stop::ReserveReached | Stop::BelowMinUseful => {
-                                                Stop::RetryAfterTooLong(hint)
-                                            }
-                                            stop => stop,
-                                        };
+                                    Err(stop) if inflight.is_empty() => break 'call stop,
+                                    // Nothing more starts: wait for what is in flight, then
+                                    // end with this (unless one of them succeeds).
+                                    Err(stop) => {
+                                        next_hedge = None;
+                                        no_more = Some(stop);
                                     }
-                                    // Nothing more starts: wait for what is in flight.
-                                    Err(_) => next_hedge = None,
                                 }
                             }
                             Verdict::Again(_) => {}
                         }
                         if inflight.is_empty() {
+                            if let Some(stop) = no_more.take() {
+                                break 'call stop;
+                            }
                             if call.attempts_left() == 0 {
                                 break 'call Stop::AttemptsExhausted;
                             }

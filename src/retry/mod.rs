@@ -242,6 +242,10 @@ impl<C, B> Retry<C, B> {
 
     /// The process-wide retry budget every retry after the first attempt must draw from.
     ///
+    /// A sequential retry takes its token when it decides to retry, before its backoff sleep
+    /// (as Finagle's and gRPC's retry budgets decide at the failure): a refused retry ends the
+    /// call at once instead of after a sleep. A hedge takes it when the hedge or retry starts.
+    ///
     /// # Examples
     ///
     /// ```
@@ -442,7 +446,7 @@ where
         let stop = loop {
             if !wait.is_zero() {
                 // The sleep pays from the budget: skip it if nothing could start after it.
-                if let Err(stop) = call.check_after(wait) {
+                if let Err(stop) = call.check_after(wait).and_then(|()| call.prepay_retry()) {
                     break stop;
                 }
                 tokio::select! {
