@@ -284,3 +284,25 @@ async fn a_retry_takes_one_token_per_retry_before_its_backoff() {
     assert_eq!(budget.balance(), 3.0);
     assert_eq!(ledger.elapsed(), ms(150));
 }
+
+/// A retry or a hedge told to come back after a hint too long to represent (`Duration::MAX`),
+/// in a scope without deadline, never starts again: it ends `RetryAfterTooLong` at once.
+#[tokio::test(start_paused = true)]
+async fn an_endless_retry_after_ends_the_call() {
+    let request = Scope::new();
+    let spec = ChildSpec::read_only("quota");
+    let retry = Retry::new(|_: &Failure| Decision::RetryAfter(Duration::MAX)).max_attempts(3);
+    let op = |_| async { Err::<(), _>(Failure::Busy) };
+    let sequential = retry.run_with_ledger(&request, spec.clone(), op).await;
+    let hedged = retry
+        .hedge(HedgeDelay::Fixed(ms(100)))
+        .run_with_ledger(&request, spec, op)
+        .await;
+    for (out, ledger) in [sequential, hedged] {
+        assert_eq!(ledger.started(), 1);
+        assert_eq!(
+            out.unwrap_err().stop(),
+            &Stop::RetryAfterTooLong(Duration::MAX)
+        );
+    }
+}

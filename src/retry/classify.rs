@@ -41,7 +41,8 @@ pub enum Decision {
     /// moves on, for callers that can choose one (e.g. connection refused).
     SwitchEndpoint,
     /// The dependency said when to come back (`Retry-After`, gRPC pushback). Fails fast if that
-    /// is later than the last moment an attempt may start.
+    /// is later than the last moment an attempt may start (or than any instant that can be
+    /// represented, in a scope without deadline).
     RetryAfter(Duration),
     /// Retrying cannot help (invalid argument, not found, permission denied): fail at once.
     Never,

@@ -405,17 +405,23 @@ impl<C, B> Hedge<C, B> {
                                 endpoint = endpoint.wrapping_add(1);
                             }
                             Verdict::Again(Decision::RetryAfter(hint)) => {
-                                match call.check_after(hint).map_err(|stop| match stop {
-                                    Stop::ReserveReached | Stop::BelowMinUseful => {
-                                        Stop::RetryAfterTooLong(hint)
-                                    }
-                                    stop => stop,
-                                }) {
-                                    Ok(()) => {
-                                        // Checked against the deadline: representable.
-                                        let at = Instant::now().checked_add(hint);
-                                        not_before = not_before.max(at);
-                                        next_hedge = next_hedge.zip(not_before).map(|(h, nb)| h.max(nb));
+                                // Too long if nothing could start after it (or it is past any
+                                // representable instant, in a scope without deadline).
+                                let after = call
+                                    .check_after(hint)
+                                    .and_then(|()| {
+                                        Instant::now().checked_add(hint).ok_or(Stop::ReserveReached)
+                                    })
+                                    .map_err(|stop| match stop {
+                                        Stop::ReserveReached | Stop::BelowMinUseful => {
+                                            Stop::RetryAfterTooLong(hint)
+                                        }
+                                        stop => stop,
+                                    });
+                                match after {
+                                    Ok(at) => {
+                                        not_before = not_before.max(Some(at));
+                                        next_hedge = next_hedge.map(|h| h.max(at));
                                     }
                                     Err(stop) if inflight.is_empty() => break 'call stop,
                                     // Nothing more starts: wait for what is in flight, then

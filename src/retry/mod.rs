@@ -500,6 +500,10 @@ where
                         break Stop::RetryAfterTooLong(hint)
                     }
                     Err(stop) => break stop,
+                    // Past any representable instant (a scope without deadline): never.
+                    Ok(()) if tokio::time::Instant::now().checked_add(hint).is_none() => {
+                        break Stop::RetryAfterTooLong(hint)
+                    }
                     Ok(()) => hint,
                 },
                 decision => {
