@@ -378,9 +378,7 @@ impl<'s> Call<'s> {
     /// the attempt count, the reserve line, the minimum useful budget): checked before a
     /// backoff sleep, so that a sleep after which nothing may start is not slept.
     pub(crate) fn check_after(&self, wait: Duration) -> Result<(), Stop> {
-        if let Some(cause) = self.scope.cause() {
-            return Err(Stop::Cancelled(cause));
-        }
+        // A cancel closes the watermark too: `closed` tells the two apart.
         if let Some(stop) = self.closed() {
             return Err(stop);
         }
@@ -388,16 +386,29 @@ impl<'s> Call<'s> {
         attempt_budget(&self.limits, remaining, self.attempts_left()).map(|_| ())
     }
 
+    /// When the next attempt may start after the dependency's pushback `hint`
+    /// ([`Decision::RetryAfter`]): [`Stop::RetryAfterTooLong`] if nothing could start then (the
+    /// reserve line, the minimum useful budget, or past any representable instant, in a scope
+    /// without deadline), or why nothing can start at all.
+    pub(crate) fn after_pushback(&self, hint: Duration) -> Result<Instant, Stop> {
+        let too_long = Stop::RetryAfterTooLong(hint);
+        match self.check_after(hint) {
+            Err(Stop::ReserveReached | Stop::BelowMinUseful) => Err(too_long),
+            Err(stop) => Err(stop),
+            Ok(()) => Instant::now().checked_add(hint).ok_or(too_long),
+        }
+    }
+
     /// Takes the retry-budget token of the next attempt now, when a sequential retry decides
     /// to retry, before its backoff sleep (as Finagle's and gRPC's retry budgets decide at the
     /// failure): a retry the budget refuses stops the call at once, without sleeping, and is
     /// counted refused once. The token is the next `start`'s; it is spent even if the sleep is
-    /// cut short.
+    /// cut short. Called only after an attempt (the first never takes a token).
     pub(crate) fn prepay_retry(&mut self) -> Result<(), Stop> {
         let Some(b) = self.retry_budget else {
             return Ok(());
         };
-        if self.prepaid || self.started() == 0 {
+        if self.prepaid {
             return Ok(());
         }
         if !b.withdraw() {

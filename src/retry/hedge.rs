@@ -405,20 +405,7 @@ impl<C, B> Hedge<C, B> {
                                 endpoint = endpoint.wrapping_add(1);
                             }
                             Verdict::Again(Decision::RetryAfter(hint)) => {
-                                // Too long if nothing could start after it (or it is past any
-                                // representable instant, in a scope without deadline).
-                                let after = call
-                                    .check_after(hint)
-                                    .and_then(|()| {
-                                        Instant::now().checked_add(hint).ok_or(Stop::ReserveReached)
-                                    })
-                                    .map_err(|stop| match stop {
-                                        Stop::ReserveReached | Stop::BelowMinUseful => {
-                                            Stop::RetryAfterTooLong(hint)
-                                        }
-                                        stop => stop,
-                                    });
-                                match after {
+                                match call.after_pushback(hint) {
                                     Ok(at) => {
                                         not_before = not_before.max(Some(at));
                                         next_hedge = next_hedge.map(|h| h.max(at));

@@ -495,16 +495,9 @@ where
             }
             wait = match decision {
                 Decision::RetryNow => Duration::ZERO,
-                Decision::RetryAfter(hint) => match call.check_after(hint) {
-                    Err(Stop::ReserveReached | Stop::BelowMinUseful) => {
-                        break Stop::RetryAfterTooLong(hint)
-                    }
+                Decision::RetryAfter(hint) => match call.after_pushback(hint) {
                     Err(stop) => break stop,
-                    // Past any representable instant (a scope without deadline): never.
-                    Ok(()) if tokio::time::Instant::now().checked_add(hint).is_none() => {
-                        break Stop::RetryAfterTooLong(hint)
-                    }
-                    Ok(()) => hint,
+                    Ok(_) => hint,
                 },
                 decision => {
                     if decision == Decision::SwitchEndpoint {
