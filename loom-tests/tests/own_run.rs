@@ -9,7 +9,7 @@ use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Wake, Waker};
 
-use cancel_scope::{Cause, ChildSpec, Lifecycle, Receipt, Scope};
+use cancel_scope::{__OwnTicket as OwnTicket, Cause, ChildSpec, Error, Lifecycle, Receipt, Scope};
 use cancel_scope_loom_tests::model;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
@@ -65,6 +65,34 @@ impl Wake for Counted {
     fn wake(self: std::sync::Arc<Self>) {}
 }
 
+/// A request and one attempt in it, as a retry starts one: the attempt's scope, which is also
+/// its ticket in the request, and that own ticket.
+fn request_with_attempt() -> (Scope, Scope, OwnTicket) {
+    let request = Scope::new();
+    let (attempt, own) = request
+        .__child_dispatched(&ChildSpec::read_only("inventory"))
+        .unwrap();
+    (request, attempt, own)
+}
+
+/// The request's cancel (`cancel_with("client gone")`) is the cause `err` carries.
+fn assert_client_gone(err: &Error) {
+    assert_eq!(
+        err.cause().map(Cause::origin),
+        Some(&Cause::cancelled("client gone"))
+    );
+}
+
+/// After the request's cancel: it reached the attempt, and the request ends `CancelledStable`
+/// with the attempt's one receipt, `Cancelled`.
+fn assert_cancelled_then_quiet(request: &Scope, attempt: Scope) {
+    assert!(attempt.is_cancelled());
+    drop(attempt);
+    let report = loom::future::block_on(request.quiesce());
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+    assert_eq!((report.total(), report.cancelled()), (1, 1));
+}
+
 /// Model 36: the run of an attempt's own ticket, whose work waits for ever, on one thread
 /// while the request is cancelled on another.
 ///
@@ -76,10 +104,7 @@ impl Wake for Counted {
 #[test]
 fn own_run_racing_request_cancel() {
     model("own_run_racing_request_cancel", || {
-        let request = Scope::new();
-        let (attempt, own) = request
-            .__child_dispatched(&ChildSpec::read_only("inventory"))
-            .unwrap();
+        let (request, attempt, own) = request_with_attempt();
         let runner = thread::spawn(move || {
             let (work, dropped) = Stuck::new(None);
             // Polled in place, not moved into `block_on`: the run itself is still alive
@@ -96,15 +121,8 @@ fn own_run_racing_request_cancel() {
         request.cancel_with("client gone");
         let err = runner.join().unwrap();
         assert!(err.is_cancelled());
-        assert_eq!(
-            err.cause().map(Cause::origin),
-            Some(&Cause::cancelled("client gone"))
-        );
-        assert!(attempt.is_cancelled());
-        drop(attempt);
-        let report = loom::future::block_on(request.quiesce());
-        assert_eq!(report.state(), Lifecycle::CancelledStable);
-        assert_eq!((report.total(), report.cancelled()), (1, 1));
+        assert_client_gone(&err);
+        assert_cancelled_then_quiet(&request, attempt);
     });
 }
 
@@ -121,10 +139,7 @@ fn own_run_racing_request_cancel() {
 #[test]
 fn own_run_dropped_racing_request_cancel() {
     model("own_run_dropped_racing_request_cancel", || {
-        let request = Scope::new();
-        let (attempt, own) = request
-            .__child_dispatched(&ChildSpec::read_only("inventory"))
-            .unwrap();
+        let (request, attempt, own) = request_with_attempt();
         let counted = std::sync::Arc::new(Counted);
         let gone = Arc::new(AtomicBool::new(false));
         let quitter = {
@@ -159,11 +174,7 @@ fn own_run_dropped_racing_request_cancel() {
         request.cancel();
         quitter.join().unwrap();
         assert_eq!(std::sync::Arc::strong_count(&counted), 1);
-        assert!(attempt.is_cancelled());
-        drop(attempt);
-        let report = loom::future::block_on(request.quiesce());
-        assert_eq!(report.state(), Lifecycle::CancelledStable);
-        assert_eq!((report.total(), report.cancelled()), (1, 1));
+        assert_cancelled_then_quiet(&request, attempt);
     });
 }
 
@@ -183,10 +194,7 @@ fn quarantine_overtaking_the_cancel_walk_still_cancels_a_closed_attempt() {
     model(
         "quarantine_overtaking_the_cancel_walk_still_cancels_a_closed_attempt",
         || {
-            let request = Scope::new();
-            let (attempt, own) = request
-                .__child_dispatched(&ChildSpec::read_only("inventory"))
-                .unwrap();
+            let (request, attempt, own) = request_with_attempt();
             request.close();
             let canceller = {
                 let request = request.clone();
@@ -201,10 +209,7 @@ fn quarantine_overtaking_the_cancel_walk_still_cancels_a_closed_attempt() {
             let (out, own) = loom::future::block_on(own.run(work));
             assert!(dropped.load(Ordering::Acquire));
             let err = out.unwrap_err();
-            assert_eq!(
-                err.cause().map(Cause::origin),
-                Some(&Cause::cancelled("client gone"))
-            );
+            assert_client_gone(&err);
             own.finish(Receipt::Cancelled);
             canceller.join().unwrap();
             assert!(attempt.is_cancelled());
