@@ -197,6 +197,44 @@ async fn a_shield_is_bounded_by_its_budget() {
     assert_eq!(start.elapsed(), Duration::from_millis(30));
 }
 
+/// A shield whose budget is longer than the grace period is quarantined when the grace period
+/// ends, and then stopped: after `quiesce()` resolved nothing of the scope may commit
+/// (invariant 6), and the shield's handle says it was stopped.
+#[tokio::test(start_paused = true)]
+async fn a_quarantined_shield_is_stopped_and_never_commits_after_quiesce() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let committed = Arc::new(AtomicUsize::new(0));
+    let c = committed.clone();
+    let h = s
+        .shield(Duration::from_secs(1), async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            c.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    drop(hold);
+    let start = tokio::time::Instant::now();
+    let report = s.quiesce().await;
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    assert_eq!(report.quarantined(), 1, "{report}");
+    assert_eq!(report.quarantined_children()[0].name(), "shield");
+    // Stopped by the quarantine (woken), not when its sleep ends.
+    assert!(h.await.unwrap_err().is_cancelled());
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        committed.load(Ordering::SeqCst),
+        0,
+        "committed after quiesce"
+    );
+    assert_eq!(s.quiesce().await, report);
+}
+
 #[tokio::test(start_paused = true)]
 async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     let request = Scope::with_timeout(Duration::from_millis(100))

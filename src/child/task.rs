@@ -239,6 +239,48 @@ impl<F: Future> Future for Task<F> {
     }
 }
 
+pin_project! {
+    /// The task of a [`Scope::shield`]: runs the cleanup (under its own root scope) until it
+    /// ends or its child is quarantined, and then stops it (invariant 6: once `quiesce()`
+    /// resolved, nothing of the scope is polled again).
+    struct Shielded<F> {
+        #[pin]
+        run: Option<F>,
+        receipt: TaskReceipt,
+    }
+}
+
+impl<F, T> Future for Shielded<F>
+where
+    F: Future<Output = Result<T, Error>>,
+{
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(dispatched) = &this.receipt.0 else {
+            unreachable!("a shield polled after it ended");
+        };
+        if dispatched.poll_quarantined(cx.waker()) {
+            let err = dispatched.quarantined_error();
+            // Stopped; the quarantine recorded the receipt (the late one is ignored).
+            this.run.set(None);
+            this.receipt.0 = None;
+            return Poll::Ready(Err(err));
+        }
+        let Some(run) = this.run.as_mut().as_pin_mut() else {
+            unreachable!("the cleanup goes with the receipt");
+        };
+        let out = std::task::ready!(run.poll(cx));
+        this.run.set(None);
+        this.receipt.finish(match &out {
+            Ok(_) => Receipt::Succeeded,
+            Err(_) => Receipt::Failed,
+        });
+        Poll::Ready(out)
+    }
+}
+
 fn cancel_error(scope: &Scope) -> Error {
     Error::cancelled(scope.cause_or_cancelled())
 }
@@ -369,12 +411,16 @@ impl Scope {
     /// `fut` runs as its own task under a fresh root scope with `budget` (that is what
     /// [`Scope::current`] is inside it), so it goes on when the caller is stopped; it is
     /// counted in this scope, so [`quiesce`](Scope::quiesce) waits for it. It can be started
-    /// after a cancel as long as the scope is not yet quiet.
+    /// after a cancel as long as the scope is not yet quiet (and its grace period has not
+    /// ended). Keep `budget` within the scope's grace period: a cleanup still running when the
+    /// grace period after the cancel ends is quarantined like any other child, and stopped
+    /// (after `quiesce` nothing of the scope may commit).
     ///
     /// # Errors
     ///
-    /// The scope is already quiet (nothing of it may start any more), or — from the handle —
-    /// the cleanup ran out of its `budget`.
+    /// The scope is already quiet (nothing of it may start any more), or its grace period
+    /// has ended; from the handle: the cleanup ran out of its `budget`
+    /// ([`Error::is_deadline_exceeded`]) or was quarantined ([`Error::is_cancelled`]).
     ///
     /// # Examples
     ///
@@ -406,15 +452,9 @@ impl Scope {
             )),
             self.shared_name(),
         );
-        let run = shielded.run(fut);
-        let inner = tokio::spawn(async move {
-            let mut receipt = TaskReceipt(Some(dispatched));
-            let out = run.await;
-            receipt.finish(match &out {
-                Ok(_) => Receipt::Succeeded,
-                Err(_) => Receipt::Failed,
-            });
-            out
+        let inner = tokio::spawn(Shielded {
+            run: Some(shielded.run(fut)),
+            receipt: TaskReceipt(Some(dispatched)),
         });
         Ok(JoinHandle { inner })
     }

@@ -353,6 +353,29 @@ impl Dispatched {
     pub fn is_quarantined(&self) -> bool {
         self.inner.cell.state() == TicketState::Quarantined
     }
+
+    /// Whether the scope quarantined this child; if not, `waker` is woken when it does.
+    pub(crate) fn poll_quarantined(&self, waker: &std::task::Waker) -> bool {
+        self.inner.cell.poll_quarantined(waker)
+    }
+
+    /// Resolves once the scope quarantines this child (what a shield's task waits for along
+    /// with its cleanup); for the loom models.
+    #[doc(hidden)]
+    pub fn __quarantined(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| {
+            if self.poll_quarantined(cx.waker()) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
+
+    /// The error a quarantined child's work ends with: the cancel of its scope.
+    pub(crate) fn quarantined_error(&self) -> Error {
+        Error::cancelled(self.inner.scope.cause_or_cancelled())
+    }
 }
 
 impl fmt::Debug for Ticket {

@@ -596,6 +596,13 @@ impl Scope {
     /// Dropping the returned guard unregisters `f` (if it has not run); [`OnCancel::stop`]
     /// does the same and says whether `f` was stopped before it ran.
     ///
+    /// # Panics
+    ///
+    /// A panic of `f` comes out of the call that ran it, once that call has done its work:
+    /// the cancel (the whole subtree is cancelled and every other callback has run), or a
+    /// [`quiesce`](Scope::quiesce) whose grace period ended first reaching this scope (its
+    /// quarantine is done); the timer that cancels at a deadline drops it.
+    ///
     /// # Examples
     ///
     /// ```

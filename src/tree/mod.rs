@@ -726,14 +726,26 @@ fn all_shards_empty<X, R>(node: &Node<X, R>) -> bool {
 ///
 /// `stamp` is the caller's clock reading, recorded as the cancel time of every node reached.
 pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> bool {
+    cancel_then(node, cause, stamp, || ()).0
+}
+
+/// [`cancel`], and `then` once the whole subtree is cancelled, before the `on_cancel`
+/// callbacks run (a panicking callback, resumed after all of them ran, cannot skip `then`).
+fn cancel_then<X, R, T>(
+    node: &Arc<Node<X, R>>,
+    cause: Cause,
+    stamp: u64,
+    then: impl FnOnce() -> T,
+) -> (bool, T) {
     let mut due = Due::default();
     let mut first = None;
     let marked = mark_cancelled(node, &cause, stamp, &mut due, &mut first);
     due.wake();
     if marked.in_use == 0 {
         // A leaf (or a completed node): nothing to walk.
+        let out = then();
         due.run_callbacks();
-        return marked.did;
+        return (marked.did, out);
     }
     // The cause of everything below: the same `ParentCancelled` for the whole walk, except
     // under a node that someone else had cancelled first (its own cause wins below it).
@@ -758,10 +770,11 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
         // Wakers run with no lock held.
         walk.due.wake();
     }
+    let out = then();
     // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
     // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
     walk.due.run_callbacks();
-    marked.did
+    (marked.did, out)
 }
 
 /// How deep the cancel walk descends while holding the registry locks of the way down: a node
@@ -1077,19 +1090,34 @@ pub(crate) fn register<X, R>(
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Result<Arc<TicketCell<R>>, Refused> {
     let generation = take_unit(node)?;
-    Ok(list_in_flight(node, generation, make))
+    list_in_flight(node, generation, make)
 }
 
 /// Lists a ticket whose unit was just taken, in `generation`, as in flight. `make` gets the
 /// ticket's key (its in-flight shard and slot).
+///
+/// Refused if a quarantine took the node's in-flight list since the unit was taken (see
+/// `InFlight::list_ticket`): the unit is given back with no receipt (no one saw the ticket),
+/// which may make the node quiet.
 fn list_in_flight<X, R>(
     node: &Node<X, R>,
     generation: u64,
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
-) -> Arc<TicketCell<R>> {
-    node.in_flight
+) -> Result<Arc<TicketCell<R>>, Refused> {
+    match node
+        .in_flight
         .get_or_init()
         .list_ticket(|key| make(key, generation))
+    {
+        Some(cell) => Ok(cell),
+        None => {
+            // Built before the unit goes back (a quiet node's state is what the caller sees
+            // from then on anyway); no tree lock is held here.
+            let refused = refusal(node, node.state());
+            release_unit(node);
+            Err(refused)
+        }
+    }
 }
 
 /// Registers a spawned task: takes a unit and counts the task as in flight, unlisted (it is
@@ -1185,7 +1213,7 @@ pub(crate) fn register_shielded<X, R>(
     make: impl FnOnce(usize, u64) -> TicketCell<R>,
 ) -> Result<Arc<TicketCell<R>>, Refused> {
     let generation = take_unit_while_busy(node, false)?;
-    Ok(list_in_flight(node, generation, make))
+    list_in_flight(node, generation, make)
 }
 
 /// Takes a unit of `node` as [`take_unit`] does while its watermark is open; once it is closed,
@@ -1359,15 +1387,24 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
 /// down (a zero grace period, or a walk that stalled). Quarantining the own ticket of a
 /// closed child before that walk reached it would give back the child's last unit and make
 /// it quiet, and a quiet node is never cancelled afterwards (invariant 6): its body (a retry
-/// attempt's run) would wait on for a cancel that never comes (loom model 38).
+/// attempt's run) would wait on for a cancel that never comes (loom model 38). That walk may
+/// be the first to reach a child, and so run its `on_cancel` callbacks: they run after the
+/// quarantine, so that one that panics (the panic comes out of this call) cannot skip it
+/// (loom model 41).
 pub(crate) fn quarantine_subtree<X, R: Clone>(
     node: &Arc<Node<X, R>>,
     task_info: &R,
     stamp: u64,
 ) -> usize {
-    if let Some(cause) = node.cause() {
-        cancel(node, cause, stamp);
+    let quarantine = || quarantine_walk(node, task_info, stamp);
+    match node.cause() {
+        Some(cause) => cancel_then(node, cause, stamp, quarantine).1,
+        None => quarantine(),
     }
+}
+
+/// The walk of [`quarantine_subtree`], once the subtree is cancelled.
+fn quarantine_walk<X, R: Clone>(node: &Arc<Node<X, R>>, task_info: &R, stamp: u64) -> usize {
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
@@ -1420,6 +1457,8 @@ fn quarantine_in_flight<X, R: Clone>(
             count_receipt(n, Kind::Quarantined, Some(&cell.info()), ran, &|| stamp);
             in_flight.unlist_ticket(cell.key());
             release_unit(n);
+            // An owner that waits for it (a shield's task) stops.
+            cell.wake_quarantined();
             count += 1;
         }
     }

@@ -41,6 +41,8 @@ pub(crate) struct TicketCell<R> {
     /// What the child is; its owner may add to it after dispatch (a provider handle), so
     /// that a quarantine reports what the owner knew.
     info: Mutex<R>,
+    /// An owner waiting to hear of a quarantine (see [`poll_quarantined`](Self::poll_quarantined)).
+    quarantine_waker: Mutex<Option<Waker>>,
 }
 
 impl<R> TicketCell<R> {
@@ -50,6 +52,7 @@ impl<R> TicketCell<R> {
             key,
             generation,
             info: Mutex::new(info),
+            quarantine_waker: Mutex::new(None),
         }
     }
 
@@ -90,6 +93,34 @@ impl<R> TicketCell<R> {
                 Ordering::Acquire,
             )
             .is_ok()
+    }
+
+    /// Whether a quarantine took this ticket; if not, keeps `waker` (replacing the one kept
+    /// before), which the quarantine wakes ([`wake_quarantined`](Self::wake_quarantined)).
+    ///
+    /// No wake-up is lost: the quarantine moves the state before it takes this lock to take the
+    /// waker, and this reads the state under that lock. If the quarantine's lock comes first,
+    /// its state CAS happens-before this load; otherwise it finds the waker.
+    pub(crate) fn poll_quarantined(&self, waker: &Waker) -> bool {
+        let mut kept = self.quarantine_waker.lock();
+        if self.state() == TicketState::Quarantined {
+            return true;
+        }
+        if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            let old = kept.replace(waker.clone());
+            drop(kept);
+            drop(old);
+        }
+        false
+    }
+
+    /// For the quarantine that moved this ticket to `Quarantined`: wakes the owner waiting in
+    /// [`poll_quarantined`](Self::poll_quarantined), if any (with no lock held).
+    pub(crate) fn wake_quarantined(&self) {
+        let waker = self.quarantine_waker.lock().take();
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// Moves a ticket without receipt to `target` (`Done` or `Quarantined`). Exactly one caller
@@ -157,6 +188,9 @@ enum Entry<R> {
 struct ShardCells<R> {
     slab: Slab<Entry<R>>,
     next_seq: u64,
+    /// Set by a quarantine as it takes this shard's entries: a ticket that comes to be listed
+    /// here afterwards is refused (see [`InFlight::list_ticket`]).
+    quarantined: bool,
 }
 
 /// One shard of a node's in-flight list, padded so that two shards' locks never share a
@@ -206,8 +240,9 @@ impl<R> InFlightShard<R> {
     /// An empty count is left as it is (no unlisted task holds its epoch), and the argument of
     /// [`InFlight::set_task_waker`] holds for the load that reads it as for a bump: a load
     /// that reads 0 reads either from before a task's increment (that task is registered
-    /// while this quarantine runs, which may then miss it, as it may miss a ticket registered
-    /// meanwhile: the cancel that precedes a quarantine stops such a task at its first poll),
+    /// while this quarantine runs, which may then miss it: the cancel that precedes a
+    /// quarantine stops such a task at its first poll, unlike a ticket, whose owner may hold
+    /// it, see [`InFlight::list_ticket`]),
     /// or from the task's decrement or later, and then this quarantine's lock of the shard
     /// comes after the task's (a load cannot read from a write that happens after it).
     ///
@@ -256,6 +291,7 @@ impl<R> Default for InFlight<R> {
                 cells: Mutex::new(ShardCells {
                     slab: Slab::new(),
                     next_seq: 0,
+                    quarantined: false,
                 }),
                 _pad: [0; 64],
             }),
@@ -287,18 +323,31 @@ fn next_shard() -> usize {
 }
 
 impl<R> InFlight<R> {
-    /// Lists a ticket; `make` gets its key.
+    /// Lists a ticket; `make` gets its key. `None`: a quarantine has taken this list's
+    /// entries already, so the ticket is not listed (the caller refuses it).
+    ///
+    /// A ticket's unit is taken before it is listed, and a cancel and then a quarantine can
+    /// both come in between: the quarantine would not find the ticket, and `quiesce()` would
+    /// wait for its owner to drop it (nothing quarantines twice). The shard lock decides
+    /// instead: the ticket is listed before the quarantine takes the shard (and is
+    /// quarantined with it), or it finds the shard quarantined (loom model 40). A quarantine
+    /// only ever runs on a cancelled subtree (see `tree::quarantine_subtree`), which no
+    /// ticket can be registered in any more, except in that gap or as a shielded cleanup,
+    /// which once the grace period is over comes too late.
     pub(super) fn list_ticket(
         &self,
         make: impl FnOnce(usize) -> TicketCell<R>,
-    ) -> Arc<TicketCell<R>> {
+    ) -> Option<Arc<TicketCell<R>>> {
         let shard = next_shard();
         let mut cells = self.shards[shard].cells.lock();
+        if cells.quarantined {
+            return None;
+        }
         let entry = cells.slab.vacant_entry();
         let key = (entry.key() << SHARD_BITS) | shard;
         let cell = arc_in_place(|| make(key));
         entry.insert(Entry::Ticket(cell.clone()));
-        cell
+        Some(cell)
     }
 
     /// Unlists a ticket (its receipt is recorded: the owner or a quarantine won its CAS).
@@ -441,6 +490,7 @@ impl<R> InFlight<R> {
             // waking, they find the epoch bumped when they return `Pending` or finish.
             tasks += shard.quarantine_unlisted();
             let mut cells = shard.cells.lock();
+            cells.quarantined = true;
             let task_slots: Vec<usize> = cells
                 .slab
                 .iter()
