@@ -1408,9 +1408,11 @@ fn quarantine_walk<X, R: Clone>(node: &Arc<Node<X, R>>, task_info: &R, stamp: u6
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
-        if let Some(in_flight) = n.in_flight.get() {
-            n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp);
-        }
+        // Made if it does not exist yet: a ticket whose unit was taken before the cancel may
+        // be about to make it and list itself, and must find it marked quarantined (see
+        // `InFlight::list_ticket`). Only a quarantine pays for it.
+        let in_flight = n.in_flight.get_or_init();
+        n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp);
         let first_child = work.len();
         for shard in n.shards() {
             let data = shard.data.lock();
