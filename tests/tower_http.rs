@@ -446,3 +446,38 @@ async fn reading_the_response_body_is_bounded_by_the_same_deadline() {
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded));
     assert_eq!(report.cancelled(), 1, "{report}");
 }
+
+#[tokio::test]
+async fn a_streaming_response_is_cut_at_the_deadline_and_reported_after_it() {
+    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let url = serve(Router::new().route("/", get(trickle)).layer(layer)).await;
+    let started = Instant::now();
+    let mut res = reqwest::Client::new()
+        .get(url)
+        .header("grpc-timeout", "300m")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.chunk().await.unwrap().unwrap(), "first chunk");
+    // The server aborts the body at its deadline: an error, not a clean short body.
+    let cut = timeout(PATIENCE, res.chunk()).await.unwrap();
+    assert!(cut.is_err(), "the body ended cleanly: {cut:?}");
+    assert!(started.elapsed() >= ms(300));
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_while_the_body_streams_is_client_gone() {
+    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(5_000)));
+    let url = serve(Router::new().route("/", get(trickle)).layer(layer)).await;
+    let mut res = reqwest::Client::new().get(url).send().await.unwrap();
+    assert_eq!(res.chunk().await.unwrap().unwrap(), "first chunk");
+    // Nothing else was reported: the body is still streaming.
+    assert!(reports.try_recv().is_err());
+    drop(res);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+}

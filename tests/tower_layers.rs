@@ -161,7 +161,8 @@ async fn the_handler_sees_its_scope_and_admission() {
         .header("grpc-timeout", "700m")
         .body(())
         .unwrap();
-    assert_eq!(svc.call(req).await.unwrap().into_body(), "700 700");
+    let body = svc.call(req).await.unwrap().into_body();
+    assert_eq!(body.into_inner().unwrap(), "700 700");
 }
 
 /// A response body that yields the given frames, then stays pending.
@@ -382,4 +383,169 @@ async fn a_handler_panic_in_call_cancels_and_reports_the_request() {
         start.elapsed() < ms(5_000),
         "the spawned work was stopped at once"
     );
+}
+
+/// A handler whose response body yields `first` at once, then one more chunk every 100 ms for
+/// ever.
+fn streaming_handler(
+    req: Request<()>,
+) -> impl Future<Output = Result<Response<Ticks>, Infallible>> {
+    drop(req);
+    async { Ok(Response::new(Ticks(None))) }
+}
+
+/// A response body that never ends: a chunk at once, then one every 100 ms.
+struct Ticks(Option<Pin<Box<tokio::time::Sleep>>>);
+
+impl Body for Ticks {
+    type Data = &'static [u8];
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+        if let Some(sleep) = self.0.as_mut() {
+            std::task::ready!(sleep.as_mut().poll(cx));
+        }
+        self.0 = Some(Box::pin(tokio::time::sleep(ms(100))));
+        Poll::Ready(Some(Ok(Frame::data(&b"tick"[..]))))
+    }
+}
+
+fn streaming_request(grpc: bool, method: http::Method) -> Request<()> {
+    let mut req = Request::builder()
+        .method(method)
+        .header("grpc-timeout", "250m");
+    if grpc {
+        req = req.header("content-type", "application/grpc");
+    }
+    req.body(()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn admit_cuts_a_streaming_body_at_the_deadline_and_reports_after_it() {
+    for grpc in [false, true] {
+        let (layer, mut reports) =
+            reporting(EndpointPolicy::new(ms(5_000), ms(1_000)).reserve(ms(10)));
+        let mut svc = layer.layer(Fn_(streaming_handler));
+        let start = Instant::now();
+        let res = svc
+            .call(streaming_request(grpc, http::Method::GET))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let mut body = Box::pin(res.into_body());
+        for _ in 0..3 {
+            assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+            // The scope is closed, but its report waits for the body.
+            assert!(
+                reports.try_recv().is_err(),
+                "reported while the body streams"
+            );
+        }
+        assert_eq!(Instant::now() - start, ms(200));
+        let end = next_frame(&mut body).await.unwrap();
+        // Cut at the request's deadline (250 ms less the 10 ms reserve), not at the next tick.
+        assert_eq!(Instant::now() - start, ms(240));
+        if grpc {
+            let trailers = end.unwrap();
+            assert_eq!(trailers.trailers_ref().unwrap()["grpc-status"], "4");
+        } else {
+            let err = end.unwrap_err();
+            let err = err.downcast_ref::<cancel_scope::Error>().unwrap();
+            assert!(err.is_deadline_exceeded(), "{err}");
+        }
+        assert!(next_frame(&mut body).await.is_none());
+        assert!(body.is_end_stream());
+        let (_, report) = next_report(&mut reports).await;
+        assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+        assert_eq!(report.state(), Lifecycle::CancelledStable);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_gone_while_the_body_streams_is_client_gone() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(streaming_handler));
+    let res = svc
+        .call(streaming_request(false, http::Method::GET))
+        .await
+        .unwrap();
+    let mut body = Box::pin(res.into_body());
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    // The server drops the body when the connection goes.
+    drop(body);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_sent_to_its_end_completes_the_request_then() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(|_: Request<()>| async {
+        let frames = VecDeque::from([Frame::data(&b"a"[..]), Frame::data(&b"b"[..])]);
+        Ok::<_, Infallible>(Response::new(Ended(frames)))
+    }));
+    let res = svc
+        .call(streaming_request(false, http::Method::GET))
+        .await
+        .unwrap();
+    let mut body = Box::pin(res.into_body());
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    assert!(
+        reports.try_recv().is_err(),
+        "reported while the body streams"
+    );
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    // The last frame: the body says it has ended, and a server polls it no more.
+    assert!(body.is_end_stream());
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    assert_eq!(report.cause(), None);
+    drop(body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_body_of_a_head_request_is_not_waited_for() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(streaming_handler));
+    let res = svc
+        .call(streaming_request(false, http::Method::HEAD))
+        .await
+        .unwrap();
+    // A server sends no body for HEAD, and drops it unread: not a client gone.
+    drop(res);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+}
+
+/// A response body that yields the given frames and then has ended.
+struct Ended(VecDeque<Frame<&'static [u8]>>);
+
+impl Body for Ended {
+    type Data = &'static [u8];
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The next report, or a failure if none comes (rather than a test that hangs): on the
+/// paused clock the timeout fires as soon as nothing else can happen.
+async fn next_report(
+    reports: &mut mpsc::UnboundedReceiver<(Admission, Report)>,
+) -> (Admission, Report) {
+    tokio::time::timeout(Duration::from_secs(3600), reports.recv())
+        .await
+        .expect("no report: the request never went quiet")
+        .unwrap()
 }

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use http::{Response, StatusCode};
 use pin_project_lite::pin_project;
 
+use super::body::ResponseBody;
 use super::service::ReportFn;
 use crate::integrations::tower::headers::{self, GrpcCode};
 use crate::wire::{Admission, AdmissionError};
@@ -67,7 +68,7 @@ pin_project! {
     #[project_replace = StateReplace]
     enum State<F: Future, B> {
         Running { #[pin] run: Run<F> },
-        Answer { response: Option<Response<B>> },
+        Answer { response: Option<Response<ResponseBody<B>>> },
         Done,
     }
 }
@@ -89,6 +90,8 @@ pin_project! {
         state: State<F, B>,
         finish: Option<Finish>,
         grpc: bool,
+        // Whether the response body is sent (not for a `HEAD` request), and so tracked.
+        track_body: bool,
         // Set while the handler's future is polled: dropped with it set, that poll unwound
         // (the handler panicked), which is not the client going away.
         polling: bool,
@@ -113,14 +116,15 @@ pin_project! {
     }
 }
 
-impl<F: Future, B: Default> ResponseFuture<F, B> {
+impl<F: Future, B> ResponseFuture<F, B> {
     pub(super) fn rejected(e: &AdmissionError, grpc: bool) -> Self {
         let msg = e.to_string();
+        let empty = ResponseBody::empty();
         let response = match (grpc, e.is_exhausted()) {
-            (true, true) => headers::grpc_response(GrpcCode::DeadlineExceeded, &msg, B::default()),
-            (true, false) => headers::grpc_response(GrpcCode::InvalidArgument, &msg, B::default()),
-            (false, true) => headers::http_response(StatusCode::GATEWAY_TIMEOUT, B::default()),
-            (false, false) => headers::http_response(StatusCode::BAD_REQUEST, B::default()),
+            (true, true) => headers::grpc_response(GrpcCode::DeadlineExceeded, &msg, empty),
+            (true, false) => headers::grpc_response(GrpcCode::InvalidArgument, &msg, empty),
+            (false, true) => headers::http_response(StatusCode::GATEWAY_TIMEOUT, empty),
+            (false, false) => headers::http_response(StatusCode::BAD_REQUEST, empty),
         };
         ResponseFuture {
             state: State::Answer {
@@ -128,15 +132,17 @@ impl<F: Future, B: Default> ResponseFuture<F, B> {
             },
             finish: None,
             grpc,
+            track_body: false,
             polling: false,
         }
     }
 
-    pub(super) fn admitted(run: Run<F>, finish: Finish, grpc: bool) -> Self {
+    pub(super) fn admitted(run: Run<F>, finish: Finish, grpc: bool, track_body: bool) -> Self {
         ResponseFuture {
             state: State::Running { run },
             finish: Some(finish),
             grpc,
+            track_body,
             polling: false,
         }
     }
@@ -145,9 +151,9 @@ impl<F: Future, B: Default> ResponseFuture<F, B> {
 impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: Default,
+    B: http_body::Body,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -159,7 +165,13 @@ where
             StateProj::Done => panic!("ResponseFuture polled after completion"),
             StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(out)) => out,
+                Poll::Ready(Ok(out)) => out.map(|response| match this.finish.as_ref() {
+                    // The body is tracked from before the scope is closed (below).
+                    Some(f) => response.map(|body| {
+                        ResponseBody::admitted(body, f.scope(), *this.grpc, *this.track_body)
+                    }),
+                    None => unreachable!("a running request is finished once"),
+                }),
                 Poll::Ready(Err(stopped)) => {
                     let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
                     Ok(stopped_response(&cause, *this.grpc))
@@ -189,12 +201,12 @@ fn poll_marked<F: Future>(
 }
 
 /// The answer for a request whose scope stopped before the handler answered.
-fn stopped_response<B: Default>(cause: &Cause, grpc: bool) -> Response<B> {
+fn stopped_response<B>(cause: &Cause, grpc: bool) -> Response<ResponseBody<B>> {
     if grpc {
         let code = headers::grpc_code_of(cause);
-        headers::grpc_response(code, &cause.to_string(), B::default())
+        headers::grpc_response(code, &cause.to_string(), ResponseBody::empty())
     } else {
-        headers::http_response(headers::http_status_of(cause), B::default())
+        headers::http_response(headers::http_status_of(cause), ResponseBody::empty())
     }
 }
 

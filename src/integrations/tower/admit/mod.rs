@@ -15,9 +15,10 @@
 //!
 //! The scope is *closed* (no new work) as soon as the handler returns its response head;
 //! work the handler spawned into it runs on until it finishes or the deadline passes, and the
-//! report waits for it. The response *body* is not tracked: a streaming body produced after
-//! the head is bounded by nothing this layer does, and a client that disconnects while it
-//! streams is not reported as [`ClientGone`](crate::Cause::ClientGone). A request whose
+//! report waits for it. So does the response body ([`ResponseBody`]): it is bounded by the
+//! same deadline (a gRPC body then ends with `DEADLINE_EXCEEDED` trailers, any other body
+//! with an error), and a client that goes away while it streams cancels the scope with
+//! [`ClientGone`](crate::Cause::ClientGone). A request whose
 //! handler panics (in the service's `call` or while its future is polled) is cancelled with
 //! `Cancelled` and the reason "the handler panicked", and reported (not `ClientGone`: the
 //! response future knows it was being polled when it was dropped).
@@ -48,7 +49,7 @@
 //!
 //! let req = Request::builder().header("grpc-timeout", "250m").body(()).unwrap();
 //! let res = svc.call(req).await.unwrap();
-//! assert_eq!(res.into_body(), "250");
+//! assert_eq!(res.into_body().into_inner().unwrap(), "250");
 //!
 //! let bad = Request::builder().header("grpc-timeout", "1 hour").body(()).unwrap();
 //! assert_eq!(svc.call(bad).await.unwrap().status(), 400);
@@ -65,9 +66,11 @@
 //! # }
 //! ```
 
+mod body;
 pub mod future;
 mod layer;
 mod service;
 
+pub use body::ResponseBody;
 pub use layer::AdmitLayer;
 pub use service::{Admit, Ingress};

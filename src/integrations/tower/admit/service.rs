@@ -6,6 +6,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::future::{Finish, ResponseFuture};
 use super::layer::AdmitLayer;
 use crate::integrations::tower::headers;
@@ -165,9 +166,9 @@ impl<S> Admit<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Default,
+    ResBody: http_body::Body,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody>;
 
@@ -181,6 +182,8 @@ where
             .get::<Ingress>()
             .map_or_else(Instant::now, |i| i.0);
         let grpc = headers::is_grpc(req.headers());
+        // The response to a `HEAD` request has no body to send (the server drops it unread).
+        let track_body = req.method() != http::Method::HEAD;
         let admitted = self.policy.admit(headers::incoming(req.headers()), ingress);
         let (scope, admission) = match admitted {
             Ok(a) => a,
@@ -200,7 +203,7 @@ where
             unreachable!("taken only here");
         };
         let run = finish.scope().run(fut);
-        ResponseFuture::admitted(run, finish, grpc)
+        ResponseFuture::admitted(run, finish, grpc, track_body)
     }
 }
 
