@@ -235,6 +235,99 @@ async fn a_quarantined_shield_is_stopped_and_never_commits_after_quiesce() {
     assert_eq!(s.quiesce().await, report);
 }
 
+/// A shield started once the grace period after the cancel has ended comes too late: the
+/// quarantine has run, and it is refused (here the scope had a ticket before).
+#[tokio::test(start_paused = true)]
+async fn a_shield_after_the_grace_period_is_refused_when_the_scope_had_a_ticket() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let hold = s.tether(()).unwrap();
+    drop(s.register(ChildSpec::read_only("earlier")).unwrap());
+    s.cancel();
+    let q = tokio::spawn({
+        let s = s.clone();
+        async move { s.quiesce().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await; // the grace period ended: the quarantine ran
+    assert!(s.shield(Duration::from_millis(1000), async {}).is_err());
+    drop(hold);
+    q.await.unwrap();
+}
+
+/// The same scope without an earlier ticket (its in-flight list was never made): the
+/// quarantine makes the list and marks it, so the shield is refused too (before the fix it was
+/// accepted, and `quiesce()` waited for its whole budget, 1 s, not the 10 ms grace).
+#[tokio::test(start_paused = true)]
+async fn a_shield_after_the_grace_period_is_refused_when_the_scope_only_had_a_guard() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let t0 = tokio::time::Instant::now();
+    let q = tokio::spawn({
+        let s = s.clone();
+        async move { s.quiesce().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await; // the grace period ended: the quarantine ran
+    let committed = Arc::new(AtomicUsize::new(0));
+    let c = committed.clone();
+    let late = s.shield(Duration::from_millis(1000), async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c.fetch_add(1, Ordering::SeqCst);
+    });
+    drop(hold);
+    let report = q.await.unwrap();
+    assert!(
+        late.is_err(),
+        "shield accepted after the grace period ended; quiesce took {:?}, committed {}, {report}",
+        t0.elapsed(),
+        committed.load(Ordering::SeqCst),
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_spawned_by_a_quarantined_shield_does_not_commit_after_quiesce() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let hold = s.tether(()).unwrap();
+    drop(s.register(ChildSpec::read_only("earlier")).unwrap());
+    s.cancel();
+    let committed = Arc::new(AtomicUsize::new(0));
+    let c = committed.clone();
+    let h = s
+        .shield(Duration::from_millis(1000), async move {
+            // The cleanup hands the slow part to a task of its own (shielded) scope.
+            Scope::current()
+                .spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    c.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap()
+                .await
+                .unwrap();
+        })
+        .unwrap();
+    drop(hold);
+    let report = s.quiesce().await;
+    assert_eq!(report.quarantined(), 1, "{report}");
+    assert!(h.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(
+        committed.load(Ordering::SeqCst),
+        0,
+        "the shield's spawned work committed after quiesce"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     let request = Scope::with_timeout(Duration::from_millis(100))

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::{Lifecycle, Scope};
+use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use tokio::sync::Semaphore;
 
 /// A tiny deterministic generator (the test must be reproducible).
@@ -88,4 +88,56 @@ async fn run(seed: u64) {
         let _ = h.await;
     }
     assert_eq!(root.quiesce().await, report, "the report is stable");
+}
+
+/// The first ticket of a scope takes its unit, and the scope is cancelled and quarantined
+/// before the ticket is listed (and before the scope's in-flight list even exists): the
+/// ticket must be quarantined or refused, never missed. Loom model 40 cannot see this case
+/// (`LazyBox` is eager under loom), so two real threads race it many times: after both are
+/// done, the scope must be quiet; a missed ticket left it `Cancelling` for as long as its
+/// owner held it (131 of 200,000 rounds before the fix). `STRESS_ROUNDS` sets the rounds.
+#[test]
+fn first_ticket_racing_cancel_and_quarantine_is_never_missed() {
+    let rounds: usize = std::env::var("STRESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let go = Arc::new(std::sync::Barrier::new(2));
+    let (to_owner, owner_rx) = std::sync::mpsc::channel::<Option<Scope>>();
+    let (back, from_owner) = std::sync::mpsc::channel();
+    let owner = {
+        let go = go.clone();
+        std::thread::spawn(move || {
+            while let Ok(Some(s)) = owner_rx.recv() {
+                go.wait();
+                let t = s.register(ChildSpec::read_only("first"));
+                back.send(t.ok()).unwrap();
+            }
+        })
+    };
+    let mut missed = 0;
+    let mut held = 0;
+    for _ in 0..rounds {
+        let s = Scope::new();
+        to_owner.send(Some(s.clone())).unwrap();
+        go.wait();
+        // As soon as the registration took its unit (STARTED), cancel and quarantine.
+        while s.lifecycle() == Lifecycle::Accepted {
+            std::hint::spin_loop();
+        }
+        s.cancel();
+        s.__quarantine_now();
+        let ticket = from_owner.recv().unwrap();
+        held += usize::from(ticket.is_some());
+        if !s.lifecycle().is_final() {
+            missed += 1;
+        }
+        drop(ticket);
+    }
+    to_owner.send(None).unwrap();
+    owner.join().unwrap();
+    assert_eq!(
+        missed, 0,
+        "{missed} of {rounds} first tickets missed by the quarantine ({held} held)"
+    );
 }

@@ -13,6 +13,7 @@ use super::ticket::Dispatched;
 use crate::error::Error;
 use crate::scope::{now_stamp, with_current, Scope};
 use crate::tree::{self, Kind, TaskKey};
+use crate::Cause;
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
 /// [`Scope::shield`]: yields its output, or the error that stopped it.
@@ -239,13 +240,21 @@ impl<F: Future> Future for Task<F> {
     }
 }
 
+/// The reason of the cancel of a quarantined shield's own scope.
+const SHIELD_QUARANTINED: &str = "the shield was quarantined";
+
 pin_project! {
     /// The task of a [`Scope::shield`]: runs the cleanup (under its own root scope) until it
-    /// ends or its child is quarantined, and then stops it (invariant 6: once `quiesce()`
-    /// resolved, nothing of the scope is polled again).
+    /// ends or its child is quarantined, and then stops it and cancels its root (invariant 6:
+    /// once `quiesce()` resolved, the cleanup is not polled again, nor is anything it
+    /// started; a poll already under way on another thread may still finish, as for any
+    /// quarantined child).
     struct Shielded<F> {
         #[pin]
         run: Option<F>,
+        // The cleanup's own root scope: cancelled with it, so that work the cleanup started
+        // there (what `Scope::current()` is inside it) stops too.
+        root: Scope,
         receipt: TaskReceipt,
     }
 }
@@ -263,7 +272,10 @@ where
         };
         if dispatched.poll_quarantined(cx.waker()) {
             let err = dispatched.quarantined_error();
-            // Stopped; the quarantine recorded the receipt (the late one is ignored).
+            // Stopped, with whatever it started; the quarantine recorded the receipt (the
+            // late one is ignored).
+            this.root
+                .cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
             this.run.set(None);
             this.receipt.0 = None;
             return Poll::Ready(Err(err));
@@ -454,6 +466,7 @@ impl Scope {
         );
         let inner = tokio::spawn(Shielded {
             run: Some(shielded.run(fut)),
+            root: shielded,
             receipt: TaskReceipt(Some(dispatched)),
         });
         Ok(JoinHandle { inner })
