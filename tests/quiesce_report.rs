@@ -328,6 +328,107 @@ async fn work_spawned_by_a_quarantined_shield_does_not_commit_after_quiesce() {
     );
 }
 
+/// A closed (not cancelled) parent's `quiesce()` over a cancelled child whose work ignores the
+/// cancel: the child's work is quarantined when the child's own grace period ends, as the
+/// child's `quiesce()` would (before, the parent's waited for ever).
+#[tokio::test(start_paused = true)]
+async fn a_closed_parent_quiesces_over_a_cancelled_child_whose_work_is_stuck() {
+    let parent = Scope::new();
+    let child = parent
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let stuck = child
+        .register(ChildSpec::side_effecting("ignores the cancel", "pay-1"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    parent.close();
+    child.cancel();
+    let start = tokio::time::Instant::now();
+    let report = tokio::time::timeout(Duration::from_secs(3600), parent.quiesce())
+        .await
+        .expect("the closed parent's quiesce() waits for ever");
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    assert_eq!(report.quarantined(), 1, "{report}");
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    assert!(stuck.is_quarantined());
+    drop(stuck);
+    assert_eq!(parent.quiesce().await, report);
+}
+
+/// The same with the child cancelled while the parent's `quiesce()` already waits, by its
+/// deadline and by an explicit cancel: each cancel wakes the wait, which then waits out that
+/// child's grace period.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_quiesce_learns_of_a_later_cancel_below_it() {
+    let parent = Scope::new();
+    let by_deadline = parent
+        .child()
+        .timeout(Duration::from_millis(100))
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let by_cancel = parent
+        .child()
+        .grace(Duration::from_millis(30))
+        .build()
+        .unwrap();
+    let _a = by_deadline
+        .register(ChildSpec::read_only("a"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    let _b = by_cancel
+        .register(ChildSpec::read_only("b"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    parent.close();
+    let start = tokio::time::Instant::now();
+    let waiting = tokio::spawn({
+        let parent = parent.clone();
+        async move { parent.quiesce().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The deadline's grace period ended at 110 ms: `a` is quarantined, `b` still runs.
+    assert!(!waiting.is_finished());
+    assert_eq!(by_deadline.lifecycle(), Lifecycle::CancelledStable);
+    by_cancel.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(3600), waiting)
+        .await
+        .expect("the waiting quiesce() never learned of the cancel")
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(230));
+    assert_eq!(report.quarantined(), 2, "{report}");
+    assert_eq!(report.state(), Lifecycle::Completed);
+}
+
+/// Control: awaiting the cancelled child's own `quiesce()` quarantines its stuck work, and the
+/// parent's then resolves at once.
+#[tokio::test(start_paused = true)]
+async fn the_cancelled_childs_own_quiesce_unblocks_the_closed_parent() {
+    let parent = Scope::new();
+    let child = parent
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let _stuck = child
+        .register(ChildSpec::read_only("ignores the cancel"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    parent.close();
+    child.cancel();
+    let start = tokio::time::Instant::now();
+    assert_eq!(child.quiesce().await.quarantined(), 1);
+    let report = parent.quiesce().await;
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+    assert_eq!(report.quarantined(), 1, "{report}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     let request = Scope::with_timeout(Duration::from_millis(100))

@@ -379,34 +379,75 @@ impl Future for Quiesce {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Report> {
         let this = &mut *self;
-        loop {
-            if tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
-                return Poll::Ready(this.scope.report());
-            }
-            if !this.scope.is_cancelled() || cfg!(loom) {
-                // (Under loom there is no tokio timer: the models wait for receipts.)
-                return Poll::Pending;
-            }
+        if tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
+            return Poll::Ready(this.scope.report());
+        }
+        if cfg!(loom) {
+            // Under loom there is no tokio timer: the models wait for receipts.
+            return Poll::Pending;
+        }
+        let node = &this.scope.node.clone();
+        if this.scope.is_cancelled() {
             // Cancelled but not quiet: children get the grace period, counted from the cancel.
-            let cancelled_at = instant_of(this.scope.node.cancelled_at());
-            let Some(at) = cancelled_at.checked_add(this.scope.node.ext.grace()) else {
-                // A grace period too long to represent never ends: wait for the receipts.
+            // A grace period too long to represent never ends: wait for the receipts.
+            let Some(at) = grace_end(node) else {
                 return Poll::Pending;
             };
-            let sleep = this
-                .grace
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-            if sleep.as_mut().poll(cx).is_pending() {
+            if this.poll_grace(at, cx).is_pending() {
                 return Poll::Pending;
             }
-            tree::quarantine_subtree(&this.scope.node, &crate::child::task_spec(), now_stamp());
+            tree::quarantine_subtree(node, &crate::child::task_spec(), now_stamp());
             this.grace = None;
-            // Guards are not quarantined: loop to wait for them (or return if quiet now).
-            if !tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
-                return Poll::Pending;
+        } else {
+            // Not cancelled itself, but descendants may be (a child's deadline, its own
+            // cancel): their stuck work is quarantined once their own grace period ends, as
+            // their own `quiesce()` would. Their cancel wakes this future (see
+            // `tree::nudge_quiesce_above`), which then learns when.
+            let now = tokio::time::Instant::now();
+            let mut next: Option<tokio::time::Instant> = None;
+            for d in tree::cancelled_below(node) {
+                match grace_end(&d) {
+                    Some(end) if end <= now => {
+                        tree::quarantine_subtree(&d, &crate::child::task_spec(), now_stamp());
+                    }
+                    Some(end) => next = Some(next.map_or(end, |n| n.min(end))),
+                    None => {}
+                }
+            }
+            if let Some(at) = next {
+                // In the future: this registers the timer's wake-up.
+                let _ = this.poll_grace(at, cx);
+            } else {
+                this.grace = None;
             }
         }
+        // Guards are not quarantined: wait for them (or resolve if quiet now).
+        if tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
+            return Poll::Ready(this.scope.report());
+        }
+        Poll::Pending
     }
+}
+
+impl Quiesce {
+    /// Polls the grace timer, set to end at `at`.
+    fn poll_grace(&mut self, at: tokio::time::Instant, cx: &mut Context<'_>) -> Poll<()> {
+        let sleep = match &mut self.grace {
+            Some(sleep) => {
+                if sleep.deadline() != at {
+                    sleep.as_mut().reset(at);
+                }
+                sleep
+            }
+            slot => slot.insert(Box::pin(tokio::time::sleep_until(at))),
+        };
+        sleep.as_mut().poll(cx)
+    }
+}
+
+/// When the grace period after the cancel of `node` ends (`None`: too far to represent).
+fn grace_end(node: &crate::scope::Core) -> Option<tokio::time::Instant> {
+    instant_of(node.cancelled_at()).checked_add(node.ext.grace())
 }
 
 impl Drop for Quiesce {
@@ -430,8 +471,10 @@ impl Scope {
     /// every registered child of the subtree has a receipt, every guard is released and every
     /// body run with [`run`](Scope::run) has stopped. After a cancel, children still running
     /// when the grace period ends are quarantined (receipt `Quarantined`, listed in the report,
-    /// late outcome ignored). Once it resolves nothing of this scope can start or commit, and
-    /// the report never changes.
+    /// late outcome ignored). The same holds below a scope that is only closed: the work of a
+    /// cancelled descendant (a child scope whose deadline passed, say) is quarantined when that
+    /// descendant's own grace period ends. Once it resolves nothing of this scope can start or
+    /// commit, and the report never changes.
     ///
     /// A body waits for itself: awaited inside [`run`](Scope::run) of this scope (or of a
     /// descendant), inside a task spawned in it, or inside a retry attempt or fan-out branch

@@ -166,8 +166,10 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
-    /// How long [`Scope::quiesce`] waits after a cancel before quarantining children that have
-    /// not stopped (inherited; default [`DEFAULT_GRACE`](crate::DEFAULT_GRACE)).
+    /// How long [`Scope::quiesce`] waits after a cancel of this scope before quarantining
+    /// children that have not stopped (inherited; default
+    /// [`DEFAULT_GRACE`](crate::DEFAULT_GRACE)): the `quiesce` of this scope, and that of an
+    /// ancestor that is not cancelled itself.
     ///
     /// # Examples
     ///

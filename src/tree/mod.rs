@@ -740,6 +740,9 @@ fn cancel_then<X, R, T>(
     let mut due = Due::default();
     let mut first = None;
     let marked = mark_cancelled(node, &cause, stamp, &mut due, &mut first);
+    if marked.busy {
+        nudge_quiesce_above(node, &mut due.wakers);
+    }
     due.wake();
     if marked.in_use == 0 {
         // A leaf (or a completed node): nothing to walk.
@@ -775,6 +778,61 @@ fn cancel_then<X, R, T>(
     // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
     walk.due.run_callbacks();
     (marked.did, out)
+}
+
+/// `node` was just cancelled while it had work: its grace period now counts, also for a
+/// `quiesce()` waiting on an ancestor that is not cancelled itself (which quarantines the
+/// work of such a descendant once its grace period ends, see [`cancelled_below`]). Collects
+/// the wakers of those waits, without taking them off their lists (they are not done), up to
+/// the first cancelled ancestor, whose own grace period covers its whole subtree. One
+/// ancestor's `inner` at a time, with no other lock held.
+///
+/// No wake-up is lost: a waiting `quiesce()` registers its waker under its node's `inner`
+/// before it looks for cancelled descendants. If this takes that lock first, the cancel (a
+/// read-modify-write made before) happens-before the look, which finds it; otherwise this
+/// finds the waker. (Not modelled by loom: `quiesce()` has no timer there.)
+fn nudge_quiesce_above<X, R>(node: &Node<X, R>, wakers: &mut Vec<Waker>) {
+    let mut n = node.parent_node();
+    while let Some(p) = n {
+        if p.state().is_cancelled() {
+            return;
+        }
+        if let Some(lists) = p.inner.lock().lists.as_ref() {
+            wakers.extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
+        }
+        n = p.parent_node();
+    }
+}
+
+/// The topmost descendants of `node` that are cancelled and not quiet yet, for a
+/// `quiesce()` of `node`, which is not cancelled itself: the work of such a descendant is
+/// quarantined once its own grace period after its cancel ends, as its own `quiesce()`
+/// would. (Below a cancelled descendant everything is cancelled, and its quarantine takes
+/// its whole subtree.) Holds one registry shard at a time, only to clone `Arc`s out of it.
+pub(crate) fn cancelled_below<X, R>(node: &Node<X, R>) -> Vec<Arc<Node<X, R>>> {
+    let mut found = Vec::new();
+    let mut work = Vec::new();
+    push_children(node, &mut work);
+    while let Some(n) = work.pop() {
+        let s = n.state();
+        if s.is_quiet() {
+            continue;
+        }
+        if s.is_cancelled() {
+            found.push(n);
+        } else {
+            push_children(&n, &mut work);
+        }
+    }
+    found
+}
+
+/// Clones the children of `node` onto `work`, one registry shard lock at a time.
+fn push_children<X, R>(node: &Node<X, R>, work: &mut Vec<Arc<Node<X, R>>>) {
+    for shard in node.shards() {
+        let data = shard.data.lock();
+        work.extend(data.children.iter().map(|(_, c)| c.clone()));
+    }
 }
 
 /// How deep the cancel walk descends while holding the registry locks of the way down: a node
@@ -899,6 +957,8 @@ impl Due {
 struct Marked {
     /// This call cancelled the node.
     did: bool,
+    /// This call cancelled it while it had work (it is not quiet: its grace period counts).
+    busy: bool,
     /// The registry shards to walk (read under `inner`, see `new_child`).
     in_use: u8,
 }
@@ -920,6 +980,7 @@ fn mark_cancelled<X, R>(
         *first = Some(existing.clone());
         return Marked {
             did: false,
+            busy: false,
             in_use: walk,
         };
     }
@@ -936,6 +997,7 @@ fn mark_cancelled<X, R>(
     else {
         return Marked {
             did: false,
+            busy: false,
             in_use: 0,
         };
     };
@@ -963,6 +1025,7 @@ fn mark_cancelled<X, R>(
     }
     Marked {
         did: true,
+        busy: prev.active() != 0,
         in_use: walk,
     }
 }
@@ -1414,10 +1477,7 @@ fn quarantine_walk<X, R: Clone>(node: &Arc<Node<X, R>>, task_info: &R, stamp: u6
         let in_flight = n.in_flight.get_or_init();
         n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp);
         let first_child = work.len();
-        for shard in n.shards() {
-            let data = shard.data.lock();
-            work.extend(data.children.iter().map(|(_, c)| c.clone()));
-        }
+        push_children(&n, &mut work);
         // Children that are tickets of `n` (see `new_child_dispatched`), with no lock held.
         for child in &work[first_child..] {
             if quarantine_own(child, stamp) {
