@@ -152,8 +152,9 @@ const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 const SHARD_MASK: usize = SHARDS - 1;
 
 /// The slot part of the key of a task that is counted in its shard's unlisted word, not
-/// listed in its slab (a slab slot never comes near it).
-const UNLISTED: usize = usize::MAX >> SHARD_BITS;
+/// listed in its slab (a slab slot never comes near it: see [`TaskKey::listed`]). The largest
+/// slot a key can hold.
+const UNLISTED: u32 = (u32::MAX >> SHARD_BITS) - 1;
 
 /// `InFlightShard::unlisted`: the count is the low 32 bits, the epoch the high 32.
 const COUNT_MASK: u64 = (1 << 32) - 1;
@@ -163,10 +164,52 @@ const EPOCH_SHIFT: u32 = 32;
 /// sequence number (listed: the sequence number, because a slot can be reused once a
 /// quarantine took the task out), or `UNLISTED` and the epoch of the shard's unlisted word in
 /// which it was counted (a task that has not returned `Pending` yet).
+///
+/// Eight bytes, never zero: a task's future holds an `Option<TaskKey>`, and with a 16-byte
+/// key (and a tag for the `Option`) the task of a small future took tokio's next allocation
+/// size (256 bytes instead of `tokio::spawn`'s 128, and an aligned allocation of that size
+/// costs about 300 more instructions in glibc's allocator). 32 bits suffice: the epoch is
+/// 32 bits already, and a listed task's sequence number only has to differ from those of the
+/// tasks listed in its slot after a quarantine took it out, and after a quarantine (which
+/// closes the node) only tasks registered just before it can still be listed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TaskKey {
-    key: usize,
-    seq: u64,
+    /// `(slot << SHARD_BITS | shard) + 1`.
+    key: std::num::NonZeroU32,
+    seq: u32,
+}
+
+impl TaskKey {
+    fn new(slot: u32, shard: usize, seq: u32) -> TaskKey {
+        debug_assert!(slot <= UNLISTED && shard < SHARDS);
+        // At most `(UNLISTED << SHARD_BITS | SHARD_MASK) + 1 < u32::MAX`: never 0, no overflow.
+        let raw = ((slot << SHARD_BITS) | shard as u32) + 1;
+        let Some(key) = std::num::NonZeroU32::new(raw) else {
+            unreachable!("a key plus one is never zero");
+        };
+        TaskKey { key, seq }
+    }
+
+    /// The key of a task listed in slab slot `slot` of `shard`.
+    ///
+    /// # Panics
+    ///
+    /// If the slot is past the largest a key holds (a billion tasks waiting in one shard of
+    /// one scope: more memory than a machine has).
+    fn listed(slot: usize, shard: usize, seq: u32) -> TaskKey {
+        match u32::try_from(slot) {
+            Ok(slot) if slot < UNLISTED => TaskKey::new(slot, shard, seq),
+            _ => panic!("over a billion tasks waiting in one in-flight shard"),
+        }
+    }
+
+    fn shard(self) -> usize {
+        (self.key.get() - 1) as usize & SHARD_MASK
+    }
+
+    fn slot(self) -> u32 {
+        (self.key.get() - 1) >> SHARD_BITS
+    }
 }
 
 /// One child in flight.
@@ -179,7 +222,7 @@ enum Entry<R> {
     /// the one receipt (invariant 5). Tasks all have the same spec, given to the quarantine, so
     /// the entry is three words (it is moved in and out of the list for every task).
     Task {
-        seq: u64,
+        seq: u32,
         /// The task's waker, for the node's cancel (the task is listed when it first waits).
         waker: Waker,
     },
@@ -187,7 +230,7 @@ enum Entry<R> {
 
 struct ShardCells<R> {
     slab: Slab<Entry<R>>,
-    next_seq: u64,
+    next_seq: u32,
     /// Set by a quarantine as it takes this shard's entries: a ticket that comes to be listed
     /// here afterwards is refused (see [`InFlight::list_ticket`]).
     quarantined: bool,
@@ -214,7 +257,8 @@ impl<R> InFlightShard<R> {
     /// Takes a task counted in `epoch` out of the unlisted count. `false`: a quarantine took it
     /// (the epoch moved on).
     #[inline]
-    fn take_unlisted(&self, epoch: u64) -> bool {
+    fn take_unlisted(&self, epoch: u32) -> bool {
+        let epoch = u64::from(epoch);
         // Acquire/AcqRel: pairs with the other RMWs of the word (the spawn's increment, a
         // quarantine's bump); a task that wins here is decided before any later bump reads the
         // count.
@@ -368,10 +412,8 @@ impl<R> InFlight<R> {
         // AcqRel: Release so that a quarantine that takes this count (Acquire) comes after the
         // task's unit CAS, before it releases that unit.
         let prev = self.shards[shard].unlisted.fetch_add(1, Ordering::AcqRel);
-        TaskKey {
-            key: (UNLISTED << SHARD_BITS) | shard,
-            seq: prev >> EPOCH_SHIFT,
-        }
+        // The epoch: the high 32 bits.
+        TaskKey::new(UNLISTED, shard, (prev >> EPOCH_SHIFT) as u32)
     }
 
     /// Takes a task out, unlisted or listed, for its receipt. `false`: a quarantine took it
@@ -380,8 +422,8 @@ impl<R> InFlight<R> {
     // path's frame were a third of it).
     #[inline]
     pub(super) fn unlist_task(&self, task: TaskKey) -> bool {
-        let shard = &self.shards[task.key & SHARD_MASK];
-        if task.key >> SHARD_BITS == UNLISTED {
+        let shard = &self.shards[task.shard()];
+        if task.slot() == UNLISTED {
             // No lock: the count's epoch decides between this and a quarantine.
             return shard.take_unlisted(task.seq);
         }
@@ -391,8 +433,8 @@ impl<R> InFlight<R> {
     /// [`unlist_task`](Self::unlist_task) for a task that was listed.
     #[inline(never)]
     fn unlist_listed(&self, task: TaskKey) -> bool {
-        let slot = task.key >> SHARD_BITS;
-        let mut cells = self.shards[task.key & SHARD_MASK].cells.lock();
+        let slot = task.slot() as usize;
+        let mut cells = self.shards[task.shard()].cells.lock();
         if !matches!(cells.slab.get(slot), Some(Entry::Task { seq, .. }) if *seq == task.seq) {
             return false;
         }
@@ -417,10 +459,10 @@ impl<R> InFlight<R> {
     /// entry. Otherwise the decrement finds the epoch bumped and fails: counted by the
     /// quarantine, the task is not listed.
     pub(super) fn set_task_waker(&self, task: &mut TaskKey, waker: &Waker) -> bool {
-        let shard_index = task.key & SHARD_MASK;
+        let shard_index = task.shard();
         let shard = &self.shards[shard_index];
         let mut cells = shard.cells.lock();
-        let slot = task.key >> SHARD_BITS;
+        let slot = task.slot();
         if slot == UNLISTED {
             // Under the lock (see above).
             if !shard.take_unlisted(task.seq) {
@@ -432,13 +474,10 @@ impl<R> InFlight<R> {
                 seq,
                 waker: waker.clone(),
             });
-            *task = TaskKey {
-                key: (key << SHARD_BITS) | shard_index,
-                seq,
-            };
+            *task = TaskKey::listed(key, shard_index, seq);
             return true;
         }
-        let Some(Entry::Task { seq, waker: kept }) = cells.slab.get_mut(slot) else {
+        let Some(Entry::Task { seq, waker: kept }) = cells.slab.get_mut(slot as usize) else {
             return false;
         };
         if *seq != task.seq {
