@@ -5,8 +5,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Latencies, Retry, RetryBudget, Stop};
-use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
+use cancel_scope::retry::{
+    AttemptEnd, Classify, Decision, HedgeDelay, Latencies, Retry, RetryBudget, RetryError, Stop,
+};
+use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
 use tokio::time::Instant;
 
 fn ms(n: u64) -> Duration {
@@ -299,4 +301,150 @@ async fn dropping_the_call_leaves_no_orphan_attempt() {
     assert_eq!(report.state(), Lifecycle::Completed);
     assert_eq!(report.cancelled(), 2);
     assert_eq!(report.orphan_work(), Duration::ZERO);
+}
+
+/// A hedge of two attempts (the hedge 50 ms after the first) that both answer at 100 ms, the
+/// first with `answer(false)`, the hedge with `answer(true)`: the call ends on the first's
+/// answer and drains the hedge, which answered before the cancel reached it. Returns the
+/// call's result, how each attempt ended, and the request's report.
+async fn both_answer_at_100ms<E, C>(
+    classify: C,
+    spec: ChildSpec,
+    answer: impl Fn(bool) -> Result<u32, E> + Copy + Send + 'static,
+) -> (Result<u32, RetryError<E>>, Vec<Option<AttemptEnd>>, Report)
+where
+    C: Classify<E>,
+    E: Send + 'static,
+{
+    let request = Scope::with_timeout(ms(1000));
+    let t0 = Instant::now();
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)));
+    let (res, ledger) = hedge
+        .run_with_ledger(&request, spec, move |a| async move {
+            tokio::time::sleep_until(t0 + ms(100)).await;
+            answer(a.is_hedge())
+        })
+        .await;
+    let ends = ledger.attempts().iter().map(|a| a.end()).collect();
+    request.close();
+    (res, ends, request.quiesce().await)
+}
+
+/// A loser that really failed (its error came back as the hedge was won, at the same instant)
+/// is recorded as the failure it was, not as stopped by the cancel: `Failed`, a `Failed`
+/// receipt, no `Cancelled` one.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_loser_that_failed_is_recorded_failed() {
+    let (winner, ends, report) =
+        both_answer_at_100ms(classify, ChildSpec::read_only("search"), |hedge| {
+            if hedge {
+                Err(SearchError::Overloaded)
+            } else {
+                Ok(1)
+            }
+        })
+        .await;
+    assert_eq!(winner.unwrap(), 1);
+    assert_eq!(
+        ends,
+        [
+            Some(AttemptEnd::Succeeded),
+            Some(AttemptEnd::Failed(Decision::Backoff))
+        ]
+    );
+    assert_eq!(
+        (
+            report.state(),
+            report.succeeded(),
+            report.failed(),
+            report.cancelled()
+        ),
+        (Lifecycle::Completed, 1, 1, 0),
+        "{report}"
+    );
+}
+
+/// Idempotent work, a failed call: the first attempt's definite `BadQuery` ends the call, and
+/// the hedge's `Overloaded`, returned at the same instant, is drained as the definite failure
+/// it was. Neither answer leaves an effect to reconcile, and the call's error stays the one
+/// that ended it.
+#[tokio::test(start_paused = true)]
+async fn a_drained_hedge_with_a_definite_error_is_not_a_pending_effect() {
+    let (res, ends, report) =
+        both_answer_at_100ms(classify, ChildSpec::idempotent("put", "order-1"), |hedge| {
+            Err(if hedge {
+                SearchError::Overloaded
+            } else {
+                SearchError::BadQuery
+            })
+        })
+        .await;
+    let err = res.unwrap_err();
+    assert_eq!(err.stop(), &Stop::NotRetryable);
+    assert_eq!(err.last_error(), Some(&SearchError::BadQuery));
+    assert_eq!(
+        ends,
+        [
+            Some(AttemptEnd::Failed(Decision::Never)),
+            Some(AttemptEnd::Failed(Decision::Backoff))
+        ]
+    );
+    assert_eq!(
+        (
+            report.state(),
+            report.failed(),
+            report.cancelled(),
+            report.effect_unknown(),
+            report.pending_effects().len()
+        ),
+        (Lifecycle::Completed, 2, 0, 0, 0),
+        "{report}"
+    );
+}
+
+/// A drained loser whose error says its effect is unknown stays unknown: in a failed call it
+/// is listed for reconciliation (as a failure, not as stopped by the cancel); in a call that
+/// succeeded with the same idempotency key, the winner's effect accounts for it.
+#[tokio::test(start_paused = true)]
+async fn a_drained_hedge_whose_effect_is_unknown_is_settled_by_the_key() {
+    #[derive(Debug)]
+    enum PutError {
+        Invalid,
+        WriteTimedOut,
+    }
+    let classify = |e: &PutError| match e {
+        PutError::Invalid => Decision::Never,
+        PutError::WriteTimedOut => Decision::EffectUnknown,
+    };
+    // (state, succeeded, failed, cancelled, effect unknown, pending effects)
+    let unknown = (Lifecycle::NeedsReconciliation, 0, 1, 0, 1, 1);
+    let settled = (Lifecycle::Completed, 1, 0, 1, 0, 0);
+    for (first_succeeds, expected) in [(false, unknown), (true, settled)] {
+        let (res, ends, report) = both_answer_at_100ms(
+            classify,
+            ChildSpec::idempotent("put", "order-2"),
+            move |hedge| match (hedge, first_succeeds) {
+                (true, _) => Err(PutError::WriteTimedOut),
+                (false, true) => Ok(1),
+                (false, false) => Err(PutError::Invalid),
+            },
+        )
+        .await;
+        assert_eq!(res.is_ok(), first_succeeds);
+        assert_eq!(ends[1], Some(AttemptEnd::Failed(Decision::EffectUnknown)));
+        assert_eq!(
+            (
+                report.state(),
+                report.succeeded(),
+                report.failed(),
+                report.cancelled(),
+                report.effect_unknown(),
+                report.pending_effects().len()
+            ),
+            expected,
+            "{report}"
+        );
+    }
 }

@@ -549,6 +549,25 @@ impl<'s> Call<'s> {
         self.hold.is_some()
     }
 
+    /// Settles an attempt that returned the error `e`: classified, recorded
+    /// [`AttemptEnd::Failed`] and given a failed receipt, or, if the classification says its
+    /// effect is unknown, kept unknown (parked until the call ends, for idempotent work).
+    /// Returns the decision. Also for an attempt drained after the call ended (a hedge's
+    /// loser whose error came back as it was cancelled): its answer was definite, so it is not
+    /// recorded as stopped.
+    pub(crate) fn fail<E>(
+        &mut self,
+        index: usize,
+        dispatched: OwnTicket,
+        e: &E,
+        classify: &impl Classify<E>,
+    ) -> Decision {
+        let d = classify.classify(e);
+        let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
+        self.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
+        d
+    }
+
     /// Judges a finished attempt: gives it its receipt and its place in the ledger, and says
     /// whether the call succeeded, must stop, or may try again (and how).
     pub(crate) fn judge<T, E>(
@@ -566,12 +585,11 @@ impl<'s> Call<'s> {
                 (Verdict::Success(value), None)
             }
             Ok(Err(e)) => {
-                let d = classify.classify(&e);
-                let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
-                self.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
+                let d = self.fail(index, dispatched, &e, classify);
+                let unknown = d == Decision::EffectUnknown;
                 let verdict = if d == Decision::Never {
                     Verdict::Stop(Stop::NotRetryable)
-                } else if side_effecting && unknown.is_some() {
+                } else if side_effecting && unknown {
                     Verdict::Stop(Stop::EffectUnknown)
                 } else if side_effecting {
                     Verdict::Stop(Stop::NotIdempotent)

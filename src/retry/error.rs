@@ -50,7 +50,9 @@ impl<E> RetryError<E> {
     }
 
     /// The error of the last attempt that returned one (`None` if no attempt did: none started,
-    /// or they timed out or were cancelled).
+    /// or they timed out or were cancelled). An error a hedge's other attempts returned while
+    /// the call waited for them, after it had stopped, does not replace it: it is in the
+    /// ledger ([`AttemptEnd::Failed`](super::AttemptEnd::Failed)), not here.
     ///
     /// # Examples
     ///

@@ -194,7 +194,9 @@ impl fmt::Debug for Latencies {
 /// Hedged calls: if an attempt has not answered after a delay, a second one starts (and a third
 /// after another delay, up to the policy's maximum attempts and the [`RetryBudget`]); the first
 /// success wins, the others are cancelled, and the call returns only after every loser has its
-/// receipt — no orphan attempt keeps loading the dependency.
+/// receipt — no orphan attempt keeps loading the dependency. A loser stopped by that cancel is
+/// recorded [`AttemptEnd::Stopped`]; one whose error came back before the cancel reached it is
+/// recorded as the failure it was ([`AttemptEnd::Failed`], classified as any other error).
 ///
 /// Only read-only and idempotent work is hedged (every attempt reuses the idempotency key);
 /// side-effecting work makes a single attempt. Hedges overlap, so each may use what is left of
@@ -455,7 +457,20 @@ impl<C, B> Hedge<C, B> {
                     dispatched,
                     out: Ok(Ok(_)),
                 }) => call.settle(index, dispatched, AttemptEnd::Succeeded, None),
-                Ok(Finished { dispatched, .. }) => call.settle(
+                // It answered with an error before the cancel reached it: a definite failure
+                // (or an unknown effect, if so classified), not an attempt stopped by the
+                // cancel. Its error does not replace the one that ended the call.
+                Ok(Finished {
+                    dispatched,
+                    out: Ok(Err(e)),
+                }) => {
+                    call.fail(index, dispatched, &e, &policy.classify);
+                }
+                // Stopped by the cancel (or its own deadline) before it answered.
+                Ok(Finished {
+                    dispatched,
+                    out: Err(_),
+                }) => call.settle(
                     index,
                     dispatched,
                     AttemptEnd::Stopped,
