@@ -1,6 +1,7 @@
 //! Edge cases of retries and hedges (found by review): a huge hedge delay, an empty retry
 //! budget or a closed scope met before a backoff sleep, a hedge told to switch endpoint or to
-//! come back later, an even split with less than 1 ms per attempt.
+//! come back later, an even split with less than 1 ms per attempt, the even split's last start
+//! where shares round.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -180,6 +181,42 @@ async fn an_even_split_below_one_ms_per_attempt_still_starts_an_attempt() {
         err.stop()
     );
     assert_eq!(err.ledger().attempts()[0].budget(), Some(ms(1)));
+}
+
+/// The even split's last start is exact where its shares round: a minimum useful budget that
+/// is not whole milliseconds needs a whole-millisecond share above it (100.5 ms: 101 ms per
+/// attempt left), and one of at most 1 ms is reached by the share below 1 ms (`min(1 ms,
+/// what is left)`), whatever the attempts left. After a first attempt that fails at once,
+/// a backoff to the reported last start starts the next attempt; one nanosecond later it
+/// does not.
+#[tokio::test(start_paused = true)]
+async fn the_even_split_last_start_is_exact_where_shares_round() {
+    // (timeout, minimum useful budget, the last start after the first attempt, 3 attempts)
+    let cases = [
+        (ms(1000), Duration::from_micros(100_500), ms(1000 - 2 * 101)),
+        (ms(10), ms(1), ms(10 - 1)),
+    ];
+    for (timeout, min_useful, line) in cases {
+        for (late, started) in [(Duration::ZERO, 2), (Duration::from_nanos(1), 1)] {
+            let request = Scope::with_timeout(timeout);
+            let t0 = Instant::now();
+            let err = Retry::new(|_: &()| Decision::Backoff)
+                .max_attempts(3)
+                .min_useful(min_useful)
+                .backoff(vec![line + late])
+                .run(&request, ChildSpec::read_only("db"), |_| async {
+                    Err::<(), _>(())
+                })
+                .await
+                .unwrap_err();
+            let ledger = err.ledger();
+            let why = format!("{min_useful:?}, {late:?} late: {:?}", err.stop());
+            assert_eq!(ledger.started(), started, "{why}");
+            if started == 1 {
+                assert_eq!(ledger.last_start(), Some(t0 + line), "{why}");
+            }
+        }
+    }
 }
 
 #[derive(Debug)]

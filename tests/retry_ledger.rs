@@ -134,6 +134,59 @@ async fn attempt_deadlines_never_pass_the_reserve_line() {
     }
 }
 
+/// Even split of 1 s over 3 attempts, 100 ms minimum useful, every attempt failing at once
+/// and followed by the given backoffs: (attempt start times in ms, why the call stopped, when,
+/// the ledger's last start in ms).
+async fn even_split_last_start(backoff: Vec<Duration>) -> (Vec<u128>, Stop, Duration, Duration) {
+    let t0 = Instant::now();
+    let request = Scope::with_timeout(ms(1000));
+    let err = Retry::new(|_: &Unavailable| Decision::Backoff)
+        .max_attempts(3)
+        .split(Split::Even { cap: None })
+        .min_useful(ms(100))
+        .backoff(backoff)
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(Unavailable)
+        })
+        .await
+        .unwrap_err();
+    let ledger = err.ledger();
+    let starts = ledger
+        .attempts()
+        .iter()
+        .map(|a| (a.started_at() - t0).as_millis())
+        .collect();
+    let last_start = ledger.last_start().unwrap() - t0;
+    (starts, err.stop().clone(), t0.elapsed(), last_start)
+}
+
+/// The ledger's last start is the last moment the next attempt can start under the even
+/// split (a share of what is left over the attempts left must reach the minimum useful
+/// budget), not the deadline minus the minimum useful budget: with 2 attempts left the line is
+/// 1000 - 2 × 100 = 800 ms, with 1 left 900 ms. A backoff that ends before the reported line
+/// is slept and the attempt starts, even at the line itself; one that ends after it is not.
+#[tokio::test(start_paused = true)]
+async fn last_start_is_a_moment_an_even_split_attempt_can_start() {
+    // The review's case: an 850 ms backoff would start the 2nd attempt with a 75 ms share.
+    let (starts, stop, at, last_start) = even_split_last_start(vec![ms(850)]).await;
+    assert_eq!(
+        (starts, stop, at, last_start),
+        (vec![0], Stop::BelowMinUseful, ms(0), ms(800))
+    );
+    // Just past the line: not slept either.
+    let (starts, stop, at, last_start) = even_split_last_start(vec![ms(801)]).await;
+    assert_eq!(
+        (starts, stop, at, last_start),
+        (vec![0], Stop::BelowMinUseful, ms(0), ms(800))
+    );
+    // At each line: the 2nd attempt starts at 800 ms, the 3rd (the last) at 900 ms.
+    let (starts, stop, at, last_start) = even_split_last_start(vec![ms(800), ms(100)]).await;
+    assert_eq!(
+        (starts, stop, at, last_start),
+        (vec![0, 800, 900], Stop::AttemptsExhausted, ms(900), ms(900))
+    );
+}
+
 /// A backoff sleep pays from the budget and is cut short by the scope's cancel; nothing starts
 /// after the cancel.
 #[tokio::test(start_paused = true)]

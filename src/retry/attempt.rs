@@ -153,6 +153,51 @@ pub(crate) struct Limits {
     pub(crate) min_useful: Duration,
 }
 
+impl Limits {
+    /// The last moment the next attempt can start while `attempts_left` attempts are left (it
+    /// included): the deadline minus the reserve minus the least time past the reserve that
+    /// still gives it `min_useful` under the split (`None` without deadline). The inverse of
+    /// [`attempt_budget`]'s minimum useful check, the per-attempt cap aside.
+    ///
+    /// A line before any instant the clock can represent (an absurd minimum useful budget) is
+    /// reported as the deadline itself.
+    pub(crate) fn last_start(
+        &self,
+        deadline: Option<Instant>,
+        attempts_left: u32,
+    ) -> Option<Instant> {
+        let d = deadline?;
+        let back = self
+            .reserve
+            .saturating_add(self.least_useful(attempts_left));
+        Some(d.checked_sub(back).unwrap_or(d))
+    }
+
+    /// Whether [`last_start`](Self::last_start) moves with the attempts left: only the even
+    /// split's shares depend on them, and only a minimum useful budget above 1 ms feels it.
+    pub(crate) fn last_start_moves(&self) -> bool {
+        matches!(self.split, Split::Even { .. }) && self.min_useful > Duration::from_millis(1)
+    }
+
+    /// The least time past the reserve for which the next attempt's budget reaches
+    /// `min_useful`, while `attempts_left` are left.
+    fn least_useful(&self, attempts_left: u32) -> Duration {
+        let min = self.min_useful;
+        if !self.last_start_moves() {
+            // Greedy: the attempt gets all of it. The even split with a `min_useful` of at most
+            // 1 ms: a share that rounds down to nothing is `min(1 ms, what is left)` (see
+            // `Split::attempt`), so `min_useful` past the reserve is enough.
+            return min;
+        }
+        // Even: `floor(ms left past the reserve) / attempts_left`, in whole milliseconds, must
+        // reach `min_useful` rounded up to whole milliseconds (the share is whole
+        // milliseconds), so `attempts_left` times that must be left. In 128 bits: no overflow.
+        let per = min.as_millis() + u128::from(min.subsec_nanos() % 1_000_000 != 0);
+        let total = per * u128::from(attempts_left.max(1));
+        Duration::from_millis(u64::try_from(total).unwrap_or(u64::MAX))
+    }
+}
+
 /// The budget of the next attempt given what the scope will have left, or why none may start.
 ///
 /// `None` inside `Ok`: an unbounded attempt (no deadline and no cap).
@@ -316,11 +361,7 @@ impl<'s> Call<'s> {
             },
             ..limits
         };
-        let back = limits.reserve.saturating_add(limits.min_useful);
-        let last_start = match scope.deadline() {
-            Some(d) if !back.is_zero() => Some(d.checked_sub(back).unwrap_or(d)),
-            d => d,
-        };
+        let last_start = limits.last_start(scope.deadline(), limits.max_attempts);
         let now = Instant::now();
         Call {
             scope,
@@ -449,10 +490,8 @@ impl<'s> Call<'s> {
         }
         let limits = self.limits;
         let now = opened_at.unwrap_or_else(Instant::now);
-        let remaining = self
-            .scope
-            .deadline()
-            .map(|d| d.saturating_duration_since(now));
+        let deadline = self.scope.deadline();
+        let remaining = deadline.map(|d| d.saturating_duration_since(now));
         let budget = attempt_budget(&limits, remaining, self.attempts_left())?;
         if self.started() > 0 {
             // A closed scope refuses the attempt below: no token is spent on it.
@@ -488,6 +527,12 @@ impl<'s> Call<'s> {
             return Err(stop_of(&Error::cancelled(cause)));
         }
         let index = self.ledger.get().start(hedge, endpoint, budget, now);
+        // Under the even split the next attempt's share needs more time left than this one's
+        // did: its last start moves earlier with every start (until none is left to start).
+        let left = self.attempts_left();
+        if left > 0 && limits.last_start_moves() {
+            self.ledger.get().last_start = limits.last_start(deadline, left);
+        }
         let attempt = Attempt {
             number: self.ledger.attempts[index].number,
             endpoint,

@@ -257,6 +257,7 @@ pub struct Ledger {
     pub(crate) max_attempts: u32,
     pub(crate) began: Instant,
     pub(crate) elapsed: Duration,
+    /// The next attempt's last start: set at `open`, moved by each start under the even split.
     pub(crate) last_start: Option<Instant>,
     pub(crate) attempts: Attempts,
     pub(crate) in_flight: u32,
@@ -418,24 +419,57 @@ impl Ledger {
         self.elapsed
     }
 
-    /// The last moment an attempt may start: the deadline minus the response reserve minus the
-    /// minimum useful budget (`None` for a scope without deadline). Nothing starts after it,
-    /// and backoff sleeps that would end after it are not slept.
+    /// The last moment the call's next attempt may start (`None` in a scope without
+    /// deadline): nothing starts after it, and a backoff sleep that would end after it is not
+    /// slept.
+    ///
+    /// It is the deadline minus the response reserve minus the least time past the reserve
+    /// that still gives the next attempt the minimum useful budget under the call's split:
+    ///
+    /// * [`Split::Greedy`] (and every [`Hedge`](super::Hedge), whose attempts overlap): the
+    ///   attempt may use all of it, so the minimum useful budget itself. It does not move.
+    /// * [`Split::Even`]: the attempt gets an even share of it (whole milliseconds, over the
+    ///   attempts left, itself included), so the attempts left times the minimum useful budget
+    ///   (rounded up to whole milliseconds). It moves earlier with every start: read after the
+    ///   call, it is the next attempt's, or, once every attempt started, the last one's. (A
+    ///   minimum useful budget of at most 1 ms is reached as soon as it is left past the
+    ///   reserve: a share below 1 ms is 1 ms or what is left.)
+    ///
+    /// With a minimum useful budget an attempt may still start at that very moment; without
+    /// one, only before it (at it, only the reserve is left). The per-attempt cap is not
+    /// counted: a cap below the minimum useful budget lets no attempt start at all.
+    ///
+    /// [`Split::Greedy`]: crate::budget::Split::Greedy
+    /// [`Split::Even`]: crate::budget::Split::Even
     ///
     /// # Examples
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
-    /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// use cancel_scope::{budget::Split, retry::{Decision, Retry}, ChildSpec, Scope};
     /// let ms = Duration::from_millis;
     /// let scope = Scope::with_timeout(ms(1000));
-    /// let (_, ledger) = Retry::new(|_: &()| Decision::Never)
+    /// let deadline = scope.deadline().unwrap();
+    /// let retry = Retry::new(|_: &()| Decision::Backoff)
+    ///     .max_attempts(3)
     ///     .reserve(ms(100))
-    ///     .min_useful(ms(50))
+    ///     .min_useful(ms(50));
+    ///
+    /// // Greedy: an attempt gets all that is left past the reserve.
+    /// let (_, ledger) = retry
+    ///     .clone()
+    ///     .split(Split::Greedy { cap: None })
     ///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) })
     ///     .await;
-    /// assert_eq!(ledger.last_start(), Some(scope.deadline().unwrap() - ms(150)));
+    /// assert_eq!(ledger.last_start(), Some(deadline - ms(100 + 50)));
+    ///
+    /// // Even (the default): once the first attempt started, 2 are left, and the next one's
+    /// // share of what is left past the reserve reaches 50 ms only until 200 ms of it remain.
+    /// let (_, ledger) = retry
+    ///     .run_with_ledger(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) })
+    ///     .await;
+    /// assert_eq!(ledger.last_start(), Some(deadline - ms(100 + 2 * 50)));
     /// # }
     /// ```
     pub fn last_start(&self) -> Option<Instant> {

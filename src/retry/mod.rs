@@ -31,8 +31,8 @@
 //! * **Hedging** ([`Hedge`]) starts a second attempt after a delay for read-only or idempotent
 //!   work; the first success wins and the call returns only after the losers have receipts.
 //!
-//! Each call's [`Ledger`] (attempts, budgets, elapsed time, concurrency, the last moment an
-//! attempt may start, why it stopped) comes back with the result and appears in the scope's
+//! Each call's [`Ledger`] (attempts, budgets, elapsed time, concurrency, the last moment the
+//! next attempt may start, why it stopped) comes back with the result and appears in the scope's
 //! [`Report`](crate::Report::retry_ledgers).
 //!
 //! # Examples
