@@ -12,7 +12,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use cancel_scope::integrations::tower::{AdmitLayer, PropagateLayer};
-use cancel_scope::wire::{Admission, EgressPolicy, EndpointPolicy};
+use cancel_scope::wire::service_budget::ServiceBudget;
+use cancel_scope::wire::{grpc_timeout, Admission, EgressPolicy, EndpointPolicy};
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
 use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame};
@@ -548,4 +549,160 @@ async fn next_report(
         .await
         .expect("no report: the request never went quiet")
         .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// What an outgoing call is told: never more than the calling code allows at the moment of the
+// call (the current scope, a scope in the request's extensions, a budget header already on the
+// request: the shortest wins).
+
+/// A transport that answers with the budget it was told, as `x-told: <grpc-timeout ms> <rem
+/// ms>` (`u128::MAX` for a missing header).
+fn echo() -> impl Service<
+    Request<()>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<String>, Infallible>>,
+> + Clone {
+    Fn_(|req: Request<()>| async move {
+        let grpc = req
+            .headers()
+            .get("grpc-timeout")
+            .map(|v| grpc_timeout::decode_bytes(v.as_bytes()).unwrap());
+        let rem = req
+            .headers()
+            .get("service-budget")
+            .map(|v| ServiceBudget::parse(v.as_bytes()).unwrap().remaining());
+        let told = format!(
+            "{} {}",
+            grpc.map_or(u128::MAX, |d| d.as_millis()),
+            rem.map_or(u128::MAX, |d| d.as_millis())
+        );
+        let mut res = Response::new(String::new());
+        res.headers_mut().insert("x-told", told.parse().unwrap());
+        Ok::<_, Infallible>(res)
+    })
+}
+
+/// What `echo` was told: (grpc-timeout, service-budget rem), in ms.
+fn told_by<B>(res: &Response<B>) -> (u128, u128) {
+    let mut it = res.headers()["x-told"]
+        .to_str()
+        .unwrap()
+        .split(' ')
+        .map(|s| s.parse::<u128>().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+/// What `silent` answers: nothing, ever.
+type Never = std::future::Pending<Result<Response<String>, Infallible>>;
+
+/// A transport that never answers: the call ends when its scope stops it.
+fn silent() -> Fn_<fn(Request<()>) -> Never> {
+    Fn_(|_| std::future::pending())
+}
+
+/// Calls `client` inside `scope` (so that `call` sees it as the current scope) and returns
+/// the call's future to be awaited *outside* it: the call then ends when its own scope stops
+/// it, not when `scope`'s body is cut, which shows the call's own deadline.
+#[allow(clippy::async_yields_async)] // On purpose: made inside the scope, awaited outside it.
+async fn start_in<S>(scope: &Scope, client: &mut S, req: Request<()>) -> S::Future
+where
+    S: Service<Request<()>>,
+{
+    scope.run(async { client.call(req) }).await.unwrap()
+}
+
+/// A proxy handler forwards the request it was given (which carries the admission `Scope` in
+/// its extensions, as `Admit` puts it there) from a child scope capped at 100 ms: the callee
+/// is told at most those 100 ms, and the call is cut at them, not at the request's 1 s.
+#[tokio::test(start_paused = true)]
+async fn propagate_takes_the_current_scope_over_the_requests_root() {
+    let root = Scope::with_timeout(ms(1_000));
+    let tight = root.child().cap(ms(100)).build().unwrap();
+    let mut client = PropagateLayer::new().layer(echo());
+    let mut req = Request::new(());
+    req.extensions_mut().insert(root.clone());
+    let res = call_in(&tight, &mut client, req).await;
+    let (grpc, rem) = told_by(&res);
+    assert!(
+        grpc <= 100 && rem <= 100,
+        "callee told grpc-timeout {grpc} ms, rem {rem} ms while the calling scope has 100 ms"
+    );
+
+    let mut client = PropagateLayer::new().layer(silent());
+    let mut req = Request::new(());
+    req.extensions_mut().insert(root.clone());
+    let call = start_in(&tight, &mut client, req).await;
+    let start = Instant::now();
+    let err = call.await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert_eq!(Instant::now() - start, ms(100));
+    assert!(!root.is_cancelled());
+}
+
+/// The same through a real `Admit` in front: the handler forwards the request it was given
+/// (a reverse proxy) from a child scope capped at 100 ms.
+#[tokio::test(start_paused = true)]
+async fn behind_admit_a_forwarded_request_is_not_told_more_than_the_handler_has() {
+    let policy = EndpointPolicy::new(ms(2_000), ms(1_000));
+    let mut svc = AdmitLayer::new(policy).layer(Fn_(|req: Request<()>| async move {
+        assert!(req.extensions().get::<Scope>().is_some());
+        let mut client = PropagateLayer::new().layer(echo());
+        let tight = Scope::current().child().cap(ms(100)).build().unwrap();
+        let res = call_in(&tight, &mut client, req).await;
+        let mut out = Response::new(String::new());
+        out.headers_mut()
+            .insert("x-told", res.headers()["x-told"].clone());
+        Ok::<_, Infallible>(out)
+    }));
+    let res = svc.call(Request::new(())).await.unwrap();
+    let (grpc, rem) = told_by(&res);
+    assert!(
+        grpc <= 100 && rem <= 100,
+        "behind Admit: callee told grpc-timeout {grpc} ms, rem {rem} ms; the handler's scope has 100 ms"
+    );
+}
+
+/// A scope in the request's extensions that is *inside* the current one is the more specific:
+/// the call is its child (its cancel stops the call); one from another tree caps the call's
+/// deadline.
+#[tokio::test(start_paused = true)]
+async fn propagate_is_bounded_by_both_the_current_and_the_requests_scope() {
+    // Inside: the call is a child of the request's scope.
+    let root = Scope::with_timeout(ms(1_000));
+    let inner = root.child().cap(ms(100)).build().unwrap();
+    let mut client = PropagateLayer::new().layer(silent());
+    let mut req = Request::new(());
+    req.extensions_mut().insert(inner.clone());
+    let call = start_in(&root, &mut client, req).await;
+    let stop = inner.clone();
+    let (err, ()) = tokio::join!(call, async move {
+        advance(ms(30)).await;
+        stop.cancel_with("stop");
+    });
+    let err = err.unwrap_err();
+    assert!(err.is_cancelled() && !err.is_deadline_exceeded(), "{err}");
+    assert!(!root.is_cancelled());
+
+    // Another tree: the current scope is the parent, the other one's deadline a cap.
+    let current = Scope::with_timeout(ms(1_000));
+    let other = Scope::with_timeout(ms(50));
+    let mut client = PropagateLayer::new().layer(echo());
+    let mut req = Request::new(());
+    req.extensions_mut().insert(other.clone());
+    let res = call_in(&current, &mut client, req).await;
+    assert_eq!(told_by(&res), (50, 50));
+
+    let mut client = PropagateLayer::new().layer(silent());
+    let mut req = Request::new(());
+    req.extensions_mut().insert(other.clone());
+    let call = start_in(&current, &mut client, req).await;
+    let start = Instant::now();
+    assert!(call.await.unwrap_err().is_deadline_exceeded());
+    assert_eq!(Instant::now() - start, ms(50));
+    // Both calls were children of the current scope.
+    current.cancel();
+    let report = current.quiesce().await;
+    assert_eq!(report.succeeded() + report.cancelled(), 2, "{report}");
 }

@@ -20,14 +20,22 @@ pub(crate) struct Prepared {
 /// Cuts the call's scope from `parent` by `egress` (or the parent's operation's), registers
 /// it as `spec`, writes its budget into `headers` and dispatches it. After `Ok` the request may
 /// be sent; after `Err` it must not be.
+///
+/// Budgets only shrink, so the call's deadline is also no later than `within` (a bound the
+/// caller has besides `parent`: another scope's deadline).
 pub(crate) fn prepare(
     parent: &Scope,
+    within: Option<Instant>,
     egress: Option<EgressPolicy>,
     spec: ChildSpec,
     headers: &mut HeaderMap,
 ) -> Result<Prepared, Error> {
     let egress = egress.unwrap_or_else(|| EgressPolicy::for_scope(parent));
-    let call = egress.call_scope(parent)?;
+    let mut child = egress.call_child(parent);
+    if let Some(d) = within {
+        child = child.deadline(d);
+    }
+    let call = child.build()?;
     let ticket = call.register(spec)?;
     let out = egress.outgoing(&call)?;
     headers::insert(headers, &out);

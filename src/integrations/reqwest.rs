@@ -244,7 +244,7 @@ impl ScopedRequest {
         let parent = self.parent.ok_or_else(CallError::no_scope)?;
         let spec = self.spec.unwrap_or_else(|| ChildSpec::read_only("call"));
         let mut budget = HeaderMap::new();
-        let prepared = call::prepare(&parent, self.egress, spec, &mut budget)?;
+        let prepared = call::prepare(&parent, None, self.egress, spec, &mut budget)?;
         // Dispatched: from here on the request may be sent (and nothing below can fail).
         let mut builder = self.builder.headers(budget);
         if let Some(left) = prepared.call.remaining() {

@@ -754,6 +754,20 @@ impl Scope {
         false
     }
 
+    /// Whether this scope is `other` or one of its descendants. Walks up the tree (a client
+    /// layer given two scopes asks it once per call, to take the more specific one).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn is_within(&self, other: &Scope) -> bool {
+        let mut n = Some(&*self.node);
+        while let Some(node) = n {
+            if std::ptr::eq(node, &*other.node) {
+                return true;
+            }
+            n = node.parent().map(|p| &**p);
+        }
+        false
+    }
+
     /// Attaches `note` for this scope's report; the oldest note goes once there are
     /// [`MAX_NOTES`].
     pub(crate) fn add_note(&self, note: Note) {

@@ -19,7 +19,7 @@ use super::grpc_timeout;
 use super::service_budget::ServiceBudget;
 use crate::budget::ChildBudget;
 use crate::error::Error;
-use crate::Scope;
+use crate::{ChildBuilder, Scope};
 
 /// How outgoing calls take their budget from the caller's scope: a reserve, a cap, a transport
 /// pad and a minimum useful budget.
@@ -260,15 +260,21 @@ impl EgressPolicy {
     /// ```
     #[track_caller]
     pub fn call_scope(&self, parent: &Scope) -> Result<Scope, Error> {
+        self.call_child(parent).build()
+    }
+
+    /// The builder of [`call_scope`](Self::call_scope), for callers that bound the call
+    /// further (a deadline of their own) before building it.
+    pub(crate) fn call_child<'a>(&self, parent: &'a Scope) -> ChildBuilder<'a> {
         // The same arithmetic as `call_budget`, done by the child builder against its clock.
-        let mut child = parent
+        let child = parent
             .child()
             .reserve(self.reserve)
             .min_useful(self.min_useful.saturating_add(self.pad));
-        if let Some(c) = self.cap {
-            child = child.cap(c);
+        match self.cap {
+            Some(c) => child.cap(c),
+            None => child,
         }
-        child.build()
     }
 
     /// The budget headers of a call made in `call` (usually from

@@ -22,10 +22,13 @@
 //!   [`on_report`](AdmitLayer::on_report) callback.
 //!
 //! * [`Propagate`] / [`PropagateLayer`] (client): every call gets a child of the current scope
-//!   (or of a [`Scope`](crate::Scope) in the request's extensions) cut by an
+//!   (outside any scope: of a [`Scope`](crate::Scope) in the request's extensions) cut by an
 //!   [`EgressPolicy`](crate::wire::EgressPolicy), is registered and dispatched as a child of
 //!   it (so that nothing is sent after a cancel), carries `grpc-timeout` and `service-budget`,
-//!   and is stopped — response body included — when the child's budget ends.
+//!   and is stopped — response body included — when the child's budget ends. A handler that
+//!   forwards the request `Admit` gave it (whose extensions hold the request's root scope)
+//!   from inside a tighter child scope sends the child's budget, not the root's: a call never
+//!   gets a longer budget than the current scope or the request's scope allows.
 //!
 //! # Examples
 //!

@@ -6,9 +6,9 @@
 //! gave up. Here each call takes what is *left* of the caller's budget:
 //!
 //! 1. a child of the current scope (or of a [`Scope`](crate::Scope) found in the request's
-//!    extensions) is cut by the [`EgressPolicy`] — explicit, or that of the request's
-//!    [`Operation`](crate::wire::Operation) — and fails fast when the callee would get less
-//!    than the minimum useful budget;
+//!    extensions, see below) is cut by the [`EgressPolicy`] — explicit, or that of the
+//!    request's [`Operation`](crate::wire::Operation) — and fails fast when the callee would
+//!    get less than the minimum useful budget;
 //! 2. the call is registered as a child ([`ChildSpec`](crate::ChildSpec) from the request's
 //!    extensions, or the layer's) and dispatched right before it is sent: after a cancel it
 //!    is never sent;
@@ -28,6 +28,20 @@
 //! `scope.run(async { client.call(req).await })` (tonic's generated clients and
 //! `tower::ServiceExt::oneshot` inside the scope do this naturally), or put the `Scope` in
 //! the request's extensions. Outside any scope, requests pass through unchanged.
+//!
+//! # The current scope and the request's scope
+//!
+//! Budgets only shrink, so when a request carries a `Scope` in its extensions *and* a scope
+//! is current, the call is bounded by both, and its parent is the more specific of the two:
+//!
+//! * the current scope, when it is the request's scope or inside it. This is the usual case:
+//!   [`Admit`](super::Admit) puts the request's *root* scope into the extensions, and a
+//!   handler that forwards that request (a proxy) from inside a tighter child scope must
+//!   send the child's budget, and be cut at the child's deadline, not the root's;
+//! * the request's scope, when it is inside the current one (it was put there for this call:
+//!   its cancel stops the call);
+//! * for two scopes of different trees, the current scope, with the request's scope's
+//!   deadline as a further cap (a cancel of the request's scope does not reach the call).
 //!
 //! # Examples
 //!

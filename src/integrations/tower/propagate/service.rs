@@ -1,6 +1,7 @@
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::body::{ResponseBody, Tracking};
@@ -119,12 +120,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let parent = req
-            .extensions()
-            .get::<Scope>()
-            .cloned()
-            .or_else(Scope::try_current);
-        let Some(parent) = parent else {
+        let named = req.extensions().get::<Scope>().cloned();
+        let Some((parent, within)) = parent_of(Scope::try_current(), named) else {
             return ResponseFuture::passthrough(self.inner.call(req));
         };
         let spec = req
@@ -133,12 +130,42 @@ where
             .cloned()
             .unwrap_or_else(|| self.spec.clone());
         let grpc = headers::is_grpc(req.headers());
-        match call::prepare(&parent, self.egress, spec, req.headers_mut()) {
+        match call::prepare(&parent, within, self.egress, spec, req.headers_mut()) {
             Ok(p) => ResponseFuture::running(
                 self.inner.call(req),
                 Tracking::new(p.call, p.dispatched, grpc, p.announced),
             ),
             Err(e) => ResponseFuture::refused(e, grpc),
         }
+    }
+}
+
+/// The parent of a call made with `current` as the current scope, for a request that carries
+/// the scope `named` in its extensions, and the deadline of the other one when it bounds the
+/// call too.
+///
+/// The more specific scope is the parent: normally the current one, since `Admit` puts the
+/// request's *root* scope into the extensions and a handler that forwards its request (a
+/// proxy) calls from inside the scope it is running in, often a tighter child. Taking the
+/// root there would tell the callee the root's budget and cut the call only at the root's
+/// deadline. A named scope inside the current one is the more specific in turn (it was put
+/// there for this call), and stays the parent so that its cancel stops the call. Two scopes
+/// of different trees both bound the call: the current one is its parent, the named one's
+/// deadline a cap (budgets only shrink; its cancel does not reach the call).
+fn parent_of(current: Option<Scope>, named: Option<Scope>) -> Option<(Scope, Option<Instant>)> {
+    match (current, named) {
+        (Some(current), Some(named)) => {
+            if current.is_within(&named) {
+                // Its deadline is no later than `named`'s (invariant 4).
+                Some((current, None))
+            } else if named.is_within(&current) {
+                Some((named, None))
+            } else {
+                let within = named.deadline();
+                Some((current, within))
+            }
+        }
+        (Some(only), None) | (None, Some(only)) => Some((only, None)),
+        (None, None) => None,
     }
 }
