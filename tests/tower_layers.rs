@@ -706,3 +706,43 @@ async fn propagate_is_bounded_by_both_the_current_and_the_requests_scope() {
     let report = current.quiesce().await;
     assert_eq!(report.succeeded() + report.cancelled(), 2, "{report}");
 }
+
+/// A caller that set a shorter per-call timeout itself (tonic's `Request::set_timeout` writes
+/// `grpc-timeout`, and tonic's channel enforces the header it finds) keeps it: the callee is
+/// told at most that, and the call is cut at it.
+#[tokio::test(start_paused = true)]
+async fn propagate_keeps_a_shorter_preset_budget_header() {
+    let scope = Scope::with_timeout(ms(1_000));
+    let mut client = PropagateLayer::new().layer(echo());
+    let with = |k: &str, v: &str| Request::builder().header(k, v).body(()).unwrap();
+
+    // tonic's encoding of 50 ms.
+    let res = call_in(&scope, &mut client, with("grpc-timeout", "50000u")).await;
+    assert_eq!(told_by(&res), (50, 50));
+    let res = call_in(&scope, &mut client, with("service-budget", "v=1, rem=50")).await;
+    assert_eq!(told_by(&res), (50, 50));
+    // The shorter of the two.
+    let req = Request::builder()
+        .header("grpc-timeout", "80m")
+        .header("service-budget", "v=1, rem=30")
+        .body(())
+        .unwrap();
+    let res = call_in(&scope, &mut client, req).await;
+    assert_eq!(told_by(&res), (30, 30));
+    // A longer preset changes nothing: budgets only shrink.
+    let res = call_in(&scope, &mut client, with("grpc-timeout", "5S")).await;
+    assert_eq!(told_by(&res), (1_000, 1_000));
+    // A malformed one is replaced, not trusted, and is no error.
+    let res = call_in(&scope, &mut client, with("grpc-timeout", "50 ms")).await;
+    assert_eq!(told_by(&res), (1_000, 1_000));
+    let res = call_in(&scope, &mut client, with("service-budget", "v=9, rem=5")).await;
+    assert_eq!(told_by(&res), (1_000, 1_000));
+
+    // The call's own deadline shrinks with it.
+    let mut client = PropagateLayer::new().layer(silent());
+    let call = start_in(&scope, &mut client, with("grpc-timeout", "50000u")).await;
+    let start = Instant::now();
+    assert!(call.await.unwrap_err().is_deadline_exceeded());
+    assert_eq!(Instant::now() - start, ms(50));
+    assert!(!scope.is_cancelled());
+}

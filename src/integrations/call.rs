@@ -22,7 +22,11 @@ pub(crate) struct Prepared {
 /// be sent; after `Err` it must not be.
 ///
 /// Budgets only shrink, so the call's deadline is also no later than `within` (a bound the
-/// caller has besides `parent`: another scope's deadline).
+/// caller has besides `parent`: another scope's deadline, a client timeout) nor than the
+/// shortest valid budget header already in `headers` (the caller's own per-call timeout:
+/// tonic's `Request::set_timeout` writes `grpc-timeout`). The headers sent, the call's own
+/// deadline and the budget `announced` to the callee all come from that one scope, so they
+/// shrink together; a malformed header is replaced, not trusted.
 pub(crate) fn prepare(
     parent: &Scope,
     within: Option<Instant>,
@@ -34,6 +38,11 @@ pub(crate) fn prepare(
     let mut child = egress.call_child(parent);
     if let Some(d) = within {
         child = child.deadline(d);
+    }
+    if let Some(preset) = headers::preset(headers) {
+        // The caller's header is read as its timeout for the call, as tonic's channel does:
+        // the callee is told that less the transport pad.
+        child = child.cap(preset);
     }
     let call = child.build()?;
     let ticket = call.register(spec)?;

@@ -1,11 +1,34 @@
 //! The budget headers of outgoing requests, shared by the client integrations.
 
+use std::time::Duration;
+
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::wire::service_budget::ServiceBudget;
 use crate::wire::{grpc_timeout, service_budget, Outgoing};
 
 pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(grpc_timeout::HEADER);
 pub(crate) const SERVICE_BUDGET: HeaderName = HeaderName::from_static(service_budget::HEADER);
+
+/// The shortest valid budget among the budget headers already on an outgoing request (the
+/// caller's own bound: tonic's `Request::set_timeout` writes `grpc-timeout`), or `None`.
+///
+/// Each line counts on its own: the shortest of them can only shorten the call, so a line
+/// that repeats or contradicts another is no risk here (unlike at ingress, where several
+/// `service-budget` lines are joined so that a repeated member is caught). A malformed line
+/// is ignored: [`insert`] replaces it with the call's budget (if the call has one).
+pub(crate) fn preset(headers: &HeaderMap) -> Option<Duration> {
+    let grpc = headers
+        .get_all(GRPC_TIMEOUT)
+        .iter()
+        .filter_map(|v| grpc_timeout::decode_bytes(v.as_bytes()).ok());
+    let budget = headers
+        .get_all(SERVICE_BUDGET)
+        .iter()
+        .filter_map(|v| ServiceBudget::parse(v.as_bytes()).ok())
+        .map(|b| b.remaining());
+    grpc.chain(budget).min()
+}
 
 /// Replaces the request's budget headers with `out`'s; leaves them alone if `out` has no
 /// budget (the call's scope has no deadline).

@@ -14,7 +14,9 @@
 //! 2. the call is registered as a child of it and dispatched right before it is sent, so that
 //!    it is never sent after a cancel;
 //! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and
-//!    reqwest's own timeout is set to the child's budget;
+//!    reqwest's own timeout is set to the child's budget; a shorter budget header already on
+//!    the request (the caller's own bound) bounds the child too, so it is kept, and a
+//!    malformed one is replaced;
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
 //!    deadline passes or its scope is cancelled, with a [`CallError`].
 //!
@@ -243,19 +245,21 @@ impl ScopedRequest {
     pub async fn send(self) -> Result<ScopedResponse, CallError> {
         let parent = self.parent.ok_or_else(CallError::no_scope)?;
         let spec = self.spec.unwrap_or_else(|| ChildSpec::read_only("call"));
-        let mut budget = HeaderMap::new();
-        let prepared = call::prepare(&parent, None, self.egress, spec, &mut budget)?;
+        // Built before the call is prepared: a request that cannot be built is never
+        // registered, and `prepare` sees the budget headers the caller set on the builder.
+        let (client, req) = self.builder.build_split();
+        let mut req = req.map_err(CallError::transport)?;
+        let prepared = call::prepare(&parent, None, self.egress, spec, req.headers_mut())?;
         // Dispatched: from here on the request may be sent (and nothing below can fail).
-        let mut builder = self.builder.headers(budget);
         if let Some(left) = prepared.call.remaining() {
-            builder = builder.timeout(left);
+            *req.timeout_mut() = Some(left);
         }
         let mut call_state = Call {
             scope: prepared.call,
             dispatched: Some(prepared.dispatched),
             announced: prepared.announced,
         };
-        let sent = builder.send();
+        let sent = client.execute(req);
         let res = tokio::select! {
             biased;
             () = call_state.scope.cancelled() => return Err(call_state.stopped()),

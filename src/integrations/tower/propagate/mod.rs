@@ -12,7 +12,11 @@
 //! 2. the call is registered as a child ([`ChildSpec`](crate::ChildSpec) from the request's
 //!    extensions, or the layer's) and dispatched right before it is sent: after a cancel it
 //!    is never sent;
-//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad;
+//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad. A budget
+//!    header already on the request is the caller's own bound for this call (tonic's
+//!    `Request::set_timeout` writes `grpc-timeout`): the shortest valid one caps the child
+//!    (its deadline and what the callee is told shrink together, never grow), and a malformed
+//!    one is replaced by the child's budget;
 //! 4. the call — and its response body — is stopped when the child's deadline passes or its
 //!    scope is cancelled, and its receipt records how it ended.
 //!
