@@ -1,5 +1,5 @@
-//! The reqwest extension keeps the caller's own, shorter bounds on a request: a budget header
-//! set on the builder survives `scoped()`; the scope may only shorten it.
+//! The reqwest extension keeps the caller's own, shorter bounds on a request: its `timeout`
+//! and a budget header set on the builder survive `scoped()`; the scope may only shorten them.
 //!
 //! Real loopback sockets (a bare `TcpListener`, no server framework), so the real clock:
 //! tokio's paused clock would auto-advance past the timers before the socket events arrive.
@@ -15,6 +15,7 @@ use reqwest::RequestBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -65,6 +66,33 @@ fn told(head: &str) -> (Duration, Duration) {
     (grpc, rem)
 }
 
+/// `.timeout(50 ms)` on the builder, then `.scoped()` in a 2 s scope: the request gives up
+/// after about 50 ms, as a deadline, and the server is told no more than 50 ms.
+#[tokio::test]
+async fn the_callers_shorter_timeout_is_kept() {
+    let (url, head) = one_shot_server(false).await;
+    let client = reqwest::Client::new();
+    let scope = Scope::with_timeout(ms(2_000));
+    let start = Instant::now();
+    let res = scope
+        .run(async { client.get(&url).timeout(ms(50)).scoped().send().await })
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    let err = res.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert!(
+        took < ms(1_000),
+        "the caller's 50 ms timeout was replaced by the scope's budget: gave up after {took:?}"
+    );
+    let (grpc, rem) = told(&head.await.unwrap());
+    assert!(
+        grpc <= ms(50) && rem <= ms(50),
+        "told {grpc:?}, rem {rem:?}"
+    );
+    assert!(!scope.is_cancelled());
+}
+
 /// Sends a GET made by `with` from a 2 s scope to a server that answers; returns the
 /// response and the request head the server read.
 async fn send_in_2s(
@@ -80,6 +108,18 @@ async fn send_in_2s(
         .unwrap();
     assert_eq!(res.status(), 200);
     (res, head.await.unwrap())
+}
+
+/// A longer timeout on the builder does not lengthen the scope's budget.
+#[tokio::test]
+async fn a_longer_caller_timeout_gives_no_more_than_the_scope() {
+    let (res, head) = send_in_2s(|b| b.timeout(ms(60_000))).await;
+    assert!(res.remaining().unwrap() <= ms(2_000));
+    let (grpc, rem) = told(&head);
+    assert!(
+        grpc <= ms(2_000) && rem <= ms(2_000),
+        "told {grpc:?}, rem {rem:?}"
+    );
 }
 
 /// A preset, shorter `grpc-timeout` / `service-budget` on the builder is not replaced by the

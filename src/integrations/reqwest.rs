@@ -14,9 +14,10 @@
 //! 2. the call is registered as a child of it and dispatched right before it is sent, so that
 //!    it is never sent after a cancel;
 //! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and
-//!    reqwest's own timeout is set to the child's budget; a shorter budget header already on
-//!    the request (the caller's own bound) bounds the child too, so it is kept, and a
-//!    malformed one is replaced;
+//!    reqwest's own timeout is set to the child's budget. The caller's own bounds on the
+//!    request — a `RequestBuilder::timeout`, a budget header set on it — bound the child
+//!    too, so a shorter one is kept (on the wire and as the call's deadline) and a longer one
+//!    gives nothing more; a malformed budget header is replaced;
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
 //!    deadline passes or its scope is cancelled, with a [`CallError`].
 //!
@@ -55,6 +56,7 @@ use reqwest::{RequestBuilder, Response, StatusCode};
 use tokio::time::Instant;
 
 use super::{call, CallError};
+use crate::scope::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Dispatched, Scope};
 
@@ -249,10 +251,16 @@ impl ScopedRequest {
         // registered, and `prepare` sees the budget headers the caller set on the builder.
         let (client, req) = self.builder.build_split();
         let mut req = req.map_err(CallError::transport)?;
-        let prepared = call::prepare(&parent, None, self.egress, spec, req.headers_mut())?;
+        // The caller's own timeout on the request bounds the call's scope too: the callee is
+        // told no more, and the call stops at it as at any deadline.
+        let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
+        let prepared = call::prepare(&parent, within, self.egress, spec, req.headers_mut())?;
         // Dispatched: from here on the request may be sent (and nothing below can fail).
         if let Some(left) = prepared.call.remaining() {
-            *req.timeout_mut() = Some(left);
+            // The shorter of the two: reqwest's timer is only a second line behind the
+            // scope's deadline, and must not outlast the caller's own timeout either.
+            let timeout = req.timeout_mut();
+            *timeout = Some(timeout.map_or(left, |t| t.min(left)));
         }
         let mut call_state = Call {
             scope: prepared.call,
