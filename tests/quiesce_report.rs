@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::{ChildSpec, Lifecycle, Scope};
+use cancel_scope::{ChildSpec, Dispatched, Lifecycle, Scope};
 use futures::FutureExt;
 
 #[tokio::test]
@@ -328,22 +328,35 @@ async fn work_spawned_by_a_quarantined_shield_does_not_commit_after_quiesce() {
     );
 }
 
+/// A child of `parent` with a grace period of `grace_ms` (and a timeout of `timeout_ms`), and
+/// a dispatched child `spec` of it whose work ignores the cancel.
+fn child_with_stuck_work(
+    parent: &Scope,
+    grace_ms: u64,
+    timeout_ms: Option<u64>,
+    spec: ChildSpec,
+) -> (Scope, Dispatched) {
+    let mut builder = parent.child().grace(Duration::from_millis(grace_ms));
+    if let Some(t) = timeout_ms {
+        builder = builder.timeout(Duration::from_millis(t));
+    }
+    let child = builder.build().unwrap();
+    let stuck = child.register(spec).unwrap().dispatch().unwrap();
+    (child, stuck)
+}
+
 /// A closed (not cancelled) parent's `quiesce()` over a cancelled child whose work ignores the
 /// cancel: the child's work is quarantined when the child's own grace period ends, as the
 /// child's `quiesce()` would (before, the parent's waited for ever).
 #[tokio::test(start_paused = true)]
 async fn a_closed_parent_quiesces_over_a_cancelled_child_whose_work_is_stuck() {
     let parent = Scope::new();
-    let child = parent
-        .child()
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let stuck = child
-        .register(ChildSpec::side_effecting("ignores the cancel", "pay-1"))
-        .unwrap()
-        .dispatch()
-        .unwrap();
+    let (child, stuck) = child_with_stuck_work(
+        &parent,
+        10,
+        None,
+        ChildSpec::side_effecting("ignores the cancel", "pay-1"),
+    );
     parent.close();
     child.cancel();
     let start = tokio::time::Instant::now();
@@ -364,27 +377,9 @@ async fn a_closed_parent_quiesces_over_a_cancelled_child_whose_work_is_stuck() {
 #[tokio::test(start_paused = true)]
 async fn a_waiting_quiesce_learns_of_a_later_cancel_below_it() {
     let parent = Scope::new();
-    let by_deadline = parent
-        .child()
-        .timeout(Duration::from_millis(100))
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let by_cancel = parent
-        .child()
-        .grace(Duration::from_millis(30))
-        .build()
-        .unwrap();
-    let _a = by_deadline
-        .register(ChildSpec::read_only("a"))
-        .unwrap()
-        .dispatch()
-        .unwrap();
-    let _b = by_cancel
-        .register(ChildSpec::read_only("b"))
-        .unwrap()
-        .dispatch()
-        .unwrap();
+    let (by_deadline, _a) =
+        child_with_stuck_work(&parent, 10, Some(100), ChildSpec::read_only("a"));
+    let (by_cancel, _b) = child_with_stuck_work(&parent, 30, None, ChildSpec::read_only("b"));
     parent.close();
     let start = tokio::time::Instant::now();
     let waiting = tokio::spawn({
@@ -410,16 +405,12 @@ async fn a_waiting_quiesce_learns_of_a_later_cancel_below_it() {
 #[tokio::test(start_paused = true)]
 async fn the_cancelled_childs_own_quiesce_unblocks_the_closed_parent() {
     let parent = Scope::new();
-    let child = parent
-        .child()
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let _stuck = child
-        .register(ChildSpec::read_only("ignores the cancel"))
-        .unwrap()
-        .dispatch()
-        .unwrap();
+    let (child, _stuck) = child_with_stuck_work(
+        &parent,
+        10,
+        None,
+        ChildSpec::read_only("ignores the cancel"),
+    );
     parent.close();
     child.cancel();
     let start = tokio::time::Instant::now();

@@ -166,10 +166,10 @@ async fn the_handler_sees_its_scope_and_admission() {
     assert_eq!(body.into_inner().unwrap(), "700 700");
 }
 
-/// A response body that yields the given frames, then stays pending.
-struct Frames(VecDeque<Frame<&'static [u8]>>);
+/// A response body that yields the given frames, then stays pending (or, `ENDS`, has ended).
+struct Frames<const ENDS: bool>(VecDeque<Frame<&'static [u8]>>);
 
-impl Body for Frames {
+impl<const ENDS: bool> Body for Frames<ENDS> {
     type Data = &'static [u8];
     type Error = Infallible;
 
@@ -179,8 +179,13 @@ impl Body for Frames {
     ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
         match self.0.pop_front() {
             Some(f) => Poll::Ready(Some(Ok(f))),
+            None if ENDS => Poll::Ready(None),
             None => Poll::Pending,
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        ENDS && self.0.is_empty()
     }
 }
 
@@ -212,7 +217,7 @@ fn grpc_request() -> Request<()> {
 async fn propagate_cuts_a_slow_body_at_the_deadline() {
     let transport = Fn_(|_: Request<()>| async {
         let first = Frame::data(&b"first"[..]);
-        Ok::<_, Infallible>(Response::new(Frames(VecDeque::from([first]))))
+        Ok::<_, Infallible>(Response::new(Frames::<false>(VecDeque::from([first]))))
     });
     let mut client = PropagateLayer::new().layer(transport);
     let scope = Scope::with_timeout(ms(300));
@@ -247,7 +252,7 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
         )
         .unwrap();
         tokio::time::sleep(told).await;
-        let mut res = Response::new(Frames(VecDeque::new()));
+        let mut res = Response::new(Frames::<false>(VecDeque::new()));
         res.headers_mut()
             .insert("grpc-status", "1".parse().unwrap());
         Ok::<_, Infallible>(res)
@@ -261,7 +266,7 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
 
     // Before the budget ran out, CANCELLED stays CANCELLED.
     let early = Fn_(|_: Request<()>| async {
-        let mut res = Response::new(Frames(VecDeque::new()));
+        let mut res = Response::new(Frames::<false>(VecDeque::new()));
         res.headers_mut()
             .insert("grpc-status", "1".parse().unwrap());
         Ok::<_, Infallible>(res)
@@ -278,7 +283,7 @@ async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
         let frames = VecDeque::from([Frame::data(&b"ok"[..]), Frame::trailers(trailers)]);
-        let mut res = Response::new(Frames(frames));
+        let mut res = Response::new(Frames::<false>(frames));
         let seen = req.headers().contains_key("grpc-timeout");
         res.headers_mut()
             .insert("x-had-budget", seen.to_string().parse().unwrap());
@@ -486,7 +491,7 @@ async fn a_body_sent_to_its_end_completes_the_request_then() {
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         let frames = VecDeque::from([Frame::data(&b"a"[..]), Frame::data(&b"b"[..])]);
-        Ok::<_, Infallible>(Response::new(Ended(frames)))
+        Ok::<_, Infallible>(Response::new(Frames::<true>(frames)))
     }));
     let res = svc
         .call(streaming_request(false, http::Method::GET))
@@ -519,25 +524,6 @@ async fn the_body_of_a_head_request_is_not_waited_for() {
     drop(res);
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.state(), Lifecycle::Completed, "{report}");
-}
-
-/// A response body that yields the given frames and then has ended.
-struct Ended(VecDeque<Frame<&'static [u8]>>);
-
-impl Body for Ended {
-    type Data = &'static [u8];
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
-        Poll::Ready(self.0.pop_front().map(Ok))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// The next report, or a failure if none comes (rather than a test that hangs): on the
