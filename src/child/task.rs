@@ -36,7 +36,7 @@ use crate::Cause;
 /// ```
 #[must_use = "futures do nothing unless polled"]
 pub struct JoinHandle<T> {
-    inner: tokio::task::JoinHandle<Output<T>>,
+    inner: tokio::task::JoinHandle<Result<T, Error>>,
 }
 
 impl<T> JoinHandle<T> {
@@ -80,7 +80,7 @@ impl<T> Future for JoinHandle<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.inner).poll(cx).map(|r| match r {
-            Ok(out) => out.map_err(|e| *e),
+            Ok(out) => out,
             Err(e) if e.is_panic() => Err(Error::panicked()),
             Err(_) => Err(Error::cancelled(crate::Cause::Cancelled { reason: None })),
         })
@@ -94,13 +94,6 @@ impl<T> fmt::Debug for JoinHandle<T> {
             .finish()
     }
 }
-
-/// What a task of this crate ends with: its work's output, or the error that stopped it,
-/// boxed. Stopping is the rare path, and the box keeps tokio's task small: its output is
-/// stored in the task's allocation, which for a small future is then the 128 bytes of a
-/// plain `tokio::spawn` (an inline 32-byte `Error` made it 256, and glibc's aligned
-/// allocation of that size costs about 300 more instructions per task).
-type Output<T> = Result<T, Box<Error>>;
 
 /// Receipt of a task: `Failed` if it unwinds, `Cancelled` if it is dropped (abort, runtime
 /// shutdown) — both through `Dispatched`'s drop.
@@ -185,7 +178,7 @@ fn poll_work<F: Future>(
 }
 
 impl<F: Future> Future for Task<F> {
-    type Output = Output<F::Output>;
+    type Output = Result<F::Output, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -243,7 +236,7 @@ impl<F: Future> Future for Task<F> {
         if let Some(task) = this.task.take() {
             stop(this.fut, this.scope, task, Kind::Cancelled);
         }
-        Poll::Ready(Err(Box::new(err)))
+        Poll::Ready(Err(err))
     }
 }
 
@@ -270,7 +263,7 @@ impl<F, T> Future for Shielded<F>
 where
     F: Future<Output = Result<T, Error>>,
 {
-    type Output = Output<T>;
+    type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -285,7 +278,7 @@ where
                 .cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
             this.run.set(None);
             this.receipt.0 = None;
-            return Poll::Ready(Err(Box::new(err)));
+            return Poll::Ready(Err(err));
         }
         let Some(run) = this.run.as_mut().as_pin_mut() else {
             unreachable!("the cleanup goes with the receipt");
@@ -296,7 +289,7 @@ where
             Ok(_) => Receipt::Succeeded,
             Err(_) => Receipt::Failed,
         });
-        Poll::Ready(out.map_err(Box::new))
+        Poll::Ready(out)
     }
 }
 
@@ -367,8 +360,7 @@ impl Scope {
         &self,
         fut: F,
     ) -> Result<impl Future<Output = Result<F::Output, Error>>, Error> {
-        let task = self.task(fut)?;
-        Ok(async move { task.await.map_err(|e| *e) })
+        self.task(fut)
     }
 
     /// Registers a task and dispatches it at once.

@@ -165,13 +165,11 @@ const EPOCH_SHIFT: u32 = 32;
 /// quarantine took the task out), or `UNLISTED` and the epoch of the shard's unlisted word in
 /// which it was counted (a task that has not returned `Pending` yet).
 ///
-/// Eight bytes, never zero: a task's future holds an `Option<TaskKey>`, and with a 16-byte
-/// key (and a tag for the `Option`) the task of a small future took tokio's next allocation
-/// size (256 bytes instead of `tokio::spawn`'s 128, and an aligned allocation of that size
-/// costs about 300 more instructions in glibc's allocator). 32 bits suffice: the epoch is
-/// 32 bits already, and a listed task's sequence number only has to differ from those of the
-/// tasks listed in its slot after a quarantine took it out, and after a quarantine (which
-/// closes the node) only tasks registered just before it can still be listed.
+/// Eight bytes, never zero: every task's future holds an `Option<TaskKey>`, which so costs
+/// 8 bytes of the task's allocation instead of 24. 32 bits suffice: the epoch is 32 bits
+/// already, and a listed task's sequence number only has to differ from those of the tasks
+/// listed in its slot after a quarantine took it out, and after a quarantine (which closes
+/// the node) only tasks registered just before it can still be listed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TaskKey {
     /// `(slot << SHARD_BITS | shard) + 1`.
