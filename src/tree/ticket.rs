@@ -370,7 +370,8 @@ impl<R> InFlight<R> {
     ///
     /// A ticket's unit is taken before it is listed, and a cancel and then a quarantine can
     /// both come in between: the quarantine would not find the ticket, and `quiesce()` would
-    /// wait for its owner to drop it (nothing quarantines twice). The shard lock decides
+    /// wait for its owner to drop it (a ticket that is only held wakes nothing that would
+    /// quarantine again). The shard lock decides
     /// instead: the ticket is listed before the quarantine takes the shard (and is
     /// quarantined with it), or it finds the shard quarantined (loom model 40). A quarantine
     /// only ever runs on a cancelled subtree (see `tree::quarantine_subtree`), which no
