@@ -151,3 +151,24 @@ async fn a_malformed_preset_budget_header_is_replaced() {
     assert!(grpc > ms(1_000) && grpc <= ms(2_000), "told {grpc:?}");
     assert!(rem > ms(1_000) && rem <= ms(2_000), "rem {rem:?}");
 }
+
+/// The same bound set on the client (`ClientBuilder::timeout(50 ms)`), not on the request.
+/// reqwest applies a request's own timeout in place of the client's, so `send()` must not give
+/// a request the scope's budget as its own timeout (it did: the client's 50 ms became 2 s).
+#[tokio::test]
+async fn the_clients_shorter_timeout_is_kept() {
+    let (url, _head) = one_shot_server(false).await;
+    let client = reqwest::Client::builder().timeout(ms(50)).build().unwrap();
+    let scope = Scope::with_timeout(ms(2_000));
+    let start = Instant::now();
+    let res = scope
+        .run(async { client.get(&url).scoped().send().await })
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(res.is_err());
+    assert!(
+        took < ms(1_000),
+        "the client's 50 ms timeout was replaced by the scope's budget: gave up after {took:?}"
+    );
+}

@@ -481,3 +481,52 @@ async fn a_client_that_leaves_while_the_body_streams_is_client_gone() {
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
 }
+
+// A streaming body whose length is given by a `content-length` header. hyper's h1
+// encoder knows the body is complete after the last byte and drops it without polling it to
+// its end (StreamBody::is_end_stream is false), as for tower-http's ServeFile/ServeDir.
+async fn sized_stream() -> axum::response::Response {
+    let chunks = futures::stream::iter([Ok::<_, std::io::Error>("hello "), Ok("world")]);
+    axum::response::Response::builder()
+        .header("content-length", "11")
+        .body(Body::from_stream(chunks))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_body_sent_whole_under_content_length_is_not_client_gone() {
+    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(5_000)));
+    let url = serve(Router::new().route("/", get(sized_stream)).layer(layer)).await;
+    let res = reqwest::Client::new().get(url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    // The client reads the whole body and keeps the connection (no disconnect).
+    assert_eq!(res.text().await.unwrap(), "hello world");
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), None, "a complete body reported as {report}");
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+}
+
+// A 204/304 answer has no body on the wire (hyper forces its length to 0 and drops
+// the body unpolled), whatever body the handler gave.
+async fn not_modified() -> axum::response::Response {
+    let chunks = futures::stream::iter([Ok::<_, std::io::Error>("stale")]);
+    axum::response::Response::builder()
+        .status(StatusCode::NOT_MODIFIED)
+        .body(Body::from_stream(chunks))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_304_answer_is_not_client_gone() {
+    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(5_000)));
+    let url = serve(Router::new().route("/", get(not_modified)).layer(layer)).await;
+    let res = reqwest::Client::new().get(url).send().await.unwrap();
+    assert_eq!(res.status(), 304);
+    assert_eq!(res.text().await.unwrap(), "");
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(
+        report.cause(),
+        None,
+        "a complete answer reported as {report}"
+    );
+}

@@ -732,3 +732,9 @@ async fn propagate_keeps_a_shorter_preset_budget_header() {
     assert_eq!(Instant::now() - start, ms(50));
     assert!(!scope.is_cancelled());
 }
+
+#[test]
+fn admit_response_body_is_send_sync_unpin() {
+    fn send_sync_unpin<T: Send + Sync + Unpin + 'static>() {}
+    send_sync_unpin::<cancel_scope::integrations::tower::admit::ResponseBody<String>>();
+}

@@ -256,11 +256,12 @@ impl ScopedRequest {
         let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
         let prepared = call::prepare(&parent, within, self.egress, spec, req.headers_mut())?;
         // Dispatched: from here on the request may be sent (and nothing below can fail).
-        if let Some(left) = prepared.call.remaining() {
-            // The shorter of the two: reqwest's timer is only a second line behind the
-            // scope's deadline, and must not outlast the caller's own timeout either.
-            let timeout = req.timeout_mut();
-            *timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        // The scope's cancel below stops the call at its deadline. A timeout the request has
+        // is only shortened to it; none is set otherwise, because reqwest applies a request's
+        // own timeout in place of the client's (`ClientBuilder::timeout`), which would then
+        // be lost.
+        if let (Some(left), Some(timeout)) = (prepared.call.remaining(), req.timeout_mut()) {
+            *timeout = (*timeout).min(left);
         }
         let mut call_state = Call {
             scope: prepared.call,

@@ -4,6 +4,7 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -21,6 +22,10 @@ struct Streaming {
     /// `None` if the scope was cancelled as the handler answered: the body stops at once.
     _unit: Option<Tethered<()>>,
     grpc: bool,
+    /// Bytes still to send when the length is known (the body's exact size, or the response's
+    /// `content-length`): a server stops after the last of them and drops the body without
+    /// polling it to its end (hyper's HTTP/1 encoder does), so the body ends there.
+    left: Option<u64>,
 }
 
 pin_project! {
@@ -39,8 +44,9 @@ pin_project! {
     /// * read to its end (its last frame, trailers, or an error of its own), it lets the
     ///   scope become quiet.
     ///
-    /// A body that is empty when the handler answers, the body of a `HEAD` request and the
-    /// bodies of the layer's own answers are not tracked.
+    /// A body that is empty when the handler answers, one of a known length once that many
+    /// bytes are sent, the body of a `HEAD` request or of a status without a body (1xx, 204,
+    /// 304) and the bodies of the layer's own answers are not tracked.
     ///
     /// # Examples
     ///
@@ -105,16 +111,25 @@ impl<B> ResponseBody<B> {
     }
 
     /// The handler's `body` for a request admitted into `scope`, tracked unless `track` is
-    /// false (a `HEAD` request) or it is empty already.
-    pub(super) fn admitted(body: B, scope: &Scope, grpc: bool, track: bool) -> Self
+    /// false (a `HEAD` request, or a status without a body) or it is empty already. `length`:
+    /// the response's `content-length`, if any.
+    pub(super) fn admitted(
+        body: B,
+        scope: &Scope,
+        grpc: bool,
+        track: bool,
+        length: Option<u64>,
+    ) -> Self
     where
         B: Body,
     {
-        let streaming = (track && !body.is_end_stream()).then(|| Streaming {
+        let left = body.size_hint().exact().or(length);
+        let streaming = (track && !body.is_end_stream() && left != Some(0)).then(|| Streaming {
             scope: scope.clone(),
             cancelled: scope.cancelled(),
             _unit: scope.tether(()).ok(),
             grpc,
+            left,
         });
         ResponseBody {
             inner: Some(body),
@@ -175,6 +190,20 @@ where
         if ended {
             this.inner.set(None);
             *this.streaming = None;
+        } else if let (
+            Some(Streaming {
+                left: Some(left), ..
+            }),
+            Some(Ok(frame)),
+        ) = (this.streaming.as_mut(), &polled)
+        {
+            // All the bytes its length announced are sent: the server may drop the body now
+            // without polling it again, and that is no client going away. (Kept: it may still
+            // have trailers to send.)
+            *left = left.saturating_sub(frame.data_ref().map_or(0, |d| d.remaining() as u64));
+            if *left == 0 {
+                *this.streaming = None;
+            }
         }
         Poll::Ready(polled.map(|r| r.map_err(Into::into)))
     }

@@ -167,9 +167,13 @@ where
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(out)) => out.map(|response| match this.finish.as_ref() {
                     // The body is tracked from before the scope is closed (below).
-                    Some(f) => response.map(|body| {
-                        ResponseBody::admitted(body, f.scope(), *this.grpc, *this.track_body)
-                    }),
+                    Some(f) => {
+                        let track = *this.track_body && has_body(response.status());
+                        let length = content_length(response.headers());
+                        response.map(|body| {
+                            ResponseBody::admitted(body, f.scope(), *this.grpc, track, length)
+                        })
+                    }
                     None => unreachable!("a running request is finished once"),
                 }),
                 Poll::Ready(Err(stopped)) => {
@@ -185,6 +189,24 @@ where
         }
         Poll::Ready(out)
     }
+}
+
+/// Whether a response with `status` sends a body: 1xx, 204 and 304 never do (a server drops
+/// such a body unread).
+fn has_body(status: StatusCode) -> bool {
+    !(status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED)
+}
+
+/// The `content-length` of a response, if it has one valid value.
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let one = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    one.to_str().ok()?.trim().parse().ok()
 }
 
 /// Polls the handler's `run` with `polling` set for the length of the poll (left set if the
