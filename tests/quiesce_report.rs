@@ -420,6 +420,46 @@ async fn the_cancelled_childs_own_quiesce_unblocks_the_closed_parent() {
     assert_eq!(report.quarantined(), 1, "{report}");
 }
 
+/// When `quiesce()` resolves over a quarantined shield, the shield's own scope is already
+/// cancelled: work its cleanup handed on (a ticket, a task) sees the cancel, and nothing new is
+/// accepted there (invariant 6). Before, the shield's task cancelled it only when next polled,
+/// which could come after `quiesce()` returned.
+#[tokio::test(start_paused = true)]
+async fn a_quarantined_shields_scope_is_cancelled_when_quiesce_resolves() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let _h = s
+        .shield(Duration::from_secs(1), async move {
+            let root = Scope::current();
+            // Work handed to someone else, who commits unless its scope is cancelled.
+            let pending = root
+                .register(ChildSpec::side_effecting("commit", "k-1"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            tx.send((root, pending)).unwrap();
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+    let (root, pending) = rx.await.unwrap();
+    drop(hold);
+    let report = s.quiesce().await;
+    assert_eq!(report.quarantined(), 1, "{report}");
+    let open = !root.is_cancelled();
+    let accepted = root.spawn(async {}).is_ok();
+    pending.succeed();
+    assert!(
+        !open && !accepted,
+        "after quiesce resolved the shield's scope is still open ({open}) and accepts work ({accepted})"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     let request = Scope::with_timeout(Duration::from_millis(100))

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
@@ -243,6 +243,44 @@ impl<F: Future> Future for Task<F> {
 /// The reason of the cancel of a quarantined shield's own scope.
 const SHIELD_QUARANTINED: &str = "the shield was quarantined";
 
+/// The waker a shield's task leaves for the quarantine of its child (see [`Shielded`]).
+struct ShieldStop {
+    root: Scope,
+    /// The task's own waker, woken after the cancel.
+    task: crate::sync::Mutex<Option<Waker>>,
+}
+
+impl ShieldStop {
+    fn set_task_waker(&self, waker: &Waker) {
+        let mut kept = self.task.lock();
+        if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            let old = kept.replace(waker.clone());
+            drop(kept);
+            drop(old);
+        }
+    }
+}
+
+impl std::task::Wake for ShieldStop {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        // Called by the quarantine, before the scope it quarantines can be quiet. A panic of
+        // an `on_cancel` callback in the shield's scope must not cut the quarantine short:
+        // dropped, as the deadline timer drops it.
+        let root = &self.root;
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            root.cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
+        }));
+        let task = self.task.lock().take();
+        if let Some(w) = task {
+            w.wake();
+        }
+    }
+}
+
 pin_project! {
     /// The task of a [`Scope::shield`]: runs the cleanup (under its own root scope) until it
     /// ends or its child is quarantined, and then stops it and cancels its root (invariant 6:
@@ -252,9 +290,11 @@ pin_project! {
     struct Shielded<F> {
         #[pin]
         run: Option<F>,
-        // The cleanup's own root scope: cancelled with it, so that work the cleanup started
-        // there (what `Scope::current()` is inside it) stops too.
-        root: Scope,
+        // What the quarantine wakes: it cancels the cleanup's own root scope at once, so that
+        // work the cleanup started there (what `Scope::current()` is inside it) stops too,
+        // and then wakes this task.
+        stop: std::sync::Arc<ShieldStop>,
+        stop_waker: Waker,
         receipt: TaskReceipt,
     }
 }
@@ -270,12 +310,11 @@ where
         let Some(dispatched) = &this.receipt.0 else {
             unreachable!("a shield polled after it ended");
         };
-        if dispatched.poll_quarantined(cx.waker()) {
+        this.stop.set_task_waker(cx.waker());
+        if dispatched.poll_quarantined(this.stop_waker) {
             let err = dispatched.quarantined_error();
-            // Stopped, with whatever it started; the quarantine recorded the receipt (the
-            // late one is ignored).
-            this.root
-                .cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
+            // Stopped (its root was cancelled by the quarantine); the quarantine recorded the
+            // receipt (the late one is ignored).
             this.run.set(None);
             this.receipt.0 = None;
             return Poll::Ready(Err(err));
@@ -464,9 +503,15 @@ impl Scope {
             )),
             self.shared_name(),
         );
-        let inner = tokio::spawn(Shielded {
-            run: Some(shielded.run(fut)),
+        let run = shielded.run(fut);
+        let stop = std::sync::Arc::new(ShieldStop {
             root: shielded,
+            task: crate::sync::Mutex::new(None),
+        });
+        let inner = tokio::spawn(Shielded {
+            run: Some(run),
+            stop_waker: Waker::from(stop.clone()),
+            stop,
             receipt: TaskReceipt(Some(dispatched)),
         });
         Ok(JoinHandle { inner })

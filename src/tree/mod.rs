@@ -1517,10 +1517,13 @@ fn quarantine_in_flight<X, R: Clone>(
         if let Some(was) = cell.finish_as(TicketState::Quarantined) {
             let ran = was == TicketState::Dispatched;
             count_receipt(n, Kind::Quarantined, Some(&cell.info()), ran, &|| stamp);
+            // An owner that waits for it is told (with no lock held) before its unit goes
+            // back, which may make the node quiet: a shield's waker cancels the shield's own
+            // scope right here, so that nothing it started is still open once `quiesce()`
+            // resolves (invariant 6).
+            cell.wake_quarantined();
             in_flight.unlist_ticket(cell.key());
             release_unit(n);
-            // An owner that waits for it (a shield's task) stops.
-            cell.wake_quarantined();
             count += 1;
         }
     }
