@@ -472,9 +472,11 @@ impl Scope {
     /// body run with [`run`](Scope::run) has stopped. After a cancel, children still running
     /// when the grace period ends are quarantined (receipt `Quarantined`, listed in the report,
     /// late outcome ignored). The same holds below a scope that is only closed: the work of a
-    /// cancelled descendant (a child scope whose deadline passed, say) is quarantined when that
-    /// descendant's own grace period ends. Once it resolves nothing of this scope can start or
-    /// commit, and the report never changes.
+    /// cancelled descendant (a child scope whose deadline passed, say) is quarantined when the
+    /// grace period of the topmost cancelled scope above it ends, as that scope's own
+    /// `quiesce` would do. (A waiting `quiesce` of a closed scope looks through its live child
+    /// scopes again each time one of them is cancelled with work running.) Once it resolves
+    /// nothing of this scope can start or commit, and the report never changes.
     ///
     /// A body waits for itself: awaited inside [`run`](Scope::run) of this scope (or of a
     /// descendant), inside a task spawned in it, or inside a retry attempt or fan-out branch
