@@ -48,6 +48,11 @@ pin_project! {
     /// bytes are sent, the body of a `HEAD` request or of a status without a body (1xx, 204,
     /// 304) and the bodies of the layer's own answers are not tracked.
     ///
+    /// The cut happens when the server polls the body: a client that stops reading (so that
+    /// the server cannot send, and does not poll) keeps the request's scope busy, and its
+    /// report unsent, until the connection goes (the server then drops the body:
+    /// `ClientGone`).
+    ///
     /// # Examples
     ///
     /// ```
