@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::{ChildSpec, Dispatched, Lifecycle, Scope};
+use cancel_scope::{ChildSpec, Dispatched, Lifecycle, Report, Scope, Tethered};
 use futures::FutureExt;
 
 #[tokio::test]
@@ -202,13 +202,7 @@ async fn a_shield_is_bounded_by_its_budget() {
 /// (invariant 6), and the shield's handle says it was stopped.
 #[tokio::test(start_paused = true)]
 async fn a_quarantined_shield_is_stopped_and_never_commits_after_quiesce() {
-    let s = Scope::new()
-        .child()
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
+    let (s, hold) = cancelled_busy_scope(false);
     let committed = Arc::new(AtomicUsize::new(0));
     let c = committed.clone();
     let h = s
@@ -235,23 +229,39 @@ async fn a_quarantined_shield_is_stopped_and_never_commits_after_quiesce() {
     assert_eq!(s.quiesce().await, report);
 }
 
-/// A shield started once the grace period after the cancel has ended comes too late: the
-/// quarantine has run, and it is refused (here the scope had a ticket before).
-#[tokio::test(start_paused = true)]
-async fn a_shield_after_the_grace_period_is_refused_when_the_scope_had_a_ticket() {
+/// A scope with a 10 ms grace period, kept busy by a guard (returned) and cancelled; with
+/// `earlier`, it had a ticket before the cancel (so its in-flight list exists).
+fn cancelled_busy_scope(earlier: bool) -> (Scope, Tethered<()>) {
     let s = Scope::new()
         .child()
         .grace(Duration::from_millis(10))
         .build()
         .unwrap();
     let hold = s.tether(()).unwrap();
-    drop(s.register(ChildSpec::read_only("earlier")).unwrap());
+    if earlier {
+        drop(s.register(ChildSpec::read_only("earlier")).unwrap());
+    }
     s.cancel();
+    (s, hold)
+}
+
+/// Quiesces `s` on a task of its own, and returns once the grace period has ended (virtual
+/// time: the task's quarantine has run by then).
+async fn quiesce_past_grace(s: &Scope) -> tokio::task::JoinHandle<Report> {
     let q = tokio::spawn({
         let s = s.clone();
         async move { s.quiesce().await }
     });
-    tokio::time::sleep(Duration::from_millis(20)).await; // the grace period ended: the quarantine ran
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    q
+}
+
+/// A shield started once the grace period after the cancel has ended comes too late: the
+/// quarantine has run, and it is refused (here the scope had a ticket before).
+#[tokio::test(start_paused = true)]
+async fn a_shield_after_the_grace_period_is_refused_when_the_scope_had_a_ticket() {
+    let (s, hold) = cancelled_busy_scope(true);
+    let q = quiesce_past_grace(&s).await;
     assert!(s.shield(Duration::from_millis(1000), async {}).is_err());
     drop(hold);
     q.await.unwrap();
@@ -262,19 +272,9 @@ async fn a_shield_after_the_grace_period_is_refused_when_the_scope_had_a_ticket(
 /// accepted, and `quiesce()` waited for its whole budget, 1 s, not the 10 ms grace).
 #[tokio::test(start_paused = true)]
 async fn a_shield_after_the_grace_period_is_refused_when_the_scope_only_had_a_guard() {
-    let s = Scope::new()
-        .child()
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
+    let (s, hold) = cancelled_busy_scope(false);
     let t0 = tokio::time::Instant::now();
-    let q = tokio::spawn({
-        let s = s.clone();
-        async move { s.quiesce().await }
-    });
-    tokio::time::sleep(Duration::from_millis(20)).await; // the grace period ended: the quarantine ran
+    let q = quiesce_past_grace(&s).await;
     let committed = Arc::new(AtomicUsize::new(0));
     let c = committed.clone();
     let late = s.shield(Duration::from_millis(1000), async move {
@@ -293,14 +293,7 @@ async fn a_shield_after_the_grace_period_is_refused_when_the_scope_only_had_a_gu
 
 #[tokio::test(start_paused = true)]
 async fn work_spawned_by_a_quarantined_shield_does_not_commit_after_quiesce() {
-    let s = Scope::new()
-        .child()
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let hold = s.tether(()).unwrap();
-    drop(s.register(ChildSpec::read_only("earlier")).unwrap());
-    s.cancel();
+    let (s, hold) = cancelled_busy_scope(true);
     let committed = Arc::new(AtomicUsize::new(0));
     let c = committed.clone();
     let h = s
@@ -426,13 +419,7 @@ async fn the_cancelled_childs_own_quiesce_unblocks_the_closed_parent() {
 /// which could come after `quiesce()` returned.
 #[tokio::test(start_paused = true)]
 async fn a_quarantined_shields_scope_is_cancelled_when_quiesce_resolves() {
-    let s = Scope::new()
-        .child()
-        .grace(Duration::from_millis(10))
-        .build()
-        .unwrap();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
+    let (s, hold) = cancelled_busy_scope(false);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let _h = s
         .shield(Duration::from_secs(1), async move {

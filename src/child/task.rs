@@ -253,11 +253,9 @@ struct ShieldStop {
 impl ShieldStop {
     fn set_task_waker(&self, waker: &Waker) {
         let mut kept = self.task.lock();
-        if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            let old = kept.replace(waker.clone());
-            drop(kept);
-            drop(old);
-        }
+        let old = tree::keep_waker(&mut kept, waker);
+        drop(kept);
+        drop(old);
     }
 }
 

@@ -386,14 +386,14 @@ impl Future for Quiesce {
             // Under loom there is no tokio timer: the models wait for receipts.
             return Poll::Pending;
         }
-        let node = &this.scope.node.clone();
+        let node = &this.scope.node;
         if this.scope.is_cancelled() {
             // Cancelled but not quiet: children get the grace period, counted from the cancel.
             // A grace period too long to represent never ends: wait for the receipts.
             let Some(at) = grace_end(node) else {
                 return Poll::Pending;
             };
-            if this.poll_grace(at, cx).is_pending() {
+            if poll_grace(&mut this.grace, at, cx).is_pending() {
                 return Poll::Pending;
             }
             tree::quarantine_subtree(node, &crate::child::task_spec(), now_stamp());
@@ -416,7 +416,7 @@ impl Future for Quiesce {
             }
             if let Some(at) = next {
                 // In the future: this registers the timer's wake-up.
-                let _ = this.poll_grace(at, cx);
+                let _ = poll_grace(&mut this.grace, at, cx);
             } else {
                 this.grace = None;
             }
@@ -429,20 +429,22 @@ impl Future for Quiesce {
     }
 }
 
-impl Quiesce {
-    /// Polls the grace timer, set to end at `at`.
-    fn poll_grace(&mut self, at: tokio::time::Instant, cx: &mut Context<'_>) -> Poll<()> {
-        let sleep = match &mut self.grace {
-            Some(sleep) => {
-                if sleep.deadline() != at {
-                    sleep.as_mut().reset(at);
-                }
-                sleep
+/// Polls the grace timer in `grace`, set to end at `at`.
+fn poll_grace(
+    grace: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    at: tokio::time::Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    let sleep = match grace {
+        Some(sleep) => {
+            if sleep.deadline() != at {
+                sleep.as_mut().reset(at);
             }
-            slot => slot.insert(Box::pin(tokio::time::sleep_until(at))),
-        };
-        sleep.as_mut().poll(cx)
-    }
+            sleep
+        }
+        slot => slot.insert(Box::pin(tokio::time::sleep_until(at))),
+    };
+    sleep.as_mut().poll(cx)
 }
 
 /// When the grace period after the cancel of `node` ends (`None`: too far to represent).

@@ -101,7 +101,7 @@ use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, 
 
 mod ticket;
 
-pub(crate) use ticket::{InFlight, TaskKey, TicketCell, TicketState};
+pub(crate) use ticket::{keep_waker, InFlight, TaskKey, TicketCell, TicketState};
 
 const ACTIVE_MASK: u64 = (1 << 32) - 1;
 const CLOSED: u64 = 1 << 32;

@@ -32,6 +32,16 @@ impl TicketState {
     }
 }
 
+/// Keeps `waker` in `kept` unless the one there wakes the same task; returns the one it
+/// replaced, for the caller to drop once its lock is released (dropping a waker may drop a
+/// task).
+pub(crate) fn keep_waker(kept: &mut Option<Waker>, waker: &Waker) -> Option<Waker> {
+    if kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        return None;
+    }
+    kept.replace(waker.clone())
+}
+
 /// Shared between the ticket's owner and the node's in-flight list (for quarantine).
 #[derive(Debug)]
 pub(crate) struct TicketCell<R> {
@@ -106,11 +116,9 @@ impl<R> TicketCell<R> {
         if self.state() == TicketState::Quarantined {
             return true;
         }
-        if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            let old = kept.replace(waker.clone());
-            drop(kept);
-            drop(old);
-        }
+        let old = keep_waker(&mut kept, waker);
+        drop(kept);
+        drop(old);
         false
     }
 
@@ -371,9 +379,9 @@ impl<R> InFlight<R> {
     /// A ticket's unit is taken before it is listed, and a cancel and then a quarantine can
     /// both come in between: the quarantine would not find the ticket, and `quiesce()` would
     /// wait for its owner to drop it (a ticket that is only held wakes nothing that would
-    /// quarantine again). The shard lock decides
-    /// instead: the ticket is listed before the quarantine takes the shard (and is
-    /// quarantined with it), or it finds the shard quarantined (loom model 40). A quarantine
+    /// quarantine again). The shard lock decides instead: the ticket is listed before the
+    /// quarantine takes the shard (and is quarantined with it), or it finds the shard
+    /// quarantined (loom model 40). A quarantine
     /// only ever runs on a cancelled subtree (see `tree::quarantine_subtree`), which no
     /// ticket can be registered in any more, except in that gap or as a shielded cleanup,
     /// which once the grace period is over comes too late.
