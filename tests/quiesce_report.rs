@@ -393,6 +393,96 @@ async fn a_waiting_quiesce_learns_of_a_later_cancel_below_it() {
     assert_eq!(report.state(), Lifecycle::Completed);
 }
 
+/// Nested cancelled scopes with different grace periods: `inner` (grace 10 ms) is cancelled
+/// first, its parent `mid` (grace 1 h) 5 ms later. The stuck work of `inner` is quarantined
+/// when `inner`'s grace period ends, as `inner`'s own `quiesce()` would: the later cancel of
+/// `mid` does not lengthen it. The same whether the closed top's `quiesce()` waited before
+/// the cancels (handed over) or started after them (looked up).
+#[tokio::test(start_paused = true)]
+async fn a_closed_parent_quarantines_a_nested_cancelled_child_at_its_own_grace_end() {
+    for waits_before in [true, false] {
+        let top = Scope::new();
+        let mid = top
+            .child()
+            .grace(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        let (inner, _stuck) = child_with_stuck_work(&mid, 10, None, ChildSpec::read_only("s"));
+        top.close();
+        let start = tokio::time::Instant::now();
+        let quiesce = || {
+            let top = top.clone();
+            tokio::spawn(async move { top.quiesce().await })
+        };
+        let early = waits_before.then(quiesce);
+        inner.cancel();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        mid.cancel();
+        let waiting = early.unwrap_or_else(quiesce);
+        let report = waiting.await.unwrap();
+        assert_eq!(
+            start.elapsed(),
+            ms(10),
+            "waits before: {waits_before}, {report}"
+        );
+        assert_eq!(report.quarantined(), 1, "{report}");
+    }
+}
+
+/// A cancelled scope's own `quiesce()` also takes the shorter grace period of a child
+/// cancelled before it: the child's stuck work is quarantined at the child's grace end
+/// (10 ms), not at the parent's (1 h after its own cancel).
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_scopes_quiesce_keeps_the_shorter_grace_of_a_child_cancelled_before() {
+    let parent = Scope::new()
+        .child()
+        .grace(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let (child, _stuck) = child_with_stuck_work(&parent, 10, None, ChildSpec::read_only("s"));
+    let start = tokio::time::Instant::now();
+    child.cancel();
+    tokio::time::sleep(ms(5)).await;
+    parent.cancel();
+    let report = parent.quiesce().await;
+    assert_eq!(start.elapsed(), ms(10), "{report}");
+    assert_eq!(report.quarantined(), 1, "{report}");
+}
+
+/// A cancel that reaches a child scope through its parent gives the child's work the
+/// shorter of the two grace periods, whichever scope's `quiesce()` waits, including a
+/// `quiesce()` that was already waiting when the parent was cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_parents_cancel_gives_the_work_below_the_shorter_of_the_two_grace_periods() {
+    for (parent_grace, child_grace) in [(3600, 10), (10, 3600)] {
+        for waits_before in [true, false] {
+            let parent = Scope::new()
+                .child()
+                .grace(ms(parent_grace))
+                .build()
+                .unwrap();
+            let (_child, _stuck) =
+                child_with_stuck_work(&parent, child_grace, None, ChildSpec::read_only("s"));
+            parent.close();
+            let quiesce = || {
+                let parent = parent.clone();
+                tokio::spawn(async move { parent.quiesce().await })
+            };
+            let early = waits_before.then(quiesce);
+            tokio::task::yield_now().await;
+            let start = tokio::time::Instant::now();
+            parent.cancel();
+            let report = early.unwrap_or_else(quiesce).await.unwrap();
+            assert_eq!(
+                start.elapsed(),
+                ms(10),
+                "grace {parent_grace}/{child_grace} ms, waits before: {waits_before}: {report}"
+            );
+            assert_eq!(report.quarantined(), 1, "{report}");
+        }
+    }
+}
+
 /// Control: awaiting the cancelled child's own `quiesce()` quarantines its stuck work, and the
 /// parent's then resolves at once.
 #[tokio::test(start_paused = true)]
@@ -517,4 +607,8 @@ async fn one_effect_left_unknown_by_an_attempt_and_the_call_inside_it_is_listed_
     assert_eq!(effect.effect_id(), "payment-7");
     assert_eq!(effect.payload_digest_str(), Some("sha256:abc"));
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
 }

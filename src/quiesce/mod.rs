@@ -7,6 +7,7 @@
 //! (invariant 6): new registrations are refused by the closed watermark, and a child scope can
 //! only take work through a unit of this one.
 
+use std::collections::binary_heap::{BinaryHeap, PeekMut};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +16,8 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::child::{ChildSpec, EffectRecord};
-use crate::scope::{instant_of, nanos, now_stamp, Note, Scope};
+use crate::scope::{instant_of, nanos, now_stamp, Core, Note, Scope};
+use crate::sync::Arc;
 use crate::tree::{self, Kind, Wait, WaiterKey};
 
 /// Where a scope is in its life.
@@ -372,6 +374,37 @@ pub struct Quiesce {
     scope: Scope,
     key: WaiterKey,
     grace: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the scope's subtree was looked through for cancelled scopes: `LOOKED_*`.
+    looked: u8,
+    /// Cancelled descendants whose grace period has not ended, soonest end first.
+    due: BinaryHeap<GraceEnd>,
+}
+
+/// A cancelled descendant of a quiescing scope, and when its grace period ends.
+struct GraceEnd {
+    at: tokio::time::Instant,
+    node: Arc<Core>,
+}
+
+impl PartialEq for GraceEnd {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for GraceEnd {}
+
+impl PartialOrd for GraceEnd {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for GraceEnd {
+    /// Reversed, so that the max-heap `BinaryHeap` gives the soonest end first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at)
+    }
 }
 
 impl Future for Quiesce {
@@ -379,53 +412,97 @@ impl Future for Quiesce {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Report> {
         let this = &mut *self;
-        if tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
+        let node = &this.scope.node;
+        let mut handed = Vec::new();
+        if tree::poll_quiet(node, &mut this.key, cx.waker(), &mut handed) {
             return Poll::Ready(this.scope.report());
         }
         if cfg!(loom) {
             // Under loom there is no tokio timer: the models wait for receipts.
             return Poll::Pending;
         }
-        let node = &this.scope.node;
-        if this.scope.is_cancelled() {
-            // Cancelled but not quiet: children get the grace period, counted from the cancel.
-            // A grace period too long to represent never ends: wait for the receipts.
-            let Some(at) = grace_end(node) else {
-                return Poll::Pending;
-            };
-            if poll_grace(&mut this.grace, at, cx).is_pending() {
-                return Poll::Pending;
-            }
-            tree::quarantine_subtree(node, &crate::child::task_spec(), now_stamp());
-            this.grace = None;
+        // The work below a cancelled scope (this one, or a descendant: a child's deadline,
+        // its own cancel) is quarantined once its grace period after the cancel ends, or that
+        // of a cancelled scope between, whichever ends first. Cancelled scopes are looked up
+        // once (this future is registered by now), again once this scope is cancelled (its
+        // cancel may have reached children with a shorter grace period), and every later
+        // cancel below is handed to this future with a wake-up (`tree::nudge_quiesce_above`).
+        let look = if this.scope.is_cancelled() {
+            LOOKED_CANCELLED
         } else {
-            // Not cancelled itself, but descendants may be (a child's deadline, its own
-            // cancel): their stuck work is quarantined once their own grace period ends, as
-            // their own `quiesce()` would. Their cancel wakes this future (see
-            // `tree::nudge_quiesce_above`), which then learns when.
-            let now = tokio::time::Instant::now();
-            let mut next: Option<tokio::time::Instant> = None;
-            for d in tree::cancelled_below(node) {
-                match grace_end(&d) {
-                    Some(end) if end <= now => {
-                        tree::quarantine_subtree(&d, &crate::child::task_spec(), now_stamp());
-                    }
-                    Some(end) => next = Some(next.map_or(end, |n| n.min(end))),
-                    None => {}
-                }
+            LOOKED_OPEN
+        };
+        if this.looked < look {
+            this.looked = look;
+            look_below(node, &mut this.due);
+        }
+        this.due.extend(handed.into_iter().filter_map(|d| {
+            Some(GraceEnd {
+                at: grace_end(&d)?,
+                node: d,
+            })
+        }));
+        let now = tokio::time::Instant::now();
+        while let Some(first) = this.due.peek_mut() {
+            if first.at > now {
+                break;
             }
-            if let Some(at) = next {
-                // In the future: this registers the timer's wake-up.
-                let _ = poll_grace(&mut this.grace, at, cx);
-            } else {
-                this.grace = None;
+            let d = PeekMut::pop(first).node;
+            if !d.state().is_quiet() {
+                tree::quarantine_subtree(&d, &crate::child::task_spec(), now_stamp());
             }
         }
-        // Guards are not quarantined: wait for them (or resolve if quiet now).
-        if tree::poll_wait(&this.scope.node, Wait::Quiet, &mut this.key, cx.waker()) {
+        match this.due.peek() {
+            // In the future: this registers the timer's wake-up.
+            Some(first) => {
+                let _ = poll_grace(&mut this.grace, first.at, cx);
+            }
+            None => this.grace = None,
+        }
+        // Guards are not quarantined: wait for them (or resolve if quiet now). A cancel below
+        // since the look above is handed over with a wake-up: the next poll takes it.
+        if node.state().is_quiet() {
+            tree::forget_waiter(node, Wait::Quiet, &mut this.key);
             return Poll::Ready(this.scope.report());
         }
         Poll::Pending
+    }
+}
+
+/// `Quiesce::looked`: the subtree has not been looked through yet.
+const LOOKED_NOT: u8 = 0;
+/// `Quiesce::looked`: it was, while the scope was open (not cancelled).
+const LOOKED_OPEN: u8 = 1;
+/// `Quiesce::looked`: it was, once the scope was cancelled.
+const LOOKED_CANCELLED: u8 = 2;
+
+/// Puts on `due` the scopes of the subtree of `node` (itself included) that are cancelled,
+/// not quiet yet, and whose grace period ends before that of every cancelled scope above them
+/// (up to `node`): their work is quarantined at that end. One registry shard lock at a time,
+/// only to clone `Arc`s.
+fn look_below(node: &Arc<Core>, due: &mut BinaryHeap<GraceEnd>) {
+    // Each with the earliest grace end above it (`None`: none, or never).
+    let mut work = vec![(node.clone(), None)];
+    let mut children = Vec::new();
+    while let Some((n, above)) = work.pop() {
+        #[cfg(test)]
+        tests::LOOKED_AT.with(|c| c.set(c.get() + 1));
+        let state = n.state();
+        if state.is_quiet() {
+            continue;
+        }
+        let mut bound = above;
+        if state.is_cancelled() {
+            if let Some(at) = grace_end(&n).filter(|&at| above.is_none_or(|a| at < a)) {
+                bound = Some(at);
+                due.push(GraceEnd {
+                    at,
+                    node: n.clone(),
+                });
+            }
+        }
+        tree::push_children(&n, &mut children);
+        work.extend(children.drain(..).map(|c| (c, bound)));
     }
 }
 
@@ -473,12 +550,14 @@ impl Scope {
     /// every registered child of the subtree has a receipt, every guard is released and every
     /// body run with [`run`](Scope::run) has stopped. After a cancel, children still running
     /// when the grace period ends are quarantined (receipt `Quarantined`, listed in the report,
-    /// late outcome ignored). The same holds below a scope that is only closed: the work of a
-    /// cancelled descendant (a child scope whose deadline passed, say) is quarantined when the
-    /// grace period of the topmost cancelled scope above it ends, as that scope's own
-    /// `quiesce` would do. (A waiting `quiesce` of a closed scope looks through its live child
-    /// scopes again each time one of them is cancelled with work running.) Once it resolves
-    /// nothing of this scope can start or commit, and the report never changes.
+    /// late outcome ignored). Each cancelled scope of the subtree counts its own
+    /// [grace period](crate::ChildBuilder::grace) from its cancel, and the work below it is
+    /// quarantined at the first such end above it: a child scope whose deadline passed, in a
+    /// scope that is only closed, gets its own; a child with a shorter grace period than a
+    /// cancelled parent gets its shorter one; a later cancel of a parent never lengthens it.
+    /// (Each `quiesce` looks through the subtree once, again once its scope is cancelled, and
+    /// learns of later cancels below as they come.) Once it resolves nothing of this scope can
+    /// start or commit, and the report never changes.
     ///
     /// A body waits for itself: awaited inside [`run`](Scope::run) of this scope (or of a
     /// descendant), inside a task spawned in it, or inside a retry attempt or fan-out branch
@@ -509,6 +588,8 @@ impl Scope {
             scope: self.clone(),
             key: WaiterKey::default(),
             grace: None,
+            looked: LOOKED_NOT,
+            due: BinaryHeap::new(),
         }
     }
 
@@ -623,4 +704,60 @@ fn agree(a: &EffectRecord, b: &EffectRecord) -> bool {
     }
     compatible(a.payload_digest_str(), b.payload_digest_str())
         && compatible(a.provider_handle_str(), b.provider_handle_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use crate::{ChildSpec, Scope};
+
+    thread_local! {
+        /// Scopes `look_below` visited on this thread.
+        pub(super) static LOOKED_AT: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A closed scope's waiting `quiesce()` over N busy child scopes that are cancelled one by
+    /// one looks through its subtree once (N + 1 scopes), not once per cancel (N² in all):
+    /// each cancel hands the cancelled child to it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_waiting_quiesce_looks_through_its_subtree_once_however_many_cancels_come() {
+        const N: usize = 300;
+        let parent = Scope::new();
+        let mut kids = Vec::new();
+        for _ in 0..N {
+            let c = parent
+                .child()
+                .grace(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let work = c
+                .register(ChildSpec::read_only("w"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            kids.push((c, work));
+        }
+        parent.close();
+        let waiting = tokio::spawn({
+            let parent = parent.clone();
+            async move { parent.quiesce().await }
+        });
+        tokio::task::yield_now().await;
+        let before = LOOKED_AT.with(Cell::get);
+        assert_eq!(before, N + 1, "the first poll looks through the subtree");
+        for (c, _) in &kids {
+            c.cancel();
+            // The waiting quiesce runs after each cancel (it was woken).
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            LOOKED_AT.with(Cell::get),
+            before,
+            "a cancel made it look again"
+        );
+        let report = waiting.await.unwrap();
+        assert_eq!(report.quarantined(), N as u64, "{report}");
+    }
 }

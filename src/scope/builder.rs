@@ -167,9 +167,10 @@ impl<'a> ChildBuilder<'a> {
     }
 
     /// How long [`Scope::quiesce`] waits after a cancel of this scope before quarantining
-    /// children that have not stopped (inherited; default
-    /// [`DEFAULT_GRACE`](crate::DEFAULT_GRACE)): the `quiesce` of this scope, and that of an
-    /// ancestor that is not cancelled itself.
+    /// the work below it that has not stopped (inherited; default
+    /// [`DEFAULT_GRACE`](crate::DEFAULT_GRACE)): the `quiesce` of this scope or of any
+    /// ancestor. Where cancelled scopes are nested, the grace period that ends first holds
+    /// for the work below both.
     ///
     /// # Examples
     ///

@@ -45,7 +45,7 @@ impl Cancelled {
 
     /// Polls without a `Pin` (the future is `Unpin`), for use inside other futures.
     pub(crate) fn poll_cancelled(&mut self, cx: &mut Context<'_>) -> Poll<Cause> {
-        if tree::poll_wait(&self.scope.node, Wait::Cancel, &mut self.key, cx.waker()) {
+        if tree::poll_cancelled(&self.scope.node, &mut self.key, cx.waker()) {
             Poll::Ready(self.scope.cause_or_cancelled())
         } else {
             Poll::Pending
@@ -215,7 +215,7 @@ impl<F: Future> Run<F> {
         };
         // Pending: only now register for the cancel (work that finishes on its first poll
         // never touches the waiter list). A cancel that came meanwhile is seen here.
-        if tree::poll_wait(&scope.node, Wait::Cancel, this.key, cx.waker()) {
+        if tree::poll_cancelled(&scope.node, this.key, cx.waker()) {
             Poll::Ready(Err(Error::cancelled(scope.cause_or_cancelled())))
         } else {
             Poll::Pending

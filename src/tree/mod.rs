@@ -215,7 +215,7 @@ impl<R> Default for Records<R> {
 
 type Callback = Box<dyn FnOnce(&Cause) + Send>;
 
-struct Inner {
+struct Inner<X, R> {
     /// Set once, together with `CANCELLED` (invariant 1).
     cause: Option<Cause>,
     /// Stamp of the cancel (caller-supplied clock, nanoseconds); 0 while not cancelled.
@@ -225,28 +225,44 @@ struct Inner {
     first_waiter: Option<Waker>,
     /// Waiters and callbacks, allocated by the first one that does not fit inline (most nodes
     /// never have any).
-    lists: Option<Box<Lists>>,
+    lists: Option<Box<Lists<X, R>>>,
     /// Bit `i`: registry shard `i` has had a child. Set (under this lock) before the first
     /// child of a shard reads the state word, read by cancel and close under this lock, so
     /// that they visit only shards in use (see `new_child`).
     shards_in_use: u8,
 }
 
-#[derive(Default)]
-struct Lists {
+struct Lists<X, R> {
     /// Tasks waiting in `cancelled()`.
     cancel_waiters: Slab<Waker>,
     /// Tasks waiting in `quiesce()`.
-    quiet_waiters: Slab<Waker>,
+    quiet_waiters: Slab<QuietWaiter<X, R>>,
     /// `on_cancel` callbacks.
     callbacks: Slab<Callback>,
 }
 
-impl Inner {
+impl<X, R> Default for Lists<X, R> {
+    fn default() -> Self {
+        Lists {
+            cancel_waiters: Slab::new(),
+            quiet_waiters: Slab::new(),
+            callbacks: Slab::new(),
+        }
+    }
+}
+
+/// A task waiting in `quiesce()`, with the descendants cancelled while busy that it has not
+/// been handed yet (see [`nudge_quiesce_above`] and [`poll_quiet`]).
+pub(crate) struct QuietWaiter<X, R> {
+    waker: Waker,
+    cancelled: Vec<Arc<Node<X, R>>>,
+}
+
+impl<X, R> Inner<X, R> {
     /// A fresh node's `inner`. A constant, so that a new node copies it from one place
     /// instead of assembling it field by field on the stack (which costs a store-forwarding
     /// stall per node when the pieces are copied on into the node).
-    const EMPTY: Inner = Inner {
+    const EMPTY: Inner<X, R> = Inner {
         cause: None,
         cancelled_at: 0,
         first_waiter: None,
@@ -256,24 +272,26 @@ impl Inner {
 
     /// A fresh node's locked `inner`, copied from a constant (see [`Inner::EMPTY`]).
     #[cfg(not(loom))]
-    fn new_lock() -> Mutex<Inner> {
-        #[allow(clippy::declare_interior_mutable_const)] // copied, never shared
-        const LOCK: Mutex<Inner> = Mutex::new(Inner::EMPTY);
-        LOCK
+    #[allow(clippy::declare_interior_mutable_const)] // copied, never shared
+    const LOCK: Mutex<Inner<X, R>> = Mutex::new(Inner::EMPTY);
+
+    #[cfg(not(loom))]
+    fn new_lock() -> Mutex<Inner<X, R>> {
+        Self::LOCK
     }
 
     #[cfg(loom)]
-    fn new_lock() -> Mutex<Inner> {
+    fn new_lock() -> Mutex<Inner<X, R>> {
         Mutex::new(Inner::EMPTY)
     }
 
-    fn lists(&mut self) -> &mut Lists {
+    fn lists(&mut self) -> &mut Lists<X, R> {
         self.lists.get_or_insert_with(Box::default)
     }
 
-    /// Takes every `quiesce()` waker (the node became quiet; cancel drains its own lists in
-    /// `mark_cancelled`).
-    fn take_quiet_waiters(&mut self) -> Vec<Waker> {
+    /// Takes every `quiesce()` waiter (the node became quiet; cancel drains its own lists in
+    /// `mark_cancelled`). The caller drops them with no lock held (they hold nodes).
+    fn take_quiet_waiters(&mut self) -> Vec<QuietWaiter<X, R>> {
         self.lists
             .as_mut()
             .map_or_else(Vec::new, |l| l.quiet_waiters.drain().collect())
@@ -356,7 +374,7 @@ pub(crate) struct Node<X, R> {
     /// registry shard `up.shard`.
     up: Option<Arc<Link<X, R>>>,
     key: usize,
-    inner: Mutex<Inner>,
+    inner: Mutex<Inner<X, R>>,
     /// Children, sharded by creating thread; allocated with the first child.
     registry: [LazyBox<Shard<X, R>>; SHARDS],
     /// Tickets registered here that have no receipt yet (for quarantine, and for waking the
@@ -781,54 +799,32 @@ fn cancel_then<X, R, T>(
 }
 
 /// `node` was just cancelled while it had work: its grace period now counts, also for a
-/// `quiesce()` waiting on an ancestor that is not cancelled itself (which quarantines the
-/// work of such a descendant once its grace period ends, see [`cancelled_below`]). Collects
-/// the wakers of those waits, without taking them off their lists (they are not done), up to
-/// the first cancelled ancestor, whose own grace period covers its whole subtree. One
-/// ancestor's `inner` at a time, with no other lock held.
+/// `quiesce()` waiting on an ancestor (which quarantines the work below a cancelled
+/// descendant once the descendant's grace period ends, if no cancelled scope between ends its
+/// own sooner). Hands `node` to each of those waits (see [`poll_quiet`]), so that none has to
+/// look through its subtree again, and collects their wakers, without taking them off their
+/// lists (they are not done). One ancestor's `inner` at a time, with no other lock held.
 ///
-/// No wake-up is lost: a waiting `quiesce()` registers its waker under its node's `inner`
-/// before it looks for cancelled descendants. If this takes that lock first, the cancel (a
-/// read-modify-write made before) happens-before the look, which finds it; otherwise this
-/// finds the waker. (Not modelled by loom: `quiesce()` has no timer there.)
-fn nudge_quiesce_above<X, R>(node: &Node<X, R>, wakers: &mut Vec<Waker>) {
+/// Nothing is missed: a waiting `quiesce()` registers under its node's `inner` before it
+/// first looks through the subtree, and is handed every later cancel. If this takes that
+/// lock before the registration, the cancel (a read-modify-write made before) happens-before
+/// the look, which finds it; otherwise this hands it over. (Not modelled by loom: `quiesce()`
+/// has no timer there.)
+fn nudge_quiesce_above<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
     let mut n = node.parent_node();
     while let Some(p) = n {
-        if p.state().is_cancelled() {
-            return;
-        }
-        if let Some(lists) = p.inner.lock().lists.as_ref() {
-            wakers.extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
+        if let Some(lists) = p.inner.lock().lists.as_mut() {
+            for (_, w) in lists.quiet_waiters.iter_mut() {
+                w.cancelled.push(node.clone());
+                wakers.push(w.waker.clone());
+            }
         }
         n = p.parent_node();
     }
 }
 
-/// The topmost descendants of `node` that are cancelled and not quiet yet, for a
-/// `quiesce()` of `node`, which is not cancelled itself: the work of such a descendant is
-/// quarantined once its own grace period after its cancel ends, as its own `quiesce()`
-/// would. (Below a cancelled descendant everything is cancelled, and its quarantine takes
-/// its whole subtree.) Holds one registry shard at a time, only to clone `Arc`s out of it.
-pub(crate) fn cancelled_below<X, R>(node: &Node<X, R>) -> Vec<Arc<Node<X, R>>> {
-    let mut found = Vec::new();
-    let mut work = Vec::new();
-    push_children(node, &mut work);
-    while let Some(n) = work.pop() {
-        let s = n.state();
-        if s.is_quiet() {
-            continue;
-        }
-        if s.is_cancelled() {
-            found.push(n);
-        } else {
-            push_children(&n, &mut work);
-        }
-    }
-    found
-}
-
 /// Clones the children of `node` onto `work`, one registry shard lock at a time.
-fn push_children<X, R>(node: &Node<X, R>, work: &mut Vec<Arc<Node<X, R>>>) {
+pub(crate) fn push_children<X, R>(node: &Node<X, R>, work: &mut Vec<Arc<Node<X, R>>>) {
     for shard in node.shards() {
         let data = shard.data.lock();
         work.extend(data.children.iter().map(|(_, c)| c.clone()));
@@ -1010,19 +1006,26 @@ fn mark_cancelled<X, R>(
         // then an in-flight shard, a leaf lock.
         in_flight.cancel(&mut due.wakers);
     }
+    let mut gone = Vec::new();
     if let Some(lists) = inner.lists.as_mut() {
         due.wakers.extend(lists.cancel_waiters.drain());
         due.callbacks
             .extend(lists.callbacks.drain().map(|cb| (cb, cause.clone())));
         if prev.active() == 0 {
-            due.wakers.extend(lists.quiet_waiters.drain());
+            for w in lists.quiet_waiters.drain() {
+                due.wakers.push(w.waker);
+                // The descendants it was handed are dropped with no lock held.
+                gone.push(w.cancelled);
+            }
         } else {
             // Not quiet yet, but a waiting `quiesce()` must learn of the cancel to start its
             // grace period: wake it without draining (it stays registered).
             due.wakers
-                .extend(lists.quiet_waiters.iter().map(|(_, w)| w.clone()));
+                .extend(lists.quiet_waiters.iter().map(|(_, w)| w.waker.clone()));
         }
     }
+    drop(inner);
+    drop(gone);
     Marked {
         did: true,
         busy: prev.active() != 0,
@@ -1053,9 +1056,9 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
 }
 
 fn wake_quiet<X, R>(node: &Node<X, R>) {
-    let wakers = node.inner.lock().take_quiet_waiters();
-    for w in wakers {
-        w.wake();
+    let waiters = node.inner.lock().take_quiet_waiters();
+    for w in waiters {
+        w.waker.wake();
     }
 }
 
@@ -1553,7 +1556,7 @@ pub(crate) struct WaiterKey {
 /// in the node's list (not from the waker it was cloned from, which may be gone, its address
 /// reused by another waker, when its clone is a new object), which stays alive there until
 /// the waking side drains the list, which it does only once the condition holds for good,
-/// and [`poll_wait`] checks the condition first.
+/// and a poll checks the condition first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WakerId(usize, usize);
 
@@ -1573,21 +1576,11 @@ pub(crate) enum Wait {
     Quiet,
 }
 
-/// Polls for cancel or quiet: returns `true` if reached; otherwise registers `waker` (once,
-/// updated on later polls) under the same lock that cancel/close/release take to wake, so no
-/// wake-up is lost.
-pub(crate) fn poll_wait<X, R>(
-    node: &Node<X, R>,
-    which: Wait,
-    key: &mut WaiterKey,
-    waker: &Waker,
-) -> bool {
-    let reached = |s: State| match which {
-        Wait::Cancel => s.is_cancelled(),
-        Wait::Quiet => s.is_quiet(),
-    };
-    if reached(node.state()) {
-        forget_waiter(node, which, key);
+/// Polls for cancel: returns `true` if reached; otherwise registers `waker` (once, updated on
+/// later polls) under the same lock that cancel takes to wake, so no wake-up is lost.
+pub(crate) fn poll_cancelled<X, R>(node: &Node<X, R>, key: &mut WaiterKey, waker: &Waker) -> bool {
+    if node.state().is_cancelled() {
+        forget_waiter(node, Wait::Cancel, key);
         return true;
     }
     if key.slot.is_some() && key.waker == Some(WakerId::of(waker)) {
@@ -1596,11 +1589,8 @@ pub(crate) fn poll_wait<X, R>(
     }
     let mut inner = node.inner.lock();
     // Re-check under the lock: the waking side changes the state before it takes this lock.
-    if reached(node.state()) {
-        let removed = key
-            .slot
-            .take()
-            .and_then(|k| take_waiter(&mut inner, which, k));
+    if node.state().is_cancelled() {
+        let removed = key.slot.take().and_then(|k| take_waiter(&mut inner, k));
         drop(inner);
         // Wakers are dropped with no lock held (dropping one may drop a task's output).
         drop(removed);
@@ -1614,16 +1604,18 @@ pub(crate) fn poll_wait<X, R>(
     let id = WakerId::of(&kept);
     let replaced = match key.slot {
         Some(INLINE) => inner.first_waiter.replace(kept),
-        Some(k) => waiters(&mut inner, which)
+        Some(k) => inner
+            .lists()
+            .cancel_waiters
             .get_mut(k)
             .map(|w| std::mem::replace(w, kept)),
-        None if matches!(which, Wait::Cancel) && inner.first_waiter.is_none() => {
+        None if inner.first_waiter.is_none() => {
             inner.first_waiter = Some(kept);
             key.slot = Some(INLINE);
             None
         }
         None => {
-            key.slot = Some(waiters(&mut inner, which).insert(kept));
+            key.slot = Some(inner.lists().cancel_waiters.insert(kept));
             None
         }
     };
@@ -1633,23 +1625,69 @@ pub(crate) fn poll_wait<X, R>(
     false
 }
 
+/// Polls for quiet, for a `quiesce()`: returns `true` if reached; otherwise registers `waker`
+/// (once, updated on later polls) under the same lock that close, release and cancel take to
+/// wake, so no wake-up is lost, and moves onto `cancelled` the descendants handed to this
+/// waiter since its last poll (see [`nudge_quiesce_above`]). Always takes the lock (a
+/// `quiesce()` is polled rarely: at its start, at a cancel below, at a grace end).
+pub(crate) fn poll_quiet<X, R>(
+    node: &Node<X, R>,
+    key: &mut WaiterKey,
+    waker: &Waker,
+    cancelled: &mut Vec<Arc<Node<X, R>>>,
+) -> bool {
+    if node.state().is_quiet() {
+        forget_waiter(node, Wait::Quiet, key);
+        return true;
+    }
+    let mut inner = node.inner.lock();
+    // Re-check under the lock: the waking side changes the state before it takes this lock.
+    if node.state().is_quiet() {
+        let removed = key
+            .slot
+            .take()
+            .and_then(|k| inner.lists.as_mut()?.quiet_waiters.try_remove(k));
+        drop(inner);
+        // Dropped with no lock held (a waker may drop a task's output, a node its data).
+        drop(removed);
+        key.waker = None;
+        return true;
+    }
+    let lists = inner.lists();
+    let mut replaced = None;
+    match key.slot.and_then(|k| lists.quiet_waiters.get_mut(k)) {
+        Some(w) => {
+            cancelled.append(&mut w.cancelled);
+            if key.waker != Some(WakerId::of(waker)) {
+                // The identity of the clone kept in the list (see `poll_cancelled`).
+                let kept = waker.clone();
+                key.waker = Some(WakerId::of(&kept));
+                replaced = Some(std::mem::replace(&mut w.waker, kept));
+            }
+        }
+        None => {
+            let kept = waker.clone();
+            key.waker = Some(WakerId::of(&kept));
+            key.slot = Some(lists.quiet_waiters.insert(QuietWaiter {
+                waker: kept,
+                cancelled: Vec::new(),
+            }));
+        }
+    }
+    drop(inner);
+    drop(replaced);
+    false
+}
+
 /// The key of the inline cancel waiter (`Inner::first_waiter`); slab keys never reach it.
 const INLINE: usize = usize::MAX;
 
-/// Takes the waiter registered under `key` (inline or in its list), if still there.
-fn take_waiter(inner: &mut Inner, which: Wait, key: usize) -> Option<Waker> {
+/// Takes the cancel waiter registered under `key` (inline or in its list), if still there.
+fn take_waiter<X, R>(inner: &mut Inner<X, R>, key: usize) -> Option<Waker> {
     if key == INLINE {
         inner.first_waiter.take()
     } else {
-        waiters(inner, which).try_remove(key)
-    }
-}
-
-fn waiters(inner: &mut Inner, which: Wait) -> &mut Slab<Waker> {
-    let lists = inner.lists();
-    match which {
-        Wait::Cancel => &mut lists.cancel_waiters,
-        Wait::Quiet => &mut lists.quiet_waiters,
+        inner.lists.as_mut()?.cancel_waiters.try_remove(key)
     }
 }
 
@@ -1661,10 +1699,21 @@ pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut Wait
         let mut inner = node.inner.lock();
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become
-        // permanent, and `poll_wait` never registers once it holds. So removing is safe.
-        let removed = take_waiter(&mut inner, which, k);
+        // permanent, and a poll never registers once it holds. So removing is safe.
+        let (waker, quiet) = match which {
+            Wait::Cancel => (take_waiter(&mut inner, k), None),
+            Wait::Quiet => (
+                None,
+                inner
+                    .lists
+                    .as_mut()
+                    .and_then(|l| l.quiet_waiters.try_remove(k)),
+            ),
+        };
         drop(inner);
-        drop(removed);
+        // Dropped with no lock held (a waker may drop a task's output, a node its data).
+        drop(waker);
+        drop(quiet);
     }
 }
 
