@@ -530,3 +530,90 @@ async fn a_304_answer_is_not_client_gone() {
         "a complete answer reported as {report}"
     );
 }
+
+/// Sends on its drop: the server dropped the response body it was in.
+struct OnDrop(Option<oneshot::Sender<()>>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A body of 16 MiB chunks for ever, as fast as the connection takes them. `gone` hears when
+/// the server drops it.
+///
+/// hyper polls a body only while its own write queue has room (less than about 400 KiB
+/// queued), and only when its task is woken: a chunk much larger than the socket's buffers
+/// (a few MiB on loopback) leaves the queue full once the client stops reading, so that
+/// hyper polls the body no more, even when the cut at the deadline wakes it.
+async fn flood(State(gone): State<Arc<Mutex<Option<oneshot::Sender<()>>>>>) -> Body {
+    let guard = OnDrop(gone.lock().unwrap().take());
+    let chunk = bytes::Bytes::from(vec![b'x'; 16 << 20]);
+    let chunks = futures::stream::unfold(guard, move |guard| {
+        let chunk = chunk.clone();
+        async move { Some((Ok::<_, std::io::Error>(chunk), guard)) }
+    });
+    Body::from_stream(chunks)
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_keep_the_request_from_its_report() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (gone_tx, mut gone) = oneshot::channel();
+    let app = Router::new()
+        .route("/", get(flood))
+        .with_state(Arc::new(Mutex::new(Some(gone_tx))))
+        .layer(layer);
+    let url = serve(app).await;
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let sent = Instant::now();
+    conn.write_all(b"GET / HTTP/1.1\r\nhost: test\r\ngrpc-timeout: 300m\r\n\r\n")
+        .await
+        .unwrap();
+    // The head and the first bytes of the body...
+    let mut got = Vec::new();
+    let mut buf = [0; 4096];
+    let head_end = loop {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert_ne!(n, 0, "the server closed the connection");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            if got.len() > i + 4 {
+                break i + 4;
+            }
+        }
+    };
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", &got[..head_end]);
+    // ... and then the client reads no more, and keeps the connection open. The server fills
+    // the socket's buffers and stops polling the body; the deadline passes.
+    let (_, report) = next_report(&mut reports).await;
+    assert!(sent.elapsed() >= ms(300));
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    // Reported without the server polling or dropping the body: the response is still
+    // there, stuck behind the client.
+    assert_eq!(
+        gone.try_recv(),
+        Err(oneshot::error::TryRecvError::Empty),
+        "the body was dropped before the report"
+    );
+
+    // The client reads again: the response is cut (the connection closes without the
+    // chunked body's last chunk), and the server drops the body.
+    let mut tail = Vec::new();
+    timeout(PATIENCE, conn.read_to_end(&mut tail))
+        .await
+        .expect("the response was not cut")
+        .unwrap();
+    assert!(!tail.ends_with(b"0\r\n\r\n"), "the body ended cleanly");
+    timeout(PATIENCE, gone)
+        .await
+        .expect("the body was not dropped")
+        .unwrap();
+}

@@ -1,8 +1,40 @@
 //! The response body of [`Admit`](super::Admit).
+//!
+//! # How a tracked body lets go of its request
+//!
+//! A tracked body holds a unit of the request's scope, so that the scope's report waits for
+//! it. A server polls the body only when it can send more, so the body's own poll cannot be
+//! what gives the unit back at the scope's cancel: a client that stops reading would keep the
+//! request busy, and its report unsent, for as long as its connection lives. So the body
+//! leaves a waker, [`BodyStop`], in the scope's cancel waiters, and the cancel (on whatever
+//! thread it happens) gives the unit back through it, without waiting for a poll.
+//!
+//! 1. **Exactly once.** The unit sits in [`Held::unit`]; it is given back by whoever takes it
+//!    out under the lock (the cancel's waker, or the body: at its end, its drop,
+//!    `into_inner`, or a poll that ends it after the cut), so never twice and, at the latest
+//!    when the last holder of the [`BodyStop`] goes, always.
+//! 2. **Never under a poll.** The server marks the body [`BUSY`] for the length of each poll
+//!    and for its drop; the cancel marks it [`CUT`]. Both are read-modify-writes of one word,
+//!    so one of them sees the other: a cancel that finds the body busy leaves the unit to the
+//!    poll (or drop), which gives it back when it is done; a poll that finds the body cut
+//!    polls the handler's body no more. So the report (written once the request's scope is
+//!    quiet) never comes while the handler's body is being polled, and once a cut gave the
+//!    unit back the handler's body is never polled again. (A poll that unwinds leaves the
+//!    body busy: its unit then goes back with its drop.)
+//! 3. **No grace period.** The grace period after a cancel is the time given to work that
+//!    must notice the cancel and stop by itself. The body does nothing by itself: from the
+//!    cancel on it is polled only to be ended, so it has stopped at the cancel (or at the end
+//!    of the poll under way) and its unit goes back then. Waiting longer would only delay the
+//!    report of a stalled client, and show as time the body ran on.
+//!
+//! The cost on a body sent before any cancel: one allocation when it is tracked (the
+//! [`BodyStop`]; its waker takes the scope's inline cancel-waiter slot, which the handler's
+//! `run` has left), one lock at its first poll (to hand over the server's waker) and one at
+//! its end; each poll adds two uncontended read-modify-writes of the state word.
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
@@ -10,22 +42,140 @@ use pin_project_lite::pin_project;
 
 use crate::guard::Tethered;
 use crate::integrations::tower::headers;
+use crate::sync::{AtomicU8, Mutex, Ordering};
 use crate::{Cancelled, Cause, Error, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// [`BodyStop::state`]: the server is polling the body, or dropping it.
+const BUSY: u8 = 1;
+/// [`BodyStop::state`]: the request's scope was cancelled; the body ends at its next poll.
+const CUT: u8 = 2;
+
 /// A body still being sent: the request's scope bounds it and waits for it.
 struct Streaming {
     scope: Scope,
-    cancelled: Cancelled,
-    /// Keeps the request's scope from being quiet (and reported) until the body is done.
-    /// `None` if the scope was cancelled as the handler answered: the body stops at once.
-    _unit: Option<Tethered<()>>,
+    /// Keeps `stop` in the scope's cancel waiters; dropping it takes it out.
+    _cancelled: Cancelled,
+    stop: std::sync::Arc<BodyStop>,
+    /// The waker last handed to `stop`: a poll by the same task takes no lock.
+    task: Option<Waker>,
     grpc: bool,
     /// Bytes still to send when the length is known (the body's exact size, or the response's
     /// `content-length`): a server stops after the last of them and drops the body without
     /// polling it to its end (hyper's HTTP/1 encoder does), so the body ends there.
     left: Option<u64>,
+}
+
+/// What a tracked body leaves in its request scope's cancel waiters (see the module docs):
+/// woken by the cancel, it gives the body's unit back, unless the server is using the body
+/// right then, and wakes the server's task so that it polls the body and ends it.
+struct BodyStop {
+    /// [`BUSY`] | [`CUT`]. Every change is a read-modify-write, `AcqRel`: a cancel that finds
+    /// the body not busy gives the unit back after the last poll's work (it acquires what that
+    /// poll's `leave` released), and a poll that finds it cut acquires the cancel's write.
+    state: AtomicU8,
+    held: Mutex<Held>,
+}
+
+struct Held {
+    /// Keeps the request's scope from being quiet (and reported) until the body is done or
+    /// cut; whoever takes it out gives it back (invariant 1 of the module docs). `None` from
+    /// the start if the scope was cancelled or closed as the handler answered: the body is not
+    /// waited for (and, cancelled, stops at once).
+    unit: Option<Tethered<()>>,
+    /// The server's task, woken at the cut; `None` until the first poll, and after the cut.
+    task: Option<Waker>,
+}
+
+impl BodyStop {
+    /// Gives the body's unit back, if nobody did yet. Takes the lock: called once per body,
+    /// never per poll.
+    fn give_back(&self) {
+        let unit = self.held.lock().unit.take();
+        // Dropped after the lock is released: giving the unit back may wake the report.
+        drop(unit);
+    }
+
+    /// The server is done with the body for now (a poll returned): if the scope was cancelled
+    /// meanwhile, its unit goes back now, as the cancel left it to this poll.
+    fn leave(&self) {
+        if self.state.fetch_and(!BUSY, Ordering::AcqRel) & CUT != 0 {
+            self.give_back();
+        }
+    }
+
+    /// The cancel of the request's scope (this waker's one wake-up).
+    fn cut(&self) {
+        let was = self.state.fetch_or(CUT, Ordering::AcqRel);
+        let mut held = self.held.lock();
+        // Busy: the poll (or drop) under way gives the unit back when it is done.
+        let unit = if was & BUSY == 0 {
+            held.unit.take()
+        } else {
+            None
+        };
+        let task = held.task.take();
+        drop(held);
+        drop(unit);
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
+}
+
+impl Wake for BodyStop {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.cut();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.cut();
+    }
+}
+
+impl Streaming {
+    /// Tracks a body of the request admitted into `scope`.
+    fn new(scope: &Scope, grpc: bool, left: Option<u64>) -> Streaming {
+        let stop = std::sync::Arc::new(BodyStop {
+            state: AtomicU8::new(0),
+            held: Mutex::new(Held {
+                unit: scope.tether(()).ok(),
+                task: None,
+            }),
+        });
+        let mut cancelled = scope.cancelled();
+        let waker = Waker::from(stop.clone());
+        if cancelled
+            .poll_cancelled(&mut Context::from_waker(&waker))
+            .is_ready()
+        {
+            // Cancelled since the unit was taken (or before): nothing waits for a poll.
+            stop.cut();
+        }
+        Streaming {
+            scope: scope.clone(),
+            _cancelled: cancelled,
+            stop,
+            task: None,
+            grpc,
+            left,
+        }
+    }
+
+    /// The server starts a poll of the body (its task wakes with `waker`): marks it busy and
+    /// returns whether it is cut (the scope was cancelled: the body ends now).
+    fn enter(&mut self, waker: &Waker) -> bool {
+        if !self.task.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            self.task = Some(waker.clone());
+            let old = self.stop.held.lock().task.replace(waker.clone());
+            drop(old);
+        }
+        // The task is handed over before this: a cancel that this does not see finds it.
+        let was = self.stop.state.fetch_or(BUSY, Ordering::AcqRel);
+        // Also a cancel whose wake-up has not run yet: after the cancel nothing more is sent.
+        was & CUT != 0 || self.scope.is_cancelled()
+    }
 }
 
 pin_project! {
@@ -48,10 +198,21 @@ pin_project! {
     /// bytes are sent, the body of a `HEAD` request or of a status without a body (1xx, 204,
     /// 304) and the bodies of the layer's own answers are not tracked.
     ///
-    /// The cut happens when the server polls the body: a client that stops reading (so that
-    /// the server cannot send, and does not poll) keeps the request's scope busy, and its
-    /// report unsent, until the connection goes (the server then drops the body:
-    /// `ClientGone`).
+    /// The scope stops waiting for the body at its cancel, without waiting for the server to
+    /// poll the body: a client that stops reading (so that the server cannot send, and does
+    /// not poll) does not keep the request busy. The report then comes as soon as the rest of
+    /// the request's work is done; it gives the scope's cause (`DeadlineExceeded` at the
+    /// deadline), not `ClientGone`: a server cannot tell a slow client from a gone one, and
+    /// the connection going later changes nothing (the first cause wins, and a report is
+    /// final). There is no grace period for the body: from the cancel on it is polled only to
+    /// be ended, so it has stopped. A poll under way when the cancel comes is waited for: the
+    /// report never comes while the handler's body is polled, and once the scope stopped
+    /// waiting the handler's body is never polled again. Whenever the server polls the body
+    /// next (when the client reads again), the body ends as above; if it never does, the
+    /// handler's body is dropped with the response, when the connection goes. So the report
+    /// does not wait for that drop: a handler's body that holds work of the request's scope
+    /// itself (a [`Tethered`](crate::Tethered) resource, a task's handle) keeps the scope busy
+    /// until it is dropped.
     ///
     /// # Examples
     ///
@@ -71,12 +232,19 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
             // Still tracked: not sent to its end (every poll that ends it, and a body found
-            // ended after a frame, stops the tracking). The client went away (the first
-            // cause wins: a deadline that fired stays the cause).
+            // ended after a frame, stops the tracking). The client went away, unless the
+            // scope's cancel came first (the first cause wins: a deadline that fired stays
+            // the cause).
             if let Some(streaming) = this.streaming.take() {
-                streaming.scope.cancel_because(Cause::ClientGone);
+                // Busy: the cancel below (or one racing with this drop) leaves the unit to
+                // this drop (invariant 2 of the module docs).
+                let was = streaming.stop.state.fetch_or(BUSY, Ordering::AcqRel);
+                if was & CUT == 0 {
+                    streaming.scope.cancel_because(Cause::ClientGone);
+                }
                 // The body goes first, then the unit (stopped before it is counted).
                 this.inner.set(None);
+                streaming.stop.give_back();
                 drop(streaming);
             }
         }
@@ -111,7 +279,9 @@ impl<B> ResponseBody<B> {
     /// assert_eq!(ResponseBody::<String>::empty().into_inner(), None);
     /// ```
     pub fn into_inner(mut self) -> Option<B> {
-        self.streaming = None;
+        if let Some(streaming) = self.streaming.take() {
+            streaming.stop.give_back();
+        }
         self.inner.take()
     }
 
@@ -129,13 +299,8 @@ impl<B> ResponseBody<B> {
         B: Body,
     {
         let left = body.size_hint().exact().or(length);
-        let streaming = (track && !body.is_end_stream() && left != Some(0)).then(|| Streaming {
-            scope: scope.clone(),
-            cancelled: scope.cancelled(),
-            _unit: scope.tether(()).ok(),
-            grpc,
-            left,
-        });
+        let streaming = (track && !body.is_end_stream() && left != Some(0))
+            .then(|| Streaming::new(scope, grpc, left));
         ResponseBody {
             inner: Some(body),
             streaming,
@@ -158,9 +323,12 @@ where
         let mut this = self.project();
         if let Some(s) = this.streaming.as_mut() {
             // The scope first: after its cancel nothing more is sent.
-            if let Poll::Ready(cause) = s.cancelled.poll_cancelled(cx) {
+            if s.enter(cx.waker()) {
+                let cause = s.scope.cause_or_cancelled();
                 let grpc = s.grpc;
                 this.inner.set(None);
+                // Given back by the cut already, unless it found this body busy.
+                s.stop.give_back();
                 *this.streaming = None;
                 return Poll::Ready(Some(if grpc {
                     Ok(Frame::trailers(headers::grpc_status_headers(
@@ -172,11 +340,17 @@ where
                 }));
             }
         }
+        // Marked busy (if tracked) until the end of this poll.
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return Poll::Ready(None);
         };
         let polled = match inner.poll_frame(cx) {
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                if let Some(s) = this.streaming.as_ref() {
+                    s.stop.leave();
+                }
+                return Poll::Pending;
+            }
             Poll::Ready(polled) => polled,
         };
         let ended = match &polled {
@@ -194,20 +368,28 @@ where
         };
         if ended {
             this.inner.set(None);
-            *this.streaming = None;
-        } else if let (
-            Some(Streaming {
-                left: Some(left), ..
-            }),
-            Some(Ok(frame)),
-        ) = (this.streaming.as_mut(), &polled)
-        {
+            if let Some(s) = this.streaming.take() {
+                s.stop.give_back();
+            }
+        } else if let Some(s) = this.streaming.as_mut() {
             // All the bytes its length announced are sent: the server may drop the body now
             // without polling it again, and that is no client going away. (Kept: it may still
             // have trailers to send.)
-            *left = left.saturating_sub(frame.data_ref().map_or(0, |d| d.remaining() as u64));
-            if *left == 0 {
+            let sent_all = match (s.left.as_mut(), &polled) {
+                (Some(left), Some(Ok(frame))) => {
+                    let sent = frame.data_ref().map_or(0, |d| d.remaining() as u64);
+                    *left = left.saturating_sub(sent);
+                    *left == 0
+                }
+                _ => false,
+            };
+            if sent_all {
+                s.stop.give_back();
                 *this.streaming = None;
+            } else {
+                // A cut that came during this poll gives the unit back here; the next poll
+                // ends the body.
+                s.stop.leave();
             }
         }
         Poll::Ready(polled.map(|r| r.map_err(Into::into)))
