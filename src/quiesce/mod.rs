@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::cause::Cause;
 use crate::child::{ChildSpec, EffectRecord};
 use crate::scope::{instant_of, nanos, now_stamp, Core, Note, Scope};
-use crate::sync::Arc;
+use crate::sync::{downgrade, Arc, Weak};
 use crate::tree::{self, Kind, Wait, WaiterKey};
 
 /// Where a scope is in its life.
@@ -374,16 +374,23 @@ pub struct Quiesce {
     scope: Scope,
     key: WaiterKey,
     grace: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// Whether the scope's subtree was looked through for cancelled scopes: `LOOKED_*`.
-    looked: u8,
-    /// Cancelled descendants whose grace period has not ended, soonest end first.
+    /// Whether the scope's subtree was looked through for cancelled scopes (at the first
+    /// poll; later cancels are handed over).
+    looked: bool,
+    /// Cancelled scopes whose grace period has not ended, soonest end first.
     due: BinaryHeap<GraceEnd>,
+    /// The size of `due` at which scopes that are quiet or gone are dropped from it.
+    prune_at: usize,
 }
 
-/// A cancelled descendant of a quiescing scope, and when its grace period ends.
+/// The fewest entries of `Quiesce::due` at which it is pruned.
+const PRUNE_MIN: usize = 64;
+
+/// A cancelled scope of a quiescing subtree, and when its grace period ends. Weak: a scope
+/// that finishes and goes is freed at once (invariant 7), not at its grace end.
 struct GraceEnd {
     at: tokio::time::Instant,
-    node: Arc<Core>,
+    node: Weak<Core>,
 }
 
 impl PartialEq for GraceEnd {
@@ -423,33 +430,33 @@ impl Future for Quiesce {
         }
         // The work below a cancelled scope (this one, or a descendant: a child's deadline,
         // its own cancel) is quarantined once its grace period after the cancel ends, or that
-        // of a cancelled scope between, whichever ends first. Cancelled scopes are looked up
-        // once (this future is registered by now), again once this scope is cancelled (its
-        // cancel may have reached children with a shorter grace period), and every later
-        // cancel below is handed to this future with a wake-up (`tree::nudge_quiesce_above`).
-        let look = if this.scope.is_cancelled() {
-            LOOKED_CANCELLED
-        } else {
-            LOOKED_OPEN
-        };
-        if this.looked < look {
-            this.looked = look;
+        // of a cancelled scope between, whichever ends first. The subtree is looked through
+        // once (this future is registered by now); every later busy cancel in it is handed to
+        // this future once its cancel walk is done, with a wake-up (`tree::hand_over`), and
+        // only the handed scope's subtree is looked through.
+        if !std::mem::replace(&mut this.looked, true) {
             look_below(node, &mut this.due);
         }
-        this.due.extend(handed.into_iter().filter_map(|d| {
-            Some(GraceEnd {
-                at: grace_end(&d)?,
-                node: d,
-            })
-        }));
+        for d in handed {
+            if let Some(d) = d.upgrade() {
+                look_below(&d, &mut this.due);
+            }
+        }
+        if this.due.len() >= this.prune_at {
+            // Amortized: at least as many entries as this keeps come before the next one.
+            this.due
+                .retain(|e| e.node.upgrade().is_some_and(|n| !n.state().is_quiet()));
+            this.prune_at = (2 * this.due.len()).max(PRUNE_MIN);
+        }
         let now = tokio::time::Instant::now();
         while let Some(first) = this.due.peek_mut() {
             if first.at > now {
                 break;
             }
-            let d = PeekMut::pop(first).node;
-            if !d.state().is_quiet() {
-                tree::quarantine_subtree(&d, &crate::child::task_spec(), now_stamp());
+            if let Some(d) = PeekMut::pop(first).node.upgrade() {
+                if !d.state().is_quiet() {
+                    tree::quarantine_subtree(&d, &crate::child::task_spec(), now_stamp());
+                }
             }
         }
         match this.due.peek() {
@@ -469,17 +476,10 @@ impl Future for Quiesce {
     }
 }
 
-/// `Quiesce::looked`: the subtree has not been looked through yet.
-const LOOKED_NOT: u8 = 0;
-/// `Quiesce::looked`: it was, while the scope was open (not cancelled).
-const LOOKED_OPEN: u8 = 1;
-/// `Quiesce::looked`: it was, once the scope was cancelled.
-const LOOKED_CANCELLED: u8 = 2;
-
 /// Puts on `due` the scopes of the subtree of `node` (itself included) that are cancelled,
 /// not quiet yet, and whose grace period ends before that of every cancelled scope above them
-/// (up to `node`): their work is quarantined at that end. One registry shard lock at a time,
-/// only to clone `Arc`s.
+/// within the subtree: their work is quarantined at that end. One registry shard lock at a
+/// time, only to clone `Arc`s.
 fn look_below(node: &Arc<Core>, due: &mut BinaryHeap<GraceEnd>) {
     // Each with the earliest grace end above it (`None`: none, or never).
     let mut work = vec![(node.clone(), None)];
@@ -497,7 +497,7 @@ fn look_below(node: &Arc<Core>, due: &mut BinaryHeap<GraceEnd>) {
                 bound = Some(at);
                 due.push(GraceEnd {
                     at,
-                    node: n.clone(),
+                    node: downgrade(&n),
                 });
             }
         }
@@ -588,8 +588,9 @@ impl Scope {
             scope: self.clone(),
             key: WaiterKey::default(),
             grace: None,
-            looked: LOOKED_NOT,
+            looked: false,
             due: BinaryHeap::new(),
+            prune_at: PRUNE_MIN,
         }
     }
 
@@ -720,7 +721,8 @@ mod tests {
 
     /// A closed scope's waiting `quiesce()` over N busy child scopes that are cancelled one by
     /// one looks through its subtree once (N + 1 scopes), not once per cancel (N² in all):
-    /// each cancel hands the cancelled child to it.
+    /// each cancel hands the cancelled child to it, and it looks through that child's
+    /// subtree only (one scope here).
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_waiting_quiesce_looks_through_its_subtree_once_however_many_cancels_come() {
         const N: usize = 300;
@@ -754,8 +756,8 @@ mod tests {
         }
         assert_eq!(
             LOOKED_AT.with(Cell::get),
-            before,
-            "a cancel made it look again"
+            before + N,
+            "a cancel made it look through more than the cancelled child"
         );
         let report = waiting.await.unwrap();
         assert_eq!(report.quarantined(), N as u64, "{report}");

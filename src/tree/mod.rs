@@ -98,6 +98,7 @@ use slab::Slab;
 
 use crate::cause::Cause;
 use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
+use crate::sync::{downgrade, Weak};
 
 mod ticket;
 
@@ -251,11 +252,31 @@ impl<X, R> Default for Lists<X, R> {
     }
 }
 
-/// A task waiting in `quiesce()`, with the descendants cancelled while busy that it has not
-/// been handed yet (see [`nudge_quiesce_above`] and [`poll_quiet`]).
+/// A task waiting in `quiesce()`, with the scopes cancelled while busy (its own, or below it)
+/// that it has not been handed yet (see [`hand_over`] and [`poll_quiet`]). Weak: a handed
+/// scope that finishes and goes is freed at once (invariant 7), not when it is taken.
 pub(crate) struct QuietWaiter<X, R> {
     waker: Waker,
-    cancelled: Vec<Arc<Node<X, R>>>,
+    cancelled: Vec<Weak<Node<X, R>>>,
+    /// The length of `cancelled` at which the gone scopes are dropped from it (a waiter not
+    /// polled for a long time does not collect them without bound).
+    prune_at: usize,
+}
+
+impl<X, R> QuietWaiter<X, R> {
+    /// The fewest handed scopes at which gone ones are dropped.
+    const PRUNE_MIN: usize = 32;
+
+    /// Hands `node` over and returns the waker to wake once no lock is held.
+    fn hand(&mut self, node: &Arc<Node<X, R>>) -> Waker {
+        if self.cancelled.len() >= self.prune_at {
+            // Amortized: at least as many pushes as this keeps come before the next one.
+            self.cancelled.retain(|n| n.strong_count() > 0);
+            self.prune_at = (2 * self.cancelled.len()).max(Self::PRUNE_MIN);
+        }
+        self.cancelled.push(downgrade(node));
+        self.waker.clone()
+    }
 }
 
 impl<X, R> Inner<X, R> {
@@ -758,12 +779,10 @@ fn cancel_then<X, R, T>(
     let mut due = Due::default();
     let mut first = None;
     let marked = mark_cancelled(node, &cause, stamp, &mut due, &mut first);
-    if marked.busy {
-        nudge_quiesce_above(node, &mut due.wakers);
-    }
     due.wake();
     if marked.in_use == 0 {
         // A leaf (or a completed node): nothing to walk.
+        due.hand_over(node, marked.busy);
         let out = then();
         due.run_callbacks();
         return (marked.did, out);
@@ -791,6 +810,7 @@ fn cancel_then<X, R, T>(
         // Wakers run with no lock held.
         walk.due.wake();
     }
+    walk.due.hand_over(node, marked.busy);
     let out = then();
     // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
     // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
@@ -798,26 +818,26 @@ fn cancel_then<X, R, T>(
     (marked.did, out)
 }
 
-/// `node` was just cancelled while it had work: its grace period now counts, also for a
-/// `quiesce()` waiting on an ancestor (which quarantines the work below a cancelled
-/// descendant once the descendant's grace period ends, if no cancelled scope between ends its
-/// own sooner). Hands `node` to each of those waits (see [`poll_quiet`]), so that none has to
-/// look through its subtree again, and collects their wakers, without taking them off their
-/// lists (they are not done). One ancestor's `inner` at a time, with no other lock held.
+/// `node` was just cancelled while it had work, and the cancel has reached its whole subtree:
+/// its grace period now counts, also for a `quiesce()` waiting on an ancestor (which
+/// quarantines the work below a cancelled scope once its grace period ends, or that of a
+/// cancelled scope between, whichever ends first). Hands `node` to each of those waits
+/// ([`QuietWaiter::hand`]; the node's own waits, and those of every busy scope the walk
+/// cancelled, get theirs from [`Due::hand_over`]), which look through its subtree once (for
+/// scopes below with a shorter grace period) instead of through theirs again, and collects
+/// their wakers (they stay registered). One ancestor's `inner` at a time, with no other lock
+/// held.
 ///
 /// Nothing is missed: a waiting `quiesce()` registers under its node's `inner` before it
-/// first looks through the subtree, and is handed every later cancel. If this takes that
-/// lock before the registration, the cancel (a read-modify-write made before) happens-before
-/// the look, which finds it; otherwise this hands it over. (Not modelled by loom: `quiesce()`
-/// has no timer there.)
-fn nudge_quiesce_above<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
+/// first looks through its subtree, and is handed every later cancel. If this takes that
+/// lock before the registration, the cancel walk (done before) happens-before the look,
+/// which finds it all; otherwise this hands it over, and the look of `node`'s subtree comes
+/// after the walk as well. (loom models in `loom_handover`.)
+fn hand_over<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
     let mut n = node.parent_node();
     while let Some(p) = n {
         if let Some(lists) = p.inner.lock().lists.as_mut() {
-            for (_, w) in lists.quiet_waiters.iter_mut() {
-                w.cancelled.push(node.clone());
-                wakers.push(w.waker.clone());
-            }
+            wakers.extend(lists.quiet_waiters.iter_mut().map(|(_, w)| w.hand(node)));
         }
         n = p.parent_node();
     }
@@ -856,7 +876,7 @@ struct Walk<X, R> {
 /// The state of one cancel's walk below the cancelled node.
 struct CancelWalk<X, R> {
     stamp: u64,
-    due: Due,
+    due: Due<X, R>,
     /// Out-parameter of [`mark_cancelled`].
     first: Option<Cause>,
     work: Vec<Walk<X, R>>,
@@ -921,17 +941,48 @@ impl<X, R> CancelWalk<X, R> {
 }
 
 /// Wakers and callbacks collected under locks, run after they are released.
-#[derive(Default)]
-struct Due {
+struct Due<X, R> {
     wakers: Vec<Waker>,
+    /// Scopes this cancel cancelled while busy that have waiting `quiesce()`s: they are
+    /// handed to those once the whole walk is done ([`Due::hand_over`]).
+    quiet: Vec<Arc<Node<X, R>>>,
     callbacks: Vec<(Callback, Cause)>,
 }
 
-impl Due {
+impl<X, R> Default for Due<X, R> {
+    fn default() -> Self {
+        Due {
+            wakers: Vec::new(),
+            quiet: Vec::new(),
+            callbacks: Vec::new(),
+        }
+    }
+}
+
+impl<X, R> Due<X, R> {
     fn wake(&mut self) {
         for w in self.wakers.drain(..) {
             w.wake();
         }
+    }
+
+    /// Once the cancel walk from `top` is done: hands each scope in `quiet` to its own
+    /// waiting `quiesce()`s, and `top`, if `busy`, to those of its ancestors (see
+    /// [`hand_over`]), then wakes them all. After the walk, so that a `quiesce()` that looks
+    /// through a handed scope's subtree finds it all cancelled, with the grace periods of its
+    /// scopes (also when it is polled during the walk for another reason: it is handed
+    /// nothing before).
+    fn hand_over(&mut self, top: &Arc<Node<X, R>>, busy: bool) {
+        for n in self.quiet.drain(..) {
+            if let Some(lists) = n.inner.lock().lists.as_mut() {
+                self.wakers
+                    .extend(lists.quiet_waiters.iter_mut().map(|(_, w)| w.hand(&n)));
+            }
+        }
+        if busy {
+            hand_over(top, &mut self.wakers);
+        }
+        self.wake();
     }
 
     fn run_callbacks(&mut self) {
@@ -962,10 +1013,10 @@ struct Marked {
 /// Cancels one node (not its children) unless it already is. If someone else cancelled it
 /// first, their cause is put in `first` (it holds for the node's children).
 fn mark_cancelled<X, R>(
-    n: &Node<X, R>,
+    n: &Arc<Node<X, R>>,
     cause: &Cause,
     stamp: u64,
-    due: &mut Due,
+    due: &mut Due<X, R>,
     first: &mut Option<Cause>,
 ) -> Marked {
     let mut inner = n.inner.lock();
@@ -1017,11 +1068,11 @@ fn mark_cancelled<X, R>(
                 // The descendants it was handed are dropped with no lock held.
                 gone.push(w.cancelled);
             }
-        } else {
+        } else if !lists.quiet_waiters.is_empty() {
             // Not quiet yet, but a waiting `quiesce()` must learn of the cancel to start its
-            // grace period: wake it without draining (it stays registered).
-            due.wakers
-                .extend(lists.quiet_waiters.iter().map(|(_, w)| w.waker.clone()));
+            // grace period: it is handed the node (it stays registered) once the whole
+            // cancel walk is done.
+            due.quiet.push(n.clone());
         }
     }
     drop(inner);
@@ -1628,13 +1679,13 @@ pub(crate) fn poll_cancelled<X, R>(node: &Node<X, R>, key: &mut WaiterKey, waker
 /// Polls for quiet, for a `quiesce()`: returns `true` if reached; otherwise registers `waker`
 /// (once, updated on later polls) under the same lock that close, release and cancel take to
 /// wake, so no wake-up is lost, and moves onto `cancelled` the descendants handed to this
-/// waiter since its last poll (see [`nudge_quiesce_above`]). Always takes the lock (a
+/// waiter since its last poll (see [`hand_over`]). Always takes the lock (a
 /// `quiesce()` is polled rarely: at its start, at a cancel below, at a grace end).
 pub(crate) fn poll_quiet<X, R>(
     node: &Node<X, R>,
     key: &mut WaiterKey,
     waker: &Waker,
-    cancelled: &mut Vec<Arc<Node<X, R>>>,
+    cancelled: &mut Vec<Weak<Node<X, R>>>,
 ) -> bool {
     if node.state().is_quiet() {
         forget_waiter(node, Wait::Quiet, key);
@@ -1671,6 +1722,7 @@ pub(crate) fn poll_quiet<X, R>(
             key.slot = Some(lists.quiet_waiters.insert(QuietWaiter {
                 waker: kept,
                 cancelled: Vec::new(),
+                prune_at: QuietWaiter::<X, R>::PRUNE_MIN,
             }));
         }
     }
@@ -1741,3 +1793,6 @@ pub(crate) fn stop_callback<X, R>(node: &Node<X, R>, key: usize) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(all(test, loom))]
+mod loom_handover;

@@ -1,0 +1,543 @@
+//! A `quiesce()` waiting while cancels come below it: it is handed each busy cancel once the
+//! cancel walk is done and looks through that scope's subtree only, so the shorter grace
+//! period of a scope below a handed one holds; handed scopes that finish and go are freed at
+//! once (weak references), with their timer entries, and memory stays flat; no cancel is
+//! lost (wake-ups, drains, two threads); invariant 6 and exact counts with overlapping grace
+//! ends. loom models of the handover are in `src/tree/loom_handover.rs`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use cancel_scope::{ChildSpec, Dispatched, Lifecycle, Quiesce, Report, Scope};
+use futures::FutureExt;
+use tokio::time::Instant;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A dispatched read-only child of `scope` whose work ignores the cancel.
+fn stuck(scope: &Scope, name: &'static str) -> Dispatched {
+    scope
+        .register(ChildSpec::read_only(name))
+        .unwrap()
+        .dispatch()
+        .unwrap()
+}
+
+/// Quiesces `scope` on a task of its own, polled once before this returns (so it waits).
+async fn waiting_quiesce(scope: &Scope) -> tokio::task::JoinHandle<Report> {
+    let q = tokio::spawn({
+        let s = scope.clone();
+        async move { s.quiesce().await }
+    });
+    tokio::task::yield_now().await;
+    assert!(!q.is_finished());
+    q
+}
+
+// ------------------------------------------------------------------------------------------
+// Bytes allocated and not freed by this thread (every test here runs on a current-thread
+// runtime, so the quiesce task and the scopes' frees are on the test's thread).
+
+struct Counting;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(delta: isize) {
+    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
+}
+
+// SAFETY: forwards to `System`, only counting sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        count(-(layout.size() as isize));
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = System.realloc(ptr, layout, new_size);
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn live_bytes() -> isize {
+    LIVE.with(Cell::get)
+}
+
+// ------------------------------------------------------------------------------------------
+// The shorter grace period of a scope below a handed-over cancel.
+
+/// A closed top's `quiesce()` that waits *before* a busy cancel of `mid` (grace 1 h) is
+/// handed `mid` once the cancel has reached `inner` (grace 10 ms) below it, and looks through
+/// `mid`'s subtree: `inner`'s stuck work is quarantined at `inner`'s grace end (10 ms), as
+/// `mid.quiesce()` does and as a `top.quiesce()` started after the cancel does. (Before, the
+/// waiting one used `mid`'s 1 h.) Server shape: the process root's drain keeps the DB call
+/// scope's grace, not the request scope's.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_quiesce_handed_a_parents_cancel_keeps_the_shorter_grace_below_it() {
+    let mut got = Vec::new();
+    for waits_before in [false, true] {
+        let top = Scope::new();
+        let mid = top.child().grace(secs(3600)).build().unwrap();
+        let inner = mid.child().grace(ms(10)).build().unwrap();
+        let _work = stuck(&inner, "db call");
+        top.close();
+        let early = if waits_before {
+            Some(waiting_quiesce(&top).await)
+        } else {
+            None
+        };
+        let start = Instant::now();
+        mid.cancel();
+        let q = match early {
+            Some(q) => q,
+            None => waiting_quiesce(&top).await,
+        };
+        let report = q.await.unwrap();
+        assert_eq!(report.quarantined(), 1, "{report}");
+        got.push((waits_before, start.elapsed()));
+    }
+    assert_eq!(
+        got,
+        [(false, ms(10)), (true, ms(10))],
+        "(quiesce waited before the cancel, time to quiet)"
+    );
+}
+
+/// The same when the handed scope's grace period never ends (`grace(Duration::MAX)`: "wait
+/// for the receipts"): the handed `mid` gets no end, but the 10 ms grace of `inner` below it
+/// holds, whether the `quiesce()` waited before the cancel or started after it. (Before, one
+/// that waited never resolved.)
+#[tokio::test(start_paused = true)]
+async fn a_waiting_quiesce_handed_a_never_ending_grace_still_ends_the_shorter_one_below() {
+    let mut got = Vec::new();
+    for waits_before in [false, true] {
+        let top = Scope::new();
+        let mid = top.child().grace(Duration::MAX).build().unwrap();
+        let inner = mid.child().grace(ms(10)).build().unwrap();
+        let _work = stuck(&inner, "db call");
+        top.close();
+        let early = if waits_before {
+            Some(waiting_quiesce(&top).await)
+        } else {
+            None
+        };
+        let start = Instant::now();
+        mid.cancel();
+        let q = match early {
+            Some(q) => q,
+            None => waiting_quiesce(&top).await,
+        };
+        let resolved = tokio::time::timeout(secs(24 * 3600), q).await.is_ok();
+        got.push((waits_before, resolved.then(|| start.elapsed())));
+    }
+    assert_eq!(
+        got,
+        [(false, Some(ms(10))), (true, Some(ms(10)))],
+        "(quiesce waited before the cancel, time to quiet; None: not within a day)"
+    );
+}
+
+/// A waker that, the first time it is woken once armed, polls the `Quiesce` it drives at once
+/// (as a second worker thread of a multi-thread runtime can, while the cancelling thread is
+/// still walking down), then wakes the test's task.
+struct PollsAtOnce {
+    armed: AtomicBool,
+    quiesce: Mutex<Option<Quiesce>>,
+    task: Mutex<Option<Waker>>,
+    /// Whether the child was cancelled yet when that early poll ran.
+    child_seen_cancelled: Mutex<Option<bool>>,
+    child: Scope,
+}
+
+impl PollsAtOnce {
+    fn poll_now(self: &Arc<Self>) -> Poll<Report> {
+        let waker = Waker::from(self.clone());
+        let mut cx = Context::from_waker(&waker);
+        let Ok(mut q) = self.quiesce.try_lock() else {
+            return Poll::Pending;
+        };
+        Pin::new(q.as_mut().expect("polled after ready")).poll(&mut cx)
+    }
+}
+
+impl Wake for PollsAtOnce {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            *self.child_seen_cancelled.lock().unwrap() = Some(self.child.is_cancelled());
+            let _ = self.poll_now();
+        }
+        if let Some(w) = self.task.lock().unwrap().as_ref() {
+            w.wake_by_ref();
+        }
+    }
+}
+
+/// A cancelled scope's own `quiesce()` polled *during* its cancel walk (as another worker of
+/// a multi-thread runtime can: made deterministic here by a waker that polls when woken, woken
+/// by the parent's cancel before the walk goes down) still keeps the child's shorter grace
+/// (10 ms, not the parent's 1 h): it is handed its scope only once the walk is done, and then
+/// looks through the whole cancelled subtree. (Before, it was woken and looked before the
+/// walk reached the child.)
+#[tokio::test(start_paused = true)]
+async fn a_quiesce_polled_during_its_scopes_cancel_walk_keeps_the_childs_shorter_grace() {
+    let parent = Scope::new().child().grace(secs(3600)).build().unwrap();
+    let child = parent.child().grace(ms(10)).build().unwrap();
+    let _work = stuck(&child, "stuck");
+    let w = Arc::new(PollsAtOnce {
+        armed: AtomicBool::new(false),
+        quiesce: Mutex::new(Some(parent.quiesce())),
+        task: Mutex::new(None),
+        child_seen_cancelled: Mutex::new(None),
+        child: child.clone(),
+    });
+    assert!(w.poll_now().is_pending(), "waits (registered)");
+    // The same waker waits for the parent's cancel, which wakes it before the walk down (the
+    // quiesce itself is woken after the walk): the quiesce is polled during the walk.
+    let mut cancelled = Box::pin(parent.cancelled());
+    let waker = Waker::from(w.clone());
+    assert!(cancelled
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    w.armed.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    parent.cancel();
+    assert_eq!(
+        *w.child_seen_cancelled.lock().unwrap(),
+        Some(false),
+        "the early poll ran before the walk reached the child"
+    );
+    let report = std::future::poll_fn(|cx| {
+        *w.task.lock().unwrap() = Some(cx.waker().clone());
+        w.poll_now()
+    })
+    .await;
+    assert_eq!(report.quarantined(), 1, "{report}");
+    assert_eq!(start.elapsed(), ms(10), "{report}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Resource retention: scopes handed to a waiting quiesce are freed when they finish and go,
+// not at their grace end.
+
+/// A request scope under `server`, busy, cancelled (client gone), finished and dropped.
+fn one_cancelled_request(server: &Scope, timeout: Option<Duration>) -> impl Fn() -> bool {
+    let mut b = server.child();
+    if let Some(t) = timeout {
+        b = b.timeout(t);
+    }
+    let req = b.build().unwrap();
+    let call = stuck(&req, "call");
+    let freed = req.__freed_probe();
+    req.cancel();
+    drop(call); // its receipt (Cancelled): the request is quiet
+    drop(req);
+    freed
+}
+
+/// Invariant 7's "a finished scope is freed at once" (see
+/// `scope_timer_entries::a_dropped_scope_is_freed_at_once_and_later_deadlines_still_fire`)
+/// also with a `quiesce()` waiting on the long-lived server scope (grace 60 s): a request
+/// scope that was cancelled busy, then finished and was dropped, is freed at once, though its
+/// grace period has not ended. (Before, the waiter held it until then.)
+#[tokio::test(start_paused = true)]
+async fn a_finished_request_scope_is_freed_at_once_while_a_quiesce_waits_above_it() {
+    for quiesce_waits in [false, true] {
+        let server = Scope::new().child().grace(secs(60)).build().unwrap();
+        let q = if quiesce_waits {
+            Some(waiting_quiesce(&server).await)
+        } else {
+            None
+        };
+        let freed = one_cancelled_request(&server, None);
+        tokio::task::yield_now().await; // the quiesce takes what it was handed
+        assert_eq!(server.__live_children(), 0, "unlinked");
+        assert!(
+            freed(),
+            "quiesce waits: {quiesce_waits}: the request's node is held"
+        );
+        server.close();
+        if let Some(q) = q {
+            q.await.unwrap();
+        }
+    }
+}
+
+/// The same seen through the deadline timers: a timer entry dies with its node, so with a
+/// waiting quiesce the timers' heap stays at a handful of entries over 10,000 cancelled
+/// requests, as without one. (Before, it kept every request cancelled during the last grace
+/// period.)
+#[tokio::test(start_paused = true)]
+async fn cancelled_request_scopes_leave_flat_timers_while_a_quiesce_waits_above_them() {
+    let mut got = Vec::new();
+    for quiesce_waits in [false, true] {
+        let root = Scope::with_timeout(secs(3600));
+        let server = root.child().grace(secs(60)).build().unwrap();
+        let q = if quiesce_waits {
+            Some(waiting_quiesce(&server).await)
+        } else {
+            None
+        };
+        for _ in 0..10_000 {
+            let _ = one_cancelled_request(&server, Some(secs(30)));
+            tokio::task::yield_now().await;
+        }
+        got.push((quiesce_waits, server.__timer_entries()));
+        server.close();
+        if let Some(q) = q {
+            q.await.unwrap();
+        }
+    }
+    assert!(
+        got.iter().all(|&(_, n)| n <= 16),
+        "(quiesce waits, timer entries): {got:?}"
+    );
+}
+
+/// Memory stays flat: bytes still allocated after 10,000 request scopes were cancelled busy,
+/// finished and dropped under a long-lived server scope (grace 60 s), with and without a
+/// `quiesce()` waiting on it, are under 64 KiB. (Before: 1.2 KiB per request, for the grace
+/// period.)
+#[tokio::test(start_paused = true)]
+async fn memory_stays_flat_under_cancelled_request_scopes_while_a_quiesce_waits() {
+    const N: isize = 10_000;
+    let mut got = Vec::new();
+    for quiesce_waits in [false, true] {
+        let server = Scope::new().child().grace(secs(60)).build().unwrap();
+        let q = if quiesce_waits {
+            Some(waiting_quiesce(&server).await)
+        } else {
+            None
+        };
+        // Warm up (slab slots, vector capacities), then measure.
+        for _ in 0..N {
+            let _ = one_cancelled_request(&server, None);
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(secs(61)).await;
+        let before = live_bytes();
+        for _ in 0..N {
+            let _ = one_cancelled_request(&server, None);
+            tokio::task::yield_now().await;
+        }
+        let held = live_bytes() - before;
+        tokio::time::sleep(secs(61)).await;
+        let after_grace = live_bytes() - before;
+        eprintln!(
+            "quiesce waits: {quiesce_waits}: {held} bytes held after {N} requests \
+             ({} per request), {after_grace} once their grace periods ended",
+            held / N
+        );
+        got.push((quiesce_waits, held));
+        server.close();
+        if let Some(q) = q {
+            q.await.unwrap();
+        }
+    }
+    assert!(
+        got.iter().all(|&(_, held)| held < 64 * 1024),
+        "(quiesce waits, bytes held): {got:?}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// Wake-ups and handovers.
+
+/// A waiter that was handed a descendant and not polled since is drained by its scope's own
+/// idle cancel (`mark_cancelled`, `prev.active() == 0`): the handed node goes with it, and the
+/// quiesce resolves with the right report.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_drained_by_an_idle_cancel_with_handed_nodes_resolves() {
+    let s = Scope::new();
+    let child = s.child().grace(ms(10)).build().unwrap();
+    let work = stuck(&child, "w");
+    let mut q = s.quiesce();
+    assert!((&mut q).now_or_never().is_none(), "registered");
+    child.cancel(); // handed to `q`'s waiter, which is not polled
+    work.succeed();
+    drop(child); // quiet, unlinked; only the waiter's list holds the node
+    s.cancel(); // idle: drains the waiter (and the handed node)
+    let report = q.now_or_never().expect("quiet");
+    assert_eq!(report.succeeded(), 1, "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+}
+
+/// Two `quiesce()` futures on one scope and one on its ancestor, one of them dropped and made
+/// again half way: every one quarantines the stuck work at the child's grace end, each ticket
+/// is quarantined once, the reports agree and never change (invariant 6).
+#[tokio::test(start_paused = true)]
+async fn nested_and_repeated_quiesces_quarantine_once_and_agree() {
+    let top = Scope::new();
+    let mid = top.child().build().unwrap();
+    let kids: Vec<_> = (0..3)
+        .map(|i| {
+            let c = mid.child().grace(ms(10 * (i + 1))).build().unwrap();
+            let w = stuck(&c, "w");
+            (c, w)
+        })
+        .collect();
+    top.close();
+    let start = Instant::now();
+    let a = waiting_quiesce(&top).await;
+    let b = waiting_quiesce(&mid).await;
+    let mut dropped = mid.quiesce();
+    assert!((&mut dropped).now_or_never().is_none());
+    kids[0].0.cancel();
+    drop(dropped); // took a handover, gone
+    let c = waiting_quiesce(&mid).await;
+    kids[1].0.cancel();
+    tokio::task::yield_now().await;
+    kids[2].0.cancel();
+    let (ra, rb, rc) = (a.await.unwrap(), b.await.unwrap(), c.await.unwrap());
+    assert_eq!(start.elapsed(), ms(30));
+    assert_eq!(ra.quarantined(), 3, "{ra}");
+    assert_eq!(rb, rc);
+    assert_eq!(rb.quarantined(), 3, "{rb}");
+    tokio::time::sleep(secs(5)).await;
+    assert_eq!(top.quiesce().await, ra, "the report never changes");
+    drop(kids);
+}
+
+/// A child cancelled first (grace 10 ms) under a parent cancelled later (grace 20 ms): both
+/// entries expire, the child's ticket is quarantined once, the parent's own at its end; counts
+/// and the quarantined list are exact.
+#[tokio::test(start_paused = true)]
+async fn overlapping_grace_ends_quarantine_each_ticket_once() {
+    let top = Scope::new();
+    let parent = top.child().grace(ms(20)).build().unwrap();
+    let child = parent.child().grace(ms(10)).build().unwrap();
+    let _p = stuck(&parent, "parent work");
+    let _c = stuck(&child, "child work");
+    top.close();
+    let q = waiting_quiesce(&top).await;
+    let start = Instant::now();
+    child.cancel();
+    tokio::time::sleep(ms(5)).await;
+    parent.cancel();
+    let report = q.await.unwrap();
+    assert_eq!(start.elapsed(), ms(25), "{report}");
+    assert_eq!(report.quarantined(), 2, "{report}");
+    assert_eq!(report.total(), 2, "{report}");
+    let mut names: Vec<_> = report
+        .quarantined_children()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["child work", "parent work"]);
+}
+
+/// Two threads: cancels of busy child scopes race the first poll of `quiesce()` futures on
+/// the closed top, on a middle scope, and a dropped-and-made-again one; each round must end
+/// (no lost handover), with every stuck ticket quarantined once and a stable report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handovers_racing_first_polls_on_two_threads_lose_no_cancel() {
+    let rounds: usize = std::env::var("STRESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    for round in 0..rounds {
+        let top = Scope::new();
+        let mid = top.child().build().unwrap();
+        let kids: Vec<_> = (0..4)
+            .map(|_| {
+                let c = mid.child().grace(ms(1)).build().unwrap();
+                let g = c.child().grace(ms(1)).build().unwrap();
+                let w = (stuck(&c, "c"), stuck(&g, "g"));
+                (c, g, w)
+            })
+            .collect();
+        top.close();
+        let cancels: Vec<Scope> = kids
+            .iter()
+            .enumerate()
+            .map(|(i, (c, g, _))| if (round + i) % 2 == 0 { c } else { g }.clone())
+            .collect();
+        let canceller = tokio::spawn(async move {
+            for (i, s) in cancels.iter().enumerate() {
+                s.cancel();
+                if i % 2 == 1 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let on_top = tokio::spawn({
+            let top = top.clone();
+            async move { top.quiesce().await }
+        });
+        let on_mid = tokio::spawn({
+            let mid = mid.clone();
+            async move {
+                let mut first = mid.quiesce();
+                let _ = (&mut first).now_or_never();
+                drop(first);
+                mid.quiesce().await
+            }
+        });
+        canceller.await.unwrap();
+        // The stuck work of cancelled scopes is held until the quiesces resolve: only a
+        // quarantine (after a look or a handover) can end it. A child whose grandchild alone
+        // was cancelled finishes its own ticket.
+        let deadline = Duration::from_secs(10);
+        let mut held = Vec::new();
+        for (c, g, (wc, wg)) in kids {
+            if c.is_cancelled() {
+                held.push(wc);
+            } else {
+                wc.succeed();
+            }
+            held.push(wg);
+            drop((c, g));
+        }
+        let n_held = held.len() as u64;
+        let report = tokio::time::timeout(deadline, on_top)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: top's quiesce never resolved"))
+            .unwrap();
+        let mid_report = tokio::time::timeout(deadline, on_mid)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: mid's quiesce never resolved"))
+            .unwrap();
+        assert_eq!(report.total(), 8, "round {round}: {report}");
+        assert_eq!(report.quarantined(), n_held, "round {round}: {report}");
+        drop(held); // late: ignored
+        assert_eq!(mid_report, report, "round {round}");
+        assert_eq!(top.quiesce().await, report, "round {round}: stable");
+    }
+}
