@@ -18,8 +18,10 @@ pub(crate) use loom::sync::{
     Arc,
 };
 
-/// A weak reference (the timers' entries: see `scope::timer`). loom's `Arc` has none; under
-/// loom no timer is ever armed (there is no tokio runtime), so a strong reference stands in.
+/// A weak reference (the timers' entries, see `scope::timer`; the scopes handed to a waiting
+/// `quiesce()`, see `tree::QuietWaiter`). loom's `Arc` has none, so a strong reference stands
+/// in: under loom no timer is ever armed (there is no tokio runtime), and a quiet waiter's
+/// handed scopes go with the waiter (the models never see one fail to upgrade).
 #[cfg(not(loom))]
 pub(crate) use std::sync::Weak;
 

@@ -537,7 +537,18 @@ async fn handovers_racing_first_polls_on_two_threads_lose_no_cancel() {
         assert_eq!(report.total(), 8, "round {round}: {report}");
         assert_eq!(report.quarantined(), n_held, "round {round}: {report}");
         drop(held); // late: ignored
-        assert_eq!(mid_report, report, "round {round}");
+                    // The same work, quarantined once: the lists of the two scopes can differ in order
+                    // only (two quarantines on two threads record into both, one after the other).
+        let summary = |r: &Report| {
+            let mut listed: Vec<_> = r
+                .quarantined_children()
+                .iter()
+                .map(|c| format!("{c:?}"))
+                .collect();
+            listed.sort();
+            (r.state(), r.total(), r.quarantined(), listed)
+        };
+        assert_eq!(summary(&mid_report), summary(&report), "round {round}");
         assert_eq!(top.quiesce().await, report, "round {round}: stable");
     }
 }

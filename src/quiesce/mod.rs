@@ -435,11 +435,25 @@ impl Future for Quiesce {
         // this future once its cancel walk is done, with a wake-up (`tree::hand_over`), and
         // only the handed scope's subtree is looked through.
         if !std::mem::replace(&mut this.looked, true) {
-            look_below(node, &mut this.due);
+            if let Some(cause) = node.cause() {
+                // Its cancel walk may still be going down on another thread (this future was
+                // polled first when the cancel woke its task, or its scope is a descendant the
+                // walk has just marked), and this future was not registered when its scope
+                // was marked, so it is handed nothing: finish the walk here (a cancel of a
+                // cancelled scope returns once its whole subtree is cancelled), so that the
+                // look finds every scope below cancelled, with its grace period. Callbacks it
+                // runs that panic are dropped, as the deadline timer drops them.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tree::cancel(node, cause, now_stamp())
+                }));
+            }
+            look_below(node, None, &mut this.due);
         }
         for d in handed {
             if let Some(d) = d.upgrade() {
-                look_below(&d, &mut this.due);
+                // Scopes below it cancelled before it were handed over (or looked up) then.
+                let since = d.cancelled_at();
+                look_below(&d, Some(since), &mut this.due);
             }
         }
         if this.due.len() >= this.prune_at {
@@ -478,9 +492,12 @@ impl Future for Quiesce {
 
 /// Puts on `due` the scopes of the subtree of `node` (itself included) that are cancelled,
 /// not quiet yet, and whose grace period ends before that of every cancelled scope above them
-/// within the subtree: their work is quarantined at that end. One registry shard lock at a
-/// time, only to clone `Arc`s.
-fn look_below(node: &Arc<Core>, due: &mut BinaryHeap<GraceEnd>) {
+/// within the subtree: their work is quarantined at that end. With `since` (the stamp of the
+/// cancel of `node`, handed over), the scopes below cancelled before it are passed over with
+/// their subtrees: they were handed over, or looked up, when they were cancelled (so a chain
+/// of nested deadlines firing bottom-up puts each scope on `due` once, not once per scope
+/// above it). One registry shard lock at a time, only to clone `Arc`s.
+fn look_below(node: &Arc<Core>, since: Option<u64>, due: &mut BinaryHeap<GraceEnd>) {
     // Each with the earliest grace end above it (`None`: none, or never).
     let mut work = vec![(node.clone(), None)];
     let mut children = Vec::new();
@@ -493,7 +510,12 @@ fn look_below(node: &Arc<Core>, due: &mut BinaryHeap<GraceEnd>) {
         }
         let mut bound = above;
         if state.is_cancelled() {
-            if let Some(at) = grace_end(&n).filter(|&at| above.is_none_or(|a| at < a)) {
+            let cancelled_at = n.cancelled_at();
+            if since.is_some_and(|since| cancelled_at < since) {
+                continue;
+            }
+            if let Some(at) = grace_end(&n, cancelled_at).filter(|&at| above.is_none_or(|a| at < a))
+            {
                 bound = Some(at);
                 due.push(GraceEnd {
                     at,
@@ -524,9 +546,10 @@ fn poll_grace(
     sleep.as_mut().poll(cx)
 }
 
-/// When the grace period after the cancel of `node` ends (`None`: too far to represent).
-fn grace_end(node: &crate::scope::Core) -> Option<tokio::time::Instant> {
-    instant_of(node.cancelled_at()).checked_add(node.ext.grace())
+/// When the grace period after the cancel of `node`, stamped `cancelled_at`, ends (`None`: too
+/// far to represent).
+fn grace_end(node: &crate::scope::Core, cancelled_at: u64) -> Option<tokio::time::Instant> {
+    instant_of(cancelled_at).checked_add(node.ext.grace())
 }
 
 impl Drop for Quiesce {

@@ -832,7 +832,10 @@ fn cancel_then<X, R, T>(
 /// first looks through its subtree, and is handed every later cancel. If this takes that
 /// lock before the registration, the cancel walk (done before) happens-before the look,
 /// which finds it all; otherwise this hands it over, and the look of `node`'s subtree comes
-/// after the walk as well. (loom models in `loom_handover`.)
+/// after the walk as well. A `quiesce()` of a scope that a walk still under way has marked
+/// (its own cancel, or an ancestor's) is handed nothing if it registered after the mark:
+/// before it looks, it finishes that walk itself (a cancel of a cancelled scope returns once
+/// the whole subtree is cancelled). (loom models in `loom_handover`.)
 fn hand_over<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
     let mut n = node.parent_node();
     while let Some(p) = n {
@@ -971,7 +974,8 @@ impl<X, R> Due<X, R> {
     /// [`hand_over`]), then wakes them all. After the walk, so that a `quiesce()` that looks
     /// through a handed scope's subtree finds it all cancelled, with the grace periods of its
     /// scopes (also when it is polled during the walk for another reason: it is handed
-    /// nothing before).
+    /// nothing before). One that registered after its scope's mark is not handed it, and
+    /// finishes the walk itself before it looks (see [`hand_over`]).
     fn hand_over(&mut self, top: &Arc<Node<X, R>>, busy: bool) {
         for n in self.quiet.drain(..) {
             if let Some(lists) = n.inner.lock().lists.as_mut() {
@@ -1065,7 +1069,7 @@ fn mark_cancelled<X, R>(
         if prev.active() == 0 {
             for w in lists.quiet_waiters.drain() {
                 due.wakers.push(w.waker);
-                // The descendants it was handed are dropped with no lock held.
+                // The scopes it was handed (weak) are dropped once this node's lock is released.
                 gone.push(w.cancelled);
             }
         } else if !lists.quiet_waiters.is_empty() {
@@ -1678,7 +1682,7 @@ pub(crate) fn poll_cancelled<X, R>(node: &Node<X, R>, key: &mut WaiterKey, waker
 
 /// Polls for quiet, for a `quiesce()`: returns `true` if reached; otherwise registers `waker`
 /// (once, updated on later polls) under the same lock that close, release and cancel take to
-/// wake, so no wake-up is lost, and moves onto `cancelled` the descendants handed to this
+/// wake, so no wake-up is lost, and moves onto `cancelled` the scopes (its own, or below it) handed to this
 /// waiter since its last poll (see [`hand_over`]). Always takes the lock (a
 /// `quiesce()` is polled rarely: at its start, at a cancel below, at a grace end).
 pub(crate) fn poll_quiet<X, R>(
