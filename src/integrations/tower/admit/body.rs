@@ -232,15 +232,19 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
             // Still tracked: not sent to its end (every poll that ends it, and a body found
-            // ended after a frame, stops the tracking). The client went away, unless the
-            // scope's cancel came first (the first cause wins: a deadline that fired stays
-            // the cause).
+            // ended after a frame, stops the tracking). The client went away, or the handler's
+            // body panicked in a poll (which left the body busy), unless the scope's cancel
+            // came first (the first cause wins: a deadline that fired stays the cause).
             if let Some(streaming) = this.streaming.take() {
                 // Busy: the cancel below (or one racing with this drop) leaves the unit to
                 // this drop (invariant 2 of the module docs).
                 let was = streaming.stop.state.fetch_or(BUSY, Ordering::AcqRel);
                 if was & CUT == 0 {
-                    streaming.scope.cancel_because(Cause::ClientGone);
+                    streaming.scope.cancel_because(if was & BUSY != 0 {
+                        Cause::cancelled(super::future::HANDLER_PANICKED)
+                    } else {
+                        Cause::ClientGone
+                    });
                 }
                 // The body goes first, then the unit (stopped before it is counted).
                 this.inner.set(None);
@@ -270,7 +274,8 @@ impl<B> ResponseBody<B> {
 
     /// The handler's body, taken out of the layer's hands: the request's scope stops waiting
     /// for it and no longer bounds it. `None` for a body the layer made, or one that was read
-    /// to its end or stopped.
+    /// to its end or stopped (also by the request's cancel or deadline that no poll has seen
+    /// yet: it is dropped here, as its scope's report counted it stopped).
     ///
     /// # Examples
     ///
@@ -280,6 +285,14 @@ impl<B> ResponseBody<B> {
     /// ```
     pub fn into_inner(mut self) -> Option<B> {
         if let Some(streaming) = self.streaming.take() {
+            // Busy: a cut from now on leaves the unit here (invariant 2 of the module docs).
+            let was = streaming.stop.state.fetch_or(BUSY, Ordering::AcqRel);
+            if was & CUT != 0 || streaming.scope.is_cancelled() {
+                // Stopped: the body goes first, then the unit (stopped before it is counted).
+                drop(self.inner.take());
+                streaming.stop.give_back();
+                return None;
+            }
             streaming.stop.give_back();
         }
         self.inner.take()

@@ -20,10 +20,10 @@
 //! with an error), and a client that goes away while it streams cancels the scope with
 //! [`ClientGone`](crate::Cause::ClientGone). At the scope's cancel the report stops waiting
 //! for the body at once, also when the server does not poll it (a client that stopped
-//! reading): see [`ResponseBody`]. A request whose
-//! handler panics (in the service's `call` or while its future is polled) is cancelled with
+//! reading): see [`ResponseBody`]. A request whose handler panics (in the service's `call`,
+//! while its future is polled, or while its response body is polled) is cancelled with
 //! `Cancelled` and the reason "the handler panicked", and reported (not `ClientGone`: the
-//! response future knows it was being polled when it was dropped).
+//! response future, or the body, knows it was being polled when it was dropped).
 //!
 //! Put a response reserve in the policy when a server in front of the layer also enforces
 //! `grpc-timeout` (tonic's server does, and answers `CANCELLED`): with a reserve the layer's
