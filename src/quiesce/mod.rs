@@ -8,10 +8,11 @@
 //! only take work through a unit of this one.
 
 use std::collections::binary_heap::{BinaryHeap, PeekMut};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::cause::Cause;
@@ -379,7 +380,13 @@ pub struct Quiesce {
     looked: bool,
     /// Cancelled scopes whose grace period has not ended, soonest end first.
     due: BinaryHeap<GraceEnd>,
-    /// The size of `due` at which scopes that are quiet or gone are dropped from it.
+    /// The cancelled scopes looked at (by address; the weak reference keeps the address from
+    /// being reused), which the look of a scope handed over later passes over.
+    seen: HashMap<usize, Weak<Core>>,
+    /// Scopes a cancel walk still under way had not reached when a look met them (below a
+    /// cancelled scope): this future waits on each, and is handed it once that walk is done.
+    watching: Vec<(Arc<Core>, WaiterKey)>,
+    /// The size of `due` or `seen` at which scopes that are quiet or gone are dropped.
     prune_at: usize,
 }
 
@@ -419,9 +426,9 @@ impl Future for Quiesce {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Report> {
         let this = &mut *self;
-        let node = &this.scope.node;
         let mut handed = Vec::new();
-        if tree::poll_quiet(node, &mut this.key, cx.waker(), &mut handed) {
+        if tree::poll_quiet(&this.scope.node, &mut this.key, cx.waker(), &mut handed) {
+            this.stop_watching();
             return Poll::Ready(this.scope.report());
         }
         if cfg!(loom) {
@@ -433,34 +440,20 @@ impl Future for Quiesce {
         // of a cancelled scope between, whichever ends first. The subtree is looked through
         // once (this future is registered by now); every later busy cancel in it is handed to
         // this future once its cancel walk is done, with a wake-up (`tree::hand_over`), and
-        // only the handed scope's subtree is looked through.
+        // only the handed scope's subtree is looked through, passing over what was seen.
+        let mut looks = Vec::new();
         if !std::mem::replace(&mut this.looked, true) {
-            if let Some(cause) = node.cause() {
-                // Its cancel walk may still be going down on another thread (this future was
-                // polled first when the cancel woke its task, or its scope is a descendant the
-                // walk has just marked), and this future was not registered when its scope
-                // was marked, so it is handed nothing: finish the walk here (a cancel of a
-                // cancelled scope returns once its whole subtree is cancelled), so that the
-                // look finds every scope below cancelled, with its grace period. Callbacks it
-                // runs that panic are dropped, as the deadline timer drops them.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    tree::cancel(node, cause, now_stamp())
-                }));
-            }
-            look_below(node, None, &mut this.due);
+            looks.push((this.scope.node.clone(), false));
         }
-        for d in handed {
-            if let Some(d) = d.upgrade() {
-                // Scopes below it cancelled before it were handed over (or looked up) then.
-                let since = d.cancelled_at();
-                look_below(&d, Some(since), &mut this.due);
-            }
-        }
-        if this.due.len() >= this.prune_at {
+        this.take_watched(cx.waker(), &mut handed);
+        looks.extend(handed.iter().filter_map(|d| Some((d.upgrade()?, true))));
+        this.look(looks, cx.waker());
+        if this.due.len().max(this.seen.len()) >= this.prune_at {
             // Amortized: at least as many entries as this keeps come before the next one.
-            this.due
-                .retain(|e| e.node.upgrade().is_some_and(|n| !n.state().is_quiet()));
-            this.prune_at = (2 * this.due.len()).max(PRUNE_MIN);
+            let live = |n: &Weak<Core>| n.upgrade().is_some_and(|n| !n.state().is_quiet());
+            this.due.retain(|e| live(&e.node));
+            this.seen.retain(|_, n| live(n));
+            this.prune_at = (2 * this.due.len().max(this.seen.len())).max(PRUNE_MIN);
         }
         let now = tokio::time::Instant::now();
         while let Some(first) = this.due.peek_mut() {
@@ -482,26 +475,88 @@ impl Future for Quiesce {
         }
         // Guards are not quarantined: wait for them (or resolve if quiet now). A cancel below
         // since the look above is handed over with a wake-up: the next poll takes it.
-        if node.state().is_quiet() {
-            tree::forget_waiter(node, Wait::Quiet, &mut this.key);
+        if this.scope.node.state().is_quiet() {
+            tree::forget_waiter(&this.scope.node, Wait::Quiet, &mut this.key);
+            this.stop_watching();
             return Poll::Ready(this.scope.report());
         }
         Poll::Pending
     }
 }
 
+impl Quiesce {
+    /// Takes what the scopes watched were handed; stops watching those that are quiet, or
+    /// that were handed themselves (their walk is done: the look of them sees it all).
+    fn take_watched(&mut self, waker: &Waker, handed: &mut Vec<Weak<Core>>) {
+        let mut i = 0;
+        while i < self.watching.len() {
+            let (c, key) = &mut self.watching[i];
+            let from = handed.len();
+            let quiet = tree::poll_quiet(c, key, waker, handed);
+            let reached = handed[from..]
+                .iter()
+                .any(|d| std::ptr::eq(d.as_ptr(), Arc::as_ptr(c)));
+            if quiet || reached {
+                let (c, mut key) = self.watching.swap_remove(i);
+                tree::forget_waiter(&c, Wait::Quiet, &mut key);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Looks through each scope of `looks` (`true`: handed over, so its cancel walk is done)
+    /// and watches the scopes a walk under way has not reached yet (see `look_below`). One
+    /// that the walk reaches before it is watched is looked through at once (its own
+    /// subtree may still be on the way: that look watches below it).
+    fn look(&mut self, mut looks: Vec<(Arc<Core>, bool)>, waker: &Waker) {
+        let mut unreached = Vec::new();
+        while let Some((d, handed)) = looks.pop() {
+            look_below(&d, handed, &mut self.due, &mut self.seen, &mut unreached);
+            for c in unreached.drain(..) {
+                let mut key = WaiterKey::default();
+                if tree::poll_quiet(&c, &mut key, waker, &mut Vec::new()) {
+                    continue;
+                }
+                if c.state().is_cancelled() {
+                    // Reached before it was watched: it will not be handed to this waiter.
+                    tree::forget_waiter(&c, Wait::Quiet, &mut key);
+                    looks.push((c, false));
+                } else {
+                    self.watching.push((c, key));
+                }
+            }
+        }
+    }
+
+    fn stop_watching(&mut self) {
+        for (c, mut key) in self.watching.drain(..) {
+            tree::forget_waiter(&c, Wait::Quiet, &mut key);
+        }
+    }
+}
+
 /// Puts on `due` the scopes of the subtree of `node` (itself included) that are cancelled,
 /// not quiet yet, and whose grace period ends before that of every cancelled scope above them
-/// within the subtree: their work is quarantined at that end. With `since` (the stamp of the
-/// cancel of `node`, handed over), the scopes below cancelled before it are passed over with
-/// their subtrees: they were handed over, or looked up, when they were cancelled (so a chain
-/// of nested deadlines firing bottom-up puts each scope on `due` once, not once per scope
-/// above it). One registry shard lock at a time, only to clone `Arc`s.
-fn look_below(node: &Arc<Core>, since: Option<u64>, due: &mut BinaryHeap<GraceEnd>) {
-    // Each with the earliest grace end above it (`None`: none, or never).
-    let mut work = vec![(node.clone(), None)];
+/// within the subtree: their work is quarantined at that end. Every cancelled scope met goes
+/// into `seen`; a `handed` scope's look (its cancel walk is done) passes over the scopes below
+/// it already seen, with their subtrees (so a chain of nested deadlines firing bottom-up puts
+/// each scope on `due` once, not once per scope above it). A scope that is neither cancelled
+/// nor quiet below a cancelled one has not been reached by a cancel walk still under way (on
+/// another thread, or this one's caller): it goes into `unreached`, to be watched. One registry
+/// shard lock at a time, only to clone `Arc`s.
+fn look_below(
+    node: &Arc<Core>,
+    handed: bool,
+    due: &mut BinaryHeap<GraceEnd>,
+    seen: &mut HashMap<usize, Weak<Core>>,
+    unreached: &mut Vec<Arc<Core>>,
+) {
+    // Each with the earliest grace end above it (`None`: none, or never), and whether a
+    // scope above it is cancelled.
+    let mut work = vec![(node.clone(), None, false)];
     let mut children = Vec::new();
-    while let Some((n, above)) = work.pop() {
+    while let Some((n, above, under_cancelled)) = work.pop() {
         #[cfg(test)]
         tests::LOOKED_AT.with(|c| c.set(c.get() + 1));
         let state = n.state();
@@ -510,21 +565,24 @@ fn look_below(node: &Arc<Core>, since: Option<u64>, due: &mut BinaryHeap<GraceEn
         }
         let mut bound = above;
         if state.is_cancelled() {
-            let cancelled_at = n.cancelled_at();
-            if since.is_some_and(|since| cancelled_at < since) {
+            let first = seen.insert(Arc::as_ptr(&n).addr(), downgrade(&n)).is_none();
+            if handed && !first && !Arc::ptr_eq(&n, node) {
                 continue;
             }
-            if let Some(at) = grace_end(&n, cancelled_at).filter(|&at| above.is_none_or(|a| at < a))
-            {
+            if let Some(at) = grace_end(&n).filter(|&at| above.is_none_or(|a| at < a)) {
                 bound = Some(at);
                 due.push(GraceEnd {
                     at,
                     node: downgrade(&n),
                 });
             }
+        } else if under_cancelled {
+            unreached.push(n);
+            continue;
         }
+        let cancelled = state.is_cancelled() || under_cancelled;
         tree::push_children(&n, &mut children);
-        work.extend(children.drain(..).map(|c| (c, bound)));
+        work.extend(children.drain(..).map(|c| (c, bound, cancelled)));
     }
 }
 
@@ -546,15 +604,15 @@ fn poll_grace(
     sleep.as_mut().poll(cx)
 }
 
-/// When the grace period after the cancel of `node`, stamped `cancelled_at`, ends (`None`: too
-/// far to represent).
-fn grace_end(node: &crate::scope::Core, cancelled_at: u64) -> Option<tokio::time::Instant> {
-    instant_of(cancelled_at).checked_add(node.ext.grace())
+/// When the grace period after the cancel of `node` ends (`None`: too far to represent).
+fn grace_end(node: &crate::scope::Core) -> Option<tokio::time::Instant> {
+    instant_of(node.cancelled_at()).checked_add(node.ext.grace())
 }
 
 impl Drop for Quiesce {
     fn drop(&mut self) {
         tree::forget_waiter(&self.scope.node, Wait::Quiet, &mut self.key);
+        self.stop_watching();
     }
 }
 
@@ -613,6 +671,8 @@ impl Scope {
             grace: None,
             looked: false,
             due: BinaryHeap::new(),
+            seen: HashMap::new(),
+            watching: Vec::new(),
             prune_at: PRUNE_MIN,
         }
     }

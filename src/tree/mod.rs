@@ -833,9 +833,10 @@ fn cancel_then<X, R, T>(
 /// lock before the registration, the cancel walk (done before) happens-before the look,
 /// which finds it all; otherwise this hands it over, and the look of `node`'s subtree comes
 /// after the walk as well. A `quiesce()` of a scope that a walk still under way has marked
-/// (its own cancel, or an ancestor's) is handed nothing if it registered after the mark:
-/// before it looks, it finishes that walk itself (a cancel of a cancelled scope returns once
-/// the whole subtree is cancelled). (loom models in `loom_handover`.)
+/// (its own cancel, or an ancestor's) is handed nothing if it registered after the mark: its
+/// look meets scopes that walk has not reached yet (neither cancelled nor quiet, below a
+/// cancelled one) and registers on each, so that each is handed to it (as a busy scope with
+/// a waiter, by [`Due::hand_over`]) once the walk is done. (loom models in `loom_handover`.)
 fn hand_over<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
     let mut n = node.parent_node();
     while let Some(p) = n {
@@ -975,7 +976,7 @@ impl<X, R> Due<X, R> {
     /// through a handed scope's subtree finds it all cancelled, with the grace periods of its
     /// scopes (also when it is polled during the walk for another reason: it is handed
     /// nothing before). One that registered after its scope's mark is not handed it, and
-    /// finishes the walk itself before it looks (see [`hand_over`]).
+    /// waits on the scopes below that the walk has not reached yet (see [`hand_over`]).
     fn hand_over(&mut self, top: &Arc<Node<X, R>>, busy: bool) {
         for n in self.quiet.drain(..) {
             if let Some(lists) = n.inner.lock().lists.as_mut() {
