@@ -5,8 +5,6 @@
 //! lost (wake-ups, drains, two threads); invariant 6 and exact counts with overlapping grace
 //! ends. loom models of the handover are in `src/tree/loom_handover.rs`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,87 +12,19 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use cancel_scope::{ChildSpec, Dispatched, Lifecycle, Quiesce, Report, Scope};
+use cancel_scope::{Lifecycle, Quiesce, Report, Scope};
 use futures::FutureExt;
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// A dispatched read-only child of `scope` whose work ignores the cancel.
-fn stuck(scope: &Scope, name: &'static str) -> Dispatched {
-    scope
-        .register(ChildSpec::read_only(name))
-        .unwrap()
-        .dispatch()
-        .unwrap()
-}
-
-/// Quiesces `scope` on a task of its own, polled once before this returns (so it waits).
-async fn waiting_quiesce(scope: &Scope) -> tokio::task::JoinHandle<Report> {
-    let q = tokio::spawn({
-        let s = scope.clone();
-        async move { s.quiesce().await }
-    });
-    tokio::task::yield_now().await;
-    assert!(!q.is_finished());
-    q
-}
+mod support;
+use support::quiesce::*;
 
 // ------------------------------------------------------------------------------------------
 // Bytes allocated and not freed by this thread (every test here runs on a current-thread
 // runtime, so the quiesce task and the scopes' frees are on the test's thread).
 
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-}
-
-fn count(delta: isize) {
-    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
-}
-
-// SAFETY: forwards to `System`, only counting sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            count(layout.size() as isize);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            count(layout.size() as isize);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        count(-(layout.size() as isize));
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            count(new_size as isize - layout.size() as isize);
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn live_bytes() -> isize {
-    LIVE.with(Cell::get)
-}
+static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
 
 // ------------------------------------------------------------------------------------------
 // The shorter grace period of a scope below a handed-over cancel.

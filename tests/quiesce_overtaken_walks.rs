@@ -20,8 +20,6 @@
 //! - A chain fired bottom-up in one timer batch (one stamp for all) puts one heap entry per
 //!   scope on a waiting quiesce: `bottom_up_deadlines_fired_in_one_timer_batch_*`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -30,39 +28,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use cancel_scope::{Cancelled, ChildSpec, Dispatched, Quiesce, Report, Scope};
+use cancel_scope::{Cancelled, Quiesce, Report, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+mod support;
+use support::quiesce::*;
 
 /// Long enough for a blocked thread to be released in any sane run; a failure bound only.
 const HANG: Duration = Duration::from_secs(10);
-
-/// A dispatched read-only child of `scope` whose work ignores the cancel.
-fn stuck(scope: &Scope, name: &'static str) -> Dispatched {
-    scope
-        .register(ChildSpec::read_only(name))
-        .unwrap()
-        .dispatch()
-        .unwrap()
-}
-
-/// Quiesces `scope` on a task of its own, polled once before this returns (so it waits).
-async fn waiting_quiesce(scope: &Scope) -> tokio::task::JoinHandle<Report> {
-    let q = tokio::spawn({
-        let s = scope.clone();
-        async move { s.quiesce().await }
-    });
-    tokio::task::yield_now().await;
-    assert!(!q.is_finished());
-    q
-}
 
 /// A waker that runs its closure once, the first time it is woken.
 struct OnWake(Mutex<Option<Box<dyn FnOnce() + Send>>>);
@@ -457,47 +430,8 @@ async fn a_scope_cancelled_first_whose_walk_was_overtaken_is_handed_over_by_its_
 // ------------------------------------------------------------------------------------------
 // Equal stamps: a chain fired bottom-up in one timer batch.
 
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-}
-
-fn count(delta: isize) {
-    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
-}
-
-// SAFETY: forwards to `System`, only counting sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            count(layout.size() as isize);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            count(layout.size() as isize);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        count(-(layout.size() as isize));
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            count(new_size as isize - layout.size() as isize);
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
 
 /// Bytes held after a chain of `n` nested scopes under a closed `top` (grace 1 h, a quiesce
 /// waiting) had their deadlines fire bottom-up (each deadline 1 ms tighter than its
@@ -521,7 +455,7 @@ async fn held_after_bottom_up_chain(n: u64, one_batch: bool) -> isize {
     let work = stuck(chain.last().unwrap(), "deepest call");
     top.close();
     let q = waiting_quiesce(&top).await;
-    let before = LIVE.with(Cell::get);
+    let before = live_bytes();
     if one_batch {
         tokio::time::advance(ms(10 + n + 1)).await;
     } else {
@@ -530,7 +464,7 @@ async fn held_after_bottom_up_chain(n: u64, one_batch: bool) -> isize {
     tokio::task::yield_now().await;
     tokio::task::yield_now().await;
     assert!(chain.iter().all(Scope::is_cancelled));
-    let held = LIVE.with(Cell::get) - before;
+    let held = live_bytes() - before;
     drop(work);
     q.await.unwrap();
     drop(chain);

@@ -6,3 +6,4 @@
 pub mod postgres;
 
 pub mod fault;
+pub mod quiesce;

@@ -1,0 +1,100 @@
+//! Helpers of the `quiesce_*` tests: a counting allocator (bytes live and allocations made by
+//! the current thread), stuck work, and a `quiesce()` already waiting.
+//!
+//! A test file that counts declares the allocator itself (one per test binary):
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+use cancel_scope::{ChildSpec, Dispatched, Report, Scope};
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A dispatched read-only child of `scope` whose work ignores the cancel.
+pub fn stuck(scope: &Scope, name: &'static str) -> Dispatched {
+    scope
+        .register(ChildSpec::read_only(name))
+        .unwrap()
+        .dispatch()
+        .unwrap()
+}
+
+/// Quiesces `scope` on a task of its own, polled once before this returns (so it waits).
+pub async fn waiting_quiesce(scope: &Scope) -> tokio::task::JoinHandle<Report> {
+    let q = tokio::spawn({
+        let s = scope.clone();
+        async move { s.quiesce().await }
+    });
+    tokio::task::yield_now().await;
+    assert!(!q.is_finished());
+    q
+}
+
+/// Counts the bytes allocated and not freed, and the allocations made, by each thread (the
+/// tests that read them run on a current-thread runtime: the quiesce task, the timer driver
+/// and the scopes are all on the test's thread).
+pub struct Counting;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count(delta: isize, allocation: bool) {
+    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
+    if allocation {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+    }
+}
+
+// SAFETY: forwards to `System`, only counting sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            count(layout.size() as isize, true);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            count(layout.size() as isize, true);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        count(-(layout.size() as isize), false);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = System.realloc(ptr, layout, new_size);
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize, false);
+        }
+        p
+    }
+}
+
+/// Bytes allocated and not freed by this thread (with [`Counting`] as the allocator).
+pub fn live_bytes() -> isize {
+    LIVE.with(Cell::get)
+}
+
+/// Allocations made by this thread (each cancel walk and each quarantine walk allocates its
+/// work list: a count of walks, give or take a constant factor).
+pub fn allocs() -> usize {
+    ALLOCS.with(Cell::get)
+}
