@@ -380,8 +380,9 @@ pub struct Quiesce {
     looked: bool,
     /// Cancelled scopes whose grace period has not ended, soonest end first.
     due: BinaryHeap<GraceEnd>,
-    /// The cancelled scopes looked at (by address; the weak reference keeps the address from
-    /// being reused), which the look of a scope handed over later passes over.
+    /// The scopes put on `due` (by address; the weak reference keeps the address from being
+    /// reused, as `due`'s entry does anyway), which the look of a scope handed over later
+    /// passes over, with their subtrees (looked through when they were put there).
     seen: HashMap<usize, Weak<Core>>,
     /// Scopes a cancel walk still under way had not reached when a look met them (below a
     /// cancelled scope): this future waits on each, and is handed it once that walk is done.
@@ -495,7 +496,7 @@ impl Quiesce {
             let quiet = tree::poll_quiet(c, key, waker, handed);
             let reached = handed[from..]
                 .iter()
-                .any(|d| std::ptr::eq(d.as_ptr(), Arc::as_ptr(c)));
+                .any(|d| d.upgrade().is_some_and(|d| Arc::ptr_eq(&d, c)));
             if quiet || reached {
                 let (c, mut key) = self.watching.swap_remove(i);
                 tree::forget_waiter(&c, Wait::Quiet, &mut key);
@@ -538,13 +539,14 @@ impl Quiesce {
 
 /// Puts on `due` the scopes of the subtree of `node` (itself included) that are cancelled,
 /// not quiet yet, and whose grace period ends before that of every cancelled scope above them
-/// within the subtree: their work is quarantined at that end. Every cancelled scope met goes
-/// into `seen`; a `handed` scope's look (its cancel walk is done) passes over the scopes below
-/// it already seen, with their subtrees (so a chain of nested deadlines firing bottom-up puts
-/// each scope on `due` once, not once per scope above it). A scope that is neither cancelled
-/// nor quiet below a cancelled one has not been reached by a cancel walk still under way (on
-/// another thread, or this one's caller): it goes into `unreached`, to be watched. One registry
-/// shard lock at a time, only to clone `Arc`s.
+/// within the subtree: their work is quarantined at that end. Those go into `seen` too; a
+/// `handed` scope's look (its cancel walk is done) passes over the scopes below it already
+/// seen, with their subtrees (so a chain of nested deadlines firing bottom-up puts each scope
+/// on `due` once, not once per scope above it). Other scopes are not kept (a finished one is
+/// freed at once, invariant 7). A scope that is neither cancelled nor quiet below a cancelled
+/// one has not been reached by a cancel walk still under way (on another thread, or this
+/// one's caller): it goes into `unreached`, to be watched. One registry shard lock at a time,
+/// only to clone `Arc`s.
 fn look_below(
     node: &Arc<Core>,
     handed: bool,
@@ -565,12 +567,13 @@ fn look_below(
         }
         let mut bound = above;
         if state.is_cancelled() {
-            let first = seen.insert(Arc::as_ptr(&n).addr(), downgrade(&n)).is_none();
-            if handed && !first && !Arc::ptr_eq(&n, node) {
+            let addr = Arc::as_ptr(&n).addr();
+            if handed && !Arc::ptr_eq(&n, node) && seen.contains_key(&addr) {
                 continue;
             }
             if let Some(at) = grace_end(&n).filter(|&at| above.is_none_or(|a| at < a)) {
                 bound = Some(at);
+                seen.insert(addr, downgrade(&n));
                 due.push(GraceEnd {
                     at,
                     node: downgrade(&n),

@@ -1757,20 +1757,30 @@ pub(crate) fn forget_waiter<X, R>(node: &Node<X, R>, which: Wait, key: &mut Wait
         // If the waking side drained the list, the key is stale, but its slot cannot have been
         // reused: lists are drained only when their condition (cancelled / quiet) has become
         // permanent, and a poll never registers once it holds. So removing is safe.
-        let (waker, quiet) = match which {
-            Wait::Cancel => (take_waiter(&mut inner, k), None),
-            Wait::Quiet => (
-                None,
-                inner
+        let (waker, quiet, lists) = match which {
+            Wait::Cancel => (take_waiter(&mut inner, k), None, None),
+            Wait::Quiet => {
+                let quiet = inner
                     .lists
                     .as_mut()
-                    .and_then(|l| l.quiet_waiters.try_remove(k)),
-            ),
+                    .and_then(|l| l.quiet_waiters.try_remove(k));
+                // The last waiter of any kind gone: the lists go too (a `quiesce()` that
+                // watched many scopes for a while leaves nothing on them). A stale key of a
+                // drained list cannot meet a new entry in lists made again: they are drained
+                // only once their condition holds for good, and nothing registers after.
+                let empty = inner.lists.as_ref().is_some_and(|l| {
+                    l.quiet_waiters.is_empty()
+                        && l.cancel_waiters.is_empty()
+                        && l.callbacks.is_empty()
+                });
+                (None, quiet, if empty { inner.lists.take() } else { None })
+            }
         };
         drop(inner);
         // Dropped with no lock held (a waker may drop a task's output, a node its data).
         drop(waker);
         drop(quiet);
+        drop(lists);
     }
 }
 
