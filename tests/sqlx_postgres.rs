@@ -82,10 +82,24 @@ async fn wait_not_active(obs: &mut PgConnection, pid: i32, within: Duration) -> 
     }
 }
 
-/// Polls every 10 ms until backend `pid` runs a statement.
-async fn wait_active(obs: &mut PgConnection, pid: i32) {
+/// Polls every 10 ms until backend `pid` runs the statement whose text contains `needle`.
+/// Not just any statement: the guard's own short statement before it (which arms
+/// `statement_timeout`) can be seen active too, on a loaded machine, and the backend is idle
+/// again right after it.
+async fn wait_active(obs: &mut PgConnection, pid: i32, needle: &str) {
     let start = Instant::now();
-    while backend_state(obs, pid).await.as_deref() != Some("active") {
+    loop {
+        let running: Option<(Option<String>, Option<String>)> =
+            sqlx::query_as("SELECT state, query FROM pg_stat_activity WHERE pid = $1")
+                .bind(pid)
+                .fetch_optional(&mut *obs)
+                .await
+                .expect("read pg_stat_activity");
+        if let Some((Some(state), Some(query))) = running {
+            if state == "active" && query.contains(needle) {
+                return;
+            }
+        }
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "statement never started"
@@ -180,7 +194,7 @@ async fn explicit_cancel_at_50ms_stops_the_server_statement() {
             // The 50 ms, and at least until the statement runs on the server (so that
             // only the server-side cancel can stop it, whatever the machine's speed).
             let at = Instant::now() + Duration::from_millis(50);
-            wait_active(&mut watch, pid).await;
+            wait_active(&mut watch, pid, "pg_sleep(10)").await;
             tokio::time::sleep_until(at).await;
             scope.cancel_with("user pressed stop");
             Instant::now()
@@ -310,7 +324,7 @@ async fn insert_cancelled_after_dispatch_is_effect_unknown_in_report() {
         let scope = scope.clone();
         let mut obs = observer(&pg).await;
         async move {
-            wait_active(&mut obs, pid).await; // the INSERT is running on the server
+            wait_active(&mut obs, pid, "INSERT").await; // the INSERT is running on the server
             scope.cancel();
         }
     });
@@ -418,7 +432,7 @@ async fn server_stops_on_its_own_when_the_client_forgets_the_statement() {
     });
     tokio::select! {
         _ = &mut call => panic!("pg_sleep(30) finished early"),
-        () = wait_active(&mut obs, pid) => {}
+        () = wait_active(&mut obs, pid, "pg_sleep(30)") => {}
     }
     // Nobody will ever poll, drop or cancel this call again: no client-side cancel happens.
     std::mem::forget(call);
