@@ -530,6 +530,7 @@ impl Quiesce {
         }
     }
 
+    /// Takes this future's waiters off the scopes it watches (it resolved, or is dropped).
     fn stop_watching(&mut self) {
         for (c, mut key) in self.watching.drain(..) {
             tree::forget_waiter(&c, Wait::Quiet, &mut key);
@@ -543,11 +544,10 @@ impl Quiesce {
 /// so does a `handed` scope (its cancel walk is done) once looked through; its look passes
 /// over the scopes below it already seen, with their subtrees (so a chain of nested deadlines
 /// firing bottom-up puts each scope on `due` once, and is looked through once, not once per
-/// scope above it). Other scopes are not kept (a finished one is
-/// freed at once, invariant 7). A scope that is neither cancelled nor quiet below a cancelled
-/// one has not been reached by a cancel walk still under way (on another thread, or this
-/// one's caller): it goes into `unreached`, to be watched. One registry shard lock at a time,
-/// only to clone `Arc`s.
+/// scope above it). Other scopes are not kept (a finished one is freed at once, invariant 7).
+/// A scope that is neither cancelled nor quiet below a cancelled one has not been reached by
+/// a cancel walk still under way (on another thread, or this one's caller): it goes into
+/// `unreached`, to be watched. One registry shard lock at a time, only to clone `Arc`s.
 fn look_below(
     node: &Arc<Core>,
     handed: bool,
