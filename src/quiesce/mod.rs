@@ -645,9 +645,9 @@ impl Scope {
     /// quarantined at the first such end above it: a child scope whose deadline passed, in a
     /// scope that is only closed, gets its own; a child with a shorter grace period than a
     /// cancelled parent gets its shorter one; a later cancel of a parent never lengthens it.
-    /// (Each `quiesce` looks through the subtree once, again once its scope is cancelled, and
-    /// learns of later cancels below as they come.) Once it resolves nothing of this scope can
-    /// start or commit, and the report never changes.
+    /// (Each `quiesce` looks through the subtree once; a later cancel below is handed to it,
+    /// and it looks through the subtree of that scope only.) Once it resolves nothing of this
+    /// scope can start or commit, and the report never changes.
     ///
     /// A body waits for itself: awaited inside [`run`](Scope::run) of this scope (or of a
     /// descendant), inside a task spawned in it, or inside a retry attempt or fan-out branch

@@ -840,10 +840,16 @@ fn cancel_then<X, R, T>(
 fn hand_over<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
     let mut n = node.parent_node();
     while let Some(p) = n {
-        if let Some(lists) = p.inner.lock().lists.as_mut() {
-            wakers.extend(lists.quiet_waiters.iter_mut().map(|(_, w)| w.hand(node)));
-        }
+        hand_to_waiters_of(p, node, wakers);
         n = p.parent_node();
+    }
+}
+
+/// Hands `node` to every `quiesce()` waiting on `waited` (`node` itself or an ancestor) and
+/// collects their wakers, under `waited`'s `inner`.
+fn hand_to_waiters_of<X, R>(waited: &Node<X, R>, node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
+    if let Some(lists) = waited.inner.lock().lists.as_mut() {
+        wakers.extend(lists.quiet_waiters.iter_mut().map(|(_, w)| w.hand(node)));
     }
 }
 
@@ -979,10 +985,7 @@ impl<X, R> Due<X, R> {
     /// waits on the scopes below that the walk has not reached yet (see [`hand_over`]).
     fn hand_over(&mut self, top: &Arc<Node<X, R>>, busy: bool) {
         for n in self.quiet.drain(..) {
-            if let Some(lists) = n.inner.lock().lists.as_mut() {
-                self.wakers
-                    .extend(lists.quiet_waiters.iter_mut().map(|(_, w)| w.hand(&n)));
-            }
+            hand_to_waiters_of(&n, &n, &mut self.wakers);
         }
         if busy {
             hand_over(top, &mut self.wakers);
@@ -1683,8 +1686,8 @@ pub(crate) fn poll_cancelled<X, R>(node: &Node<X, R>, key: &mut WaiterKey, waker
 
 /// Polls for quiet, for a `quiesce()`: returns `true` if reached; otherwise registers `waker`
 /// (once, updated on later polls) under the same lock that close, release and cancel take to
-/// wake, so no wake-up is lost, and moves onto `cancelled` the scopes (its own, or below it) handed to this
-/// waiter since its last poll (see [`hand_over`]). Always takes the lock (a
+/// wake, so no wake-up is lost, and moves onto `cancelled` the scopes (its own, or below it)
+/// handed to this waiter since its last poll (see [`hand_over`]). Always takes the lock (a
 /// `quiesce()` is polled rarely: at its start, at a cancel below, at a grace end).
 pub(crate) fn poll_quiet<X, R>(
     node: &Node<X, R>,

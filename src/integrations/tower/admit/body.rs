@@ -172,8 +172,14 @@ impl Streaming {
             drop(old);
         }
         // The task is handed over before this: a cancel that this does not see finds it.
+        self.mark_busy()
+    }
+
+    /// Marks the body busy (a cut from now on leaves the unit to the caller) and returns
+    /// whether it is cut, also by a cancel whose wake-up has not run yet: after the cancel
+    /// nothing more is sent.
+    fn mark_busy(&self) -> bool {
         let was = self.stop.state.fetch_or(BUSY, Ordering::AcqRel);
-        // Also a cancel whose wake-up has not run yet: after the cancel nothing more is sent.
         was & CUT != 0 || self.scope.is_cancelled()
     }
 }
@@ -286,8 +292,7 @@ impl<B> ResponseBody<B> {
     pub fn into_inner(mut self) -> Option<B> {
         if let Some(streaming) = self.streaming.take() {
             // Busy: a cut from now on leaves the unit here (invariant 2 of the module docs).
-            let was = streaming.stop.state.fetch_or(BUSY, Ordering::AcqRel);
-            if was & CUT != 0 || streaming.scope.is_cancelled() {
+            if streaming.mark_busy() {
                 // Stopped: the body goes first, then the unit (stopped before it is counted).
                 drop(self.inner.take());
                 streaming.stop.give_back();
