@@ -25,50 +25,13 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::task::{Context, Wake, Waker};
 
-use cancel_scope::{Cancelled, Quiesce, Report, Scope};
+use cancel_scope::{Quiesce, Scope};
 use tokio::time::Instant;
 
 mod support;
 use support::quiesce::*;
-
-/// Long enough for a blocked thread to be released in any sane run; a failure bound only.
-const HANG: Duration = Duration::from_secs(10);
-
-/// A waker that runs its closure once, the first time it is woken.
-struct OnWake(Mutex<Option<Box<dyn FnOnce() + Send>>>);
-
-impl Wake for OnWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        let f = self.0.lock().unwrap().take();
-        if let Some(f) = f {
-            f();
-        }
-    }
-}
-
-/// Runs `f` when `scope` is marked cancelled (its cancel waiters are woken right after the
-/// mark, before the walk goes below it), on the thread that marks it. Keep the returned
-/// future until then.
-fn on_mark(scope: &Scope, f: impl FnOnce() + Send + 'static) -> Pin<Box<Cancelled>> {
-    let mut cancelled = Box::pin(scope.cancelled());
-    let waker = Waker::from(Arc::new(OnWake(Mutex::new(Some(Box::new(f))))));
-    assert!(cancelled
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_pending());
-    cancelled
-}
-
-/// Polls `q` once from the test's task (its first poll: its look).
-async fn poll_once(q: &mut Quiesce) -> Poll<Report> {
-    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *q).poll(cx))).await
-}
 
 // ------------------------------------------------------------------------------------------
 // Callbacks stay on the cancelling thread.

@@ -20,44 +20,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{mpsc, Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::task::{Context, Waker};
 
-use cancel_scope::{Cancelled, Quiesce, Report, Scope};
+use cancel_scope::Scope;
 use tokio::time::Instant;
 
 mod support;
 use support::quiesce::*;
-
-const HANG: Duration = Duration::from_secs(10);
-
-struct OnWake(Mutex<Option<Box<dyn FnOnce() + Send>>>);
-
-impl Wake for OnWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        let f = self.0.lock().unwrap().take();
-        if let Some(f) = f {
-            f();
-        }
-    }
-}
-
-fn on_mark(scope: &Scope, f: impl FnOnce() + Send + 'static) -> Pin<Box<Cancelled>> {
-    let mut cancelled = Box::pin(scope.cancelled());
-    let waker = Waker::from(Arc::new(OnWake(Mutex::new(Some(Box::new(f))))));
-    assert!(cancelled
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_pending());
-    cancelled
-}
-
-async fn poll_once(q: &mut Quiesce) -> Poll<Report> {
-    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *q).poll(cx))).await
-}
 
 #[global_allocator]
 static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
