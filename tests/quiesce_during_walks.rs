@@ -3,7 +3,7 @@
 //! - A `quiesce()` first polled *during* the cancel walk of its own scope, or of a scope that
 //!   walk marks (as the common "await the cancel, then drain" supervisor does on a
 //!   multi-thread runtime), was not registered when its scope was marked, so it is handed
-//!   nothing: it finishes the walk itself before it looks through its subtree, and the
+//!   nothing: its look waits on the scopes the walk has not reached yet, and the
 //!   shorter grace period of a child holds (10 ms, not the parent's 1 h; an end also under a
 //!   never-ending grace): `a_quiesce_first_polled_during_*`,
 //!   `a_quiesce_first_polled_when_a_deep_walk_wakes_an_inner_scope_*` (deterministic, a waker
@@ -18,13 +18,10 @@
 //! Other races checked (two cancellers, deadline timers, shields) are at the end.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
-use cancel_scope::{Dispatched, Quiesce, Report, Scope};
+use cancel_scope::{Dispatched, Scope};
 use tokio::time::Instant;
 
 mod support;
@@ -40,82 +37,13 @@ static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
 // ------------------------------------------------------------------------------------------
 // A quiesce first polled during its own scope's cancel walk.
 
-/// A waker that, the first time it is woken once armed, makes the *first* poll of the
-/// `Quiesce` it holds at once (as a second worker of a multi-thread runtime does with a task
-/// that awaited `scope.cancelled()` and then `scope.quiesce()`: it is woken by the cancel
-/// before the walk goes down), then wakes the test's task on later wake-ups.
-struct FirstPollOnWake {
-    armed: AtomicBool,
-    quiesce: Mutex<Option<Quiesce>>,
-    task: Mutex<Option<Waker>>,
-    /// Whether the child was cancelled yet when that first poll ran.
-    child_seen_cancelled: Mutex<Option<bool>>,
-    child: Scope,
-}
-
-impl FirstPollOnWake {
-    fn new(scope: &Scope, child: &Scope) -> Arc<Self> {
-        Arc::new(FirstPollOnWake {
-            armed: AtomicBool::new(false),
-            quiesce: Mutex::new(Some(scope.quiesce())),
-            task: Mutex::new(None),
-            child_seen_cancelled: Mutex::new(None),
-            child: child.clone(),
-        })
-    }
-
-    fn poll_now(self: &Arc<Self>) -> Poll<Report> {
-        let waker = Waker::from(self.clone());
-        let mut cx = Context::from_waker(&waker);
-        let Ok(mut q) = self.quiesce.try_lock() else {
-            return Poll::Pending;
-        };
-        Pin::new(q.as_mut().expect("polled after ready")).poll(&mut cx)
-    }
-
-    /// Waits for the scope's cancel with this waker, armed: the cancel makes the first poll.
-    fn arm_on_cancel_of(self: &Arc<Self>, scope: &Scope) -> impl Sized {
-        let mut cancelled = Box::pin(scope.cancelled());
-        let waker = Waker::from(self.clone());
-        assert!(cancelled
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
-        self.armed.store(true, Ordering::SeqCst);
-        cancelled
-    }
-
-    async fn report(self: &Arc<Self>) -> Report {
-        std::future::poll_fn(|cx| {
-            *self.task.lock().unwrap() = Some(cx.waker().clone());
-            self.poll_now()
-        })
-        .await
-    }
-}
-
-impl Wake for FirstPollOnWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            *self.child_seen_cancelled.lock().unwrap() = Some(self.child.is_cancelled());
-            let _ = self.poll_now();
-        }
-        if let Some(w) = self.task.lock().unwrap().as_ref() {
-            w.wake_by_ref();
-        }
-    }
-}
-
 /// A parent (grace 1 h) whose child (grace 10 ms) has stuck work is cancelled; the parent's
 /// own `quiesce()` makes its first poll while the cancel walk has marked the parent but not
 /// yet the child (deterministic here through a waker woken by the parent's cancel, before the
 /// walk goes down; on a multi-thread runtime another worker does it, see
 /// `a_supervisor_awaiting_the_cancel_then_quiesce_keeps_the_childs_shorter_grace`). Not
-/// registered at the parent's mark, it is handed nothing; it finishes the walk before it
-/// looks, and the child's work is quarantined at the child's grace end (10 ms), as when it is
+/// registered at the parent's mark, it is handed nothing; its look waits on the child, which
+/// the walk has not reached, and the child's work is quarantined at the child's grace end (10 ms), as when it is
 /// first polled once `cancel()` returned (the control). Before, it looked at once and used
 /// the parent's 1 h.
 #[tokio::test(start_paused = true)]
@@ -179,7 +107,7 @@ async fn a_quiesce_first_polled_during_the_walk_under_a_never_ending_grace_still
 /// `inner` there, and goes on below it from its work list after waking what it collected (so
 /// a task waiting for `inner`'s cancel runs before `db` is marked). `inner.quiesce()`, first
 /// polled then, is handed nothing (no waiter at `inner`'s mark, not an ancestor of the top);
-/// it finishes the walk below `inner` and quarantines `db`'s work at 10 ms, as the control
+/// it waits on `db`, which the walk has not reached, and quarantines `db`'s work at 10 ms, as the control
 /// (first polled once `cancel()` returned). Before: 1 h.
 #[tokio::test(start_paused = true)]
 async fn a_quiesce_first_polled_when_a_deep_walk_wakes_an_inner_scope_keeps_the_shorter_grace() {

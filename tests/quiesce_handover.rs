@@ -5,14 +5,9 @@
 //! lost (wake-ups, drains, two threads); invariant 6 and exact counts with overlapping grace
 //! ends. loom models of the handover are in `src/tree/loom_handover.rs`.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use cancel_scope::{Lifecycle, Quiesce, Report, Scope};
+use cancel_scope::{Lifecycle, Report, Scope};
 use futures::FutureExt;
 use tokio::time::Instant;
 
@@ -100,44 +95,6 @@ async fn a_waiting_quiesce_handed_a_never_ending_grace_still_ends_the_shorter_on
     );
 }
 
-/// A waker that, the first time it is woken once armed, polls the `Quiesce` it drives at once
-/// (as a second worker thread of a multi-thread runtime can, while the cancelling thread is
-/// still walking down), then wakes the test's task.
-struct PollsAtOnce {
-    armed: AtomicBool,
-    quiesce: Mutex<Option<Quiesce>>,
-    task: Mutex<Option<Waker>>,
-    /// Whether the child was cancelled yet when that early poll ran.
-    child_seen_cancelled: Mutex<Option<bool>>,
-    child: Scope,
-}
-
-impl PollsAtOnce {
-    fn poll_now(self: &Arc<Self>) -> Poll<Report> {
-        let waker = Waker::from(self.clone());
-        let mut cx = Context::from_waker(&waker);
-        let Ok(mut q) = self.quiesce.try_lock() else {
-            return Poll::Pending;
-        };
-        Pin::new(q.as_mut().expect("polled after ready")).poll(&mut cx)
-    }
-}
-
-impl Wake for PollsAtOnce {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            *self.child_seen_cancelled.lock().unwrap() = Some(self.child.is_cancelled());
-            let _ = self.poll_now();
-        }
-        if let Some(w) = self.task.lock().unwrap().as_ref() {
-            w.wake_by_ref();
-        }
-    }
-}
-
 /// A cancelled scope's own `quiesce()` polled *during* its cancel walk (as another worker of
 /// a multi-thread runtime can: made deterministic here by a waker that polls when woken, woken
 /// by the parent's cancel before the walk goes down) still keeps the child's shorter grace
@@ -149,23 +106,11 @@ async fn a_quiesce_polled_during_its_scopes_cancel_walk_keeps_the_childs_shorter
     let parent = Scope::new().child().grace(secs(3600)).build().unwrap();
     let child = parent.child().grace(ms(10)).build().unwrap();
     let _work = stuck(&child, "stuck");
-    let w = Arc::new(PollsAtOnce {
-        armed: AtomicBool::new(false),
-        quiesce: Mutex::new(Some(parent.quiesce())),
-        task: Mutex::new(None),
-        child_seen_cancelled: Mutex::new(None),
-        child: child.clone(),
-    });
+    let w = FirstPollOnWake::new(&parent, &child);
     assert!(w.poll_now().is_pending(), "waits (registered)");
     // The same waker waits for the parent's cancel, which wakes it before the walk down (the
     // quiesce itself is woken after the walk): the quiesce is polled during the walk.
-    let mut cancelled = Box::pin(parent.cancelled());
-    let waker = Waker::from(w.clone());
-    assert!(cancelled
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_pending());
-    w.armed.store(true, Ordering::SeqCst);
+    let _cancelled = w.arm_on_cancel_of(&parent);
     let start = Instant::now();
     parent.cancel();
     assert_eq!(
@@ -173,11 +118,7 @@ async fn a_quiesce_polled_during_its_scopes_cancel_walk_keeps_the_childs_shorter
         Some(false),
         "the early poll ran before the walk reached the child"
     );
-    let report = std::future::poll_fn(|cx| {
-        *w.task.lock().unwrap() = Some(cx.waker().clone());
-        w.poll_now()
-    })
-    .await;
+    let report = w.report().await;
     assert_eq!(report.quarantined(), 1, "{report}");
     assert_eq!(start.elapsed(), ms(10), "{report}");
 }
