@@ -770,6 +770,10 @@ pub(crate) fn cancel<X, R>(node: &Arc<Node<X, R>>, cause: Cause, stamp: u64) -> 
 
 /// [`cancel`], and `then` once the whole subtree is cancelled, before the `on_cancel`
 /// callbacks run (a panicking callback, resumed after all of them ran, cannot skip `then`).
+///
+/// A waker that panics when woken does not stop the walk either: its panic is kept (see
+/// [`Caught`]) and resumed at the very end. If several wakers or callbacks panic, the first
+/// panic comes out.
 fn cancel_then<X, R, T>(
     node: &Arc<Node<X, R>>,
     cause: Cause,
@@ -784,7 +788,7 @@ fn cancel_then<X, R, T>(
         // A leaf (or a completed node): nothing to walk.
         due.hand_over(node, marked.busy);
         let out = then();
-        due.run_callbacks();
+        due.finish();
         return (marked.did, out);
     }
     // The cause of everything below: the same `ParentCancelled` for the whole walk, except
@@ -813,8 +817,9 @@ fn cancel_then<X, R, T>(
     walk.due.hand_over(node, marked.busy);
     let out = then();
     // Callbacks run once the whole subtree is cancelled, so a panicking one cannot leave part
-    // of it running (invariants 1, 2); the first panic is resumed after all of them ran.
-    walk.due.run_callbacks();
+    // of it running (invariants 1, 2); the first panic (of a waker or a callback) is resumed
+    // after all of them ran.
+    walk.due.finish();
     (marked.did, out)
 }
 
@@ -950,6 +955,37 @@ impl<X, R> CancelWalk<X, R> {
     }
 }
 
+/// The first panic of the wakers (and callbacks) that a step of the tree runs for others — a
+/// cancel walk, a close, a release that makes nodes quiet, a quarantine — kept while the
+/// step goes on to its end, and resumed by its caller after that. A waker that panics (a
+/// user's own `Wake` implementation) so cannot leave part of a subtree uncancelled or
+/// unclosed (invariants 1, 3), other waiters asleep, or units and receipts of a quarantine
+/// unrecorded (invariants 5, 6).
+#[derive(Default)]
+#[must_use = "the panic is resumed by `resume`"]
+pub(crate) struct Caught(Option<Box<dyn std::any::Any + Send>>);
+
+impl Caught {
+    /// Wakes `waker`, keeping its panic.
+    pub(crate) fn wake(&mut self, waker: Waker) {
+        self.run(move || waker.wake());
+    }
+
+    /// Runs `f`, keeping its panic (the first one kept wins).
+    pub(crate) fn run(&mut self, f: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            self.0.get_or_insert(panic);
+        }
+    }
+
+    /// Resumes the first panic kept, if any.
+    pub(crate) fn resume(self) {
+        if let Some(panic) = self.0 {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
 /// Wakers and callbacks collected under locks, run after they are released.
 struct Due<X, R> {
     wakers: Vec<Waker>,
@@ -957,6 +993,8 @@ struct Due<X, R> {
     /// handed to those once the whole walk is done ([`Due::hand_over`]).
     quiet: Vec<Arc<Node<X, R>>>,
     callbacks: Vec<(Callback, Cause)>,
+    /// The first panic of a waker or callback, resumed by [`Due::finish`].
+    caught: Caught,
 }
 
 impl<X, R> Default for Due<X, R> {
@@ -965,14 +1003,17 @@ impl<X, R> Default for Due<X, R> {
             wakers: Vec::new(),
             quiet: Vec::new(),
             callbacks: Vec::new(),
+            caught: Caught::default(),
         }
     }
 }
 
 impl<X, R> Due<X, R> {
+    /// Wakes the wakers collected so far; a panic is kept for [`Due::finish`], so that the
+    /// walk goes on.
     fn wake(&mut self) {
         for w in self.wakers.drain(..) {
-            w.wake();
+            self.caught.wake(w);
         }
     }
 
@@ -993,17 +1034,13 @@ impl<X, R> Due<X, R> {
         self.wake();
     }
 
-    fn run_callbacks(&mut self) {
-        let mut panic = None;
+    /// Runs the callbacks, once the whole walk is done, then resumes the first panic of a
+    /// waker or callback (each of them ran).
+    fn finish(&mut self) {
         for (cb, cause) in self.callbacks.drain(..) {
-            let run = std::panic::AssertUnwindSafe(move || cb(&cause));
-            if let Err(p) = std::panic::catch_unwind(run) {
-                panic.get_or_insert(p);
-            }
+            self.caught.run(move || cb(&cause));
         }
-        if let Some(p) = panic {
-            std::panic::resume_unwind(p);
-        }
+        std::mem::take(&mut self.caught).resume();
     }
 }
 
@@ -1094,13 +1131,15 @@ fn mark_cancelled<X, R>(
 
 /// Closes the registration watermark of `node` and its descendants without cancelling.
 pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
+    // The panic of a `quiesce()`'s waker comes out once the whole subtree is closed.
+    let mut caught = Caught::default();
     let mut work = vec![node.clone()];
     while let Some(n) = work.pop() {
         // AcqRel: pairs with `take_unit`'s CAS (which fails once this is visible) and with
         // `release_unit`'s decrement (one of the two sees the other and wakes quiesce waiters).
         let prev = State(n.state.fetch_or(CLOSED, Ordering::AcqRel));
         if !prev.is_closed() && prev.active() == 0 {
-            wake_quiet(&n);
+            wake_quiet(&n, &mut caught);
         }
         // Walked even if it was closed already: whoever closed it may not have reached its
         // descendants yet, and a `close()` that returns leaves the whole subtree closed
@@ -1112,12 +1151,14 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
             work.extend(data.children.iter().map(|(_, c)| c.clone()));
         }
     }
+    caught.resume();
 }
 
-fn wake_quiet<X, R>(node: &Node<X, R>) {
+/// Wakes the `quiesce()`s of `node`, which became quiet (a panic is kept in `caught`).
+fn wake_quiet<X, R>(node: &Node<X, R>, caught: &mut Caught) {
     let waiters = node.inner.lock().take_quiet_waiters();
     for w in waiters {
-        w.waker.wake();
+        caught.wake(w.waker);
     }
 }
 
@@ -1166,6 +1207,8 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
 /// Gives back a unit taken with [`take_unit`]; wakes quiesce waiters when the node becomes quiet
 /// and passes the release up when the node becomes idle.
 pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
+    // The panic of a `quiesce()`'s waker comes out once every release up the tree is done.
+    let mut caught = Caught::default();
     let mut n = node;
     loop {
         // AcqRel: Release publishes the receipt counted before this release to whoever observes
@@ -1173,16 +1216,17 @@ pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
         let prev = State(n.state.fetch_sub(1, Ordering::AcqRel));
         debug_assert!(prev.active() > 0, "unit released twice");
         if prev.active() != 1 {
-            return;
+            break;
         }
         if prev.is_closed() {
-            wake_quiet(n);
+            wake_quiet(n, &mut caught);
         }
         match n.parent_node() {
             Some(p) => n = p,
-            None => return,
+            None => break,
         }
     }
+    caught.resume();
 }
 
 /// The dispatch compare-and-swap (invariant 2): succeeds only if `node`'s generation is still
@@ -1521,15 +1565,28 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(
     task_info: &R,
     stamp: u64,
 ) -> usize {
-    let quarantine = || quarantine_walk(node, task_info, stamp);
-    match node.cause() {
+    let quarantine = || {
+        let mut caught = Caught::default();
+        let n = quarantine_walk(node, task_info, stamp, &mut caught);
+        (n, caught)
+    };
+    // A waker's panic comes out once the whole quarantine is done (after the cancel walk's
+    // callbacks, if one of those panics first).
+    let (n, caught) = match node.cause() {
         Some(cause) => cancel_then(node, cause, stamp, quarantine).1,
         None => quarantine(),
-    }
+    };
+    caught.resume();
+    n
 }
 
 /// The walk of [`quarantine_subtree`], once the subtree is cancelled.
-fn quarantine_walk<X, R: Clone>(node: &Arc<Node<X, R>>, task_info: &R, stamp: u64) -> usize {
+fn quarantine_walk<X, R: Clone>(
+    node: &Arc<Node<X, R>>,
+    task_info: &R,
+    stamp: u64,
+    caught: &mut Caught,
+) -> usize {
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
     while let Some(n) = work.pop() {
@@ -1537,7 +1594,7 @@ fn quarantine_walk<X, R: Clone>(node: &Arc<Node<X, R>>, task_info: &R, stamp: u6
         // be about to make it and list itself, and must find it marked quarantined (see
         // `InFlight::list_ticket`). Only a quarantine pays for it.
         let in_flight = n.in_flight.get_or_init();
-        n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp);
+        n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp, caught);
         let first_child = work.len();
         push_children(&n, &mut work);
         // Children that are tickets of `n` (see `new_child_dispatched`), with no lock held.
@@ -1572,9 +1629,10 @@ fn quarantine_in_flight<X, R: Clone>(
     in_flight: &InFlight<R>,
     task_info: &R,
     stamp: u64,
+    caught: &mut Caught,
 ) -> usize {
     let mut count = 0;
-    let (cells, tasks) = in_flight.take_for_quarantine();
+    let (cells, tasks) = in_flight.take_for_quarantine(caught);
     for cell in cells {
         if let Some(was) = cell.finish_as(TicketState::Quarantined) {
             let ran = was == TicketState::Dispatched;
@@ -1583,7 +1641,7 @@ fn quarantine_in_flight<X, R: Clone>(
             // back, which may make the node quiet: a shield's waker cancels the shield's own
             // scope right here, so that nothing it started is still open once `quiesce()`
             // resolves (invariant 6).
-            cell.wake_quarantined();
+            cell.wake_quarantined(caught);
             in_flight.unlist_ticket(cell.key());
             release_unit(n);
             count += 1;

@@ -5,6 +5,7 @@ use std::task::Waker;
 
 use slab::Slab;
 
+use super::Caught;
 use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
@@ -123,11 +124,12 @@ impl<R> TicketCell<R> {
     }
 
     /// For the quarantine that moved this ticket to `Quarantined`: wakes the owner waiting in
-    /// [`poll_quarantined`](Self::poll_quarantined), if any (with no lock held).
-    pub(crate) fn wake_quarantined(&self) {
+    /// [`poll_quarantined`](Self::poll_quarantined), if any (with no lock held; a panic is
+    /// kept in `caught`, for the end of the quarantine).
+    pub(crate) fn wake_quarantined(&self, caught: &mut Caught) {
         let waker = self.quarantine_waker.lock().take();
         if let Some(w) = waker {
-            w.wake();
+            caught.wake(w);
         }
     }
 
@@ -526,7 +528,12 @@ impl<R> InFlight<R> {
     /// In each shard the unlisted count is taken first, then the lock, in that order: a task
     /// that lists itself moves from the count to the slab under that lock, so it is met by
     /// exactly one of the two steps (see [`set_task_waker`](Self::set_task_waker)).
-    pub(super) fn take_for_quarantine(&self) -> (Vec<Arc<TicketCell<R>>>, usize) {
+    ///
+    /// A waker that panics does not keep the others asleep: its panic is kept in `caught`.
+    pub(super) fn take_for_quarantine(
+        &self,
+        caught: &mut Caught,
+    ) -> (Vec<Arc<TicketCell<R>>>, usize) {
         let mut tickets = Vec::new();
         let mut tasks = 0;
         let mut wakers = Vec::new();
@@ -559,7 +566,7 @@ impl<R> InFlight<R> {
         // (`poll_cancel_task`). A quarantine can come before the cancel reached the task's node
         // (it may overtake a cancel walk, or run without a cancel at all).
         for w in wakers {
-            w.wake();
+            caught.wake(w);
         }
         (tickets, tasks)
     }
