@@ -1209,6 +1209,13 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
 pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
     // The panic of a `quiesce()`'s waker comes out once every release up the tree is done.
     let mut caught = Caught::default();
+    release_unit_caught(node, &mut caught);
+    caught.resume();
+}
+
+/// [`release_unit`], keeping the panic of a `quiesce()`'s waker in `caught` (for a step that
+/// releases several units, a quarantine, and must go on to its end).
+fn release_unit_caught<X, R>(node: &Node<X, R>, caught: &mut Caught) {
     let mut n = node;
     loop {
         // AcqRel: Release publishes the receipt counted before this release to whoever observes
@@ -1219,14 +1226,13 @@ pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
             break;
         }
         if prev.is_closed() {
-            wake_quiet(n, &mut caught);
+            wake_quiet(n, caught);
         }
         match n.parent_node() {
             Some(p) => n = p,
             None => break,
         }
     }
-    caught.resume();
 }
 
 /// The dispatch compare-and-swap (invariant 2): succeeds only if `node`'s generation is still
@@ -1443,7 +1449,9 @@ pub(crate) fn record_own_receipt<X, R: Clone>(
     record: Option<&R>,
     clock: impl Fn() -> u64,
 ) {
-    end_own(node, OWN_DONE, kind, record, &clock);
+    let mut caught = Caught::default();
+    end_own(node, OWN_DONE, kind, record, &clock, &mut caught);
+    caught.resume();
 }
 
 /// Ends `node`'s own ticket (see [`new_child_dispatched`]) as `to` (`OWN_DONE`: its owner's
@@ -1458,6 +1466,7 @@ fn end_own<X, R: Clone>(
     kind: Kind,
     record: Option<&R>,
     clock: &dyn Fn() -> u64,
+    caught: &mut Caught,
 ) -> bool {
     // AcqRel: the winner of this CAS (the owner's or the quarantine's) is the one receipt.
     if node
@@ -1477,7 +1486,7 @@ fn end_own<X, R: Clone>(
             .last_stamp
             .fetch_max(clock(), Ordering::AcqRel);
     }
-    release_unit(node);
+    release_unit_caught(node, caught);
     true
 }
 
@@ -1599,7 +1608,7 @@ fn quarantine_walk<X, R: Clone>(
         push_children(&n, &mut work);
         // Children that are tickets of `n` (see `new_child_dispatched`), with no lock held.
         for child in &work[first_child..] {
-            if quarantine_own(child, stamp) {
+            if quarantine_own(child, stamp, caught) {
                 n_quarantined += 1;
             }
         }
@@ -1608,7 +1617,7 @@ fn quarantine_walk<X, R: Clone>(
 }
 
 /// Quarantines `child`'s own ticket in its parent if it has no receipt yet.
-fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64) -> bool {
+fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64, caught: &mut Caught) -> bool {
     let Some(info) = &child.own_info else {
         return false;
     };
@@ -1620,6 +1629,7 @@ fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64) -> bool {
         Kind::Quarantined,
         Some(info),
         &|| stamp,
+        caught,
     )
 }
 
@@ -1643,7 +1653,9 @@ fn quarantine_in_flight<X, R: Clone>(
             // resolves (invariant 6).
             cell.wake_quarantined(caught);
             in_flight.unlist_ticket(cell.key());
-            release_unit(n);
+            // A `quiesce()` waker's panic (the release may make `n` quiet) is kept: the
+            // quarantine goes on to its end.
+            release_unit_caught(n, caught);
             count += 1;
         }
     }
@@ -1651,7 +1663,7 @@ fn quarantine_in_flight<X, R: Clone>(
     // listings) find nothing (invariant 5).
     for _ in 0..tasks {
         count_receipt(n, Kind::Quarantined, Some(task_info), true, &|| stamp);
-        release_unit(n);
+        release_unit_caught(n, caught);
         count += 1;
     }
     count

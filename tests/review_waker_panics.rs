@@ -1,0 +1,91 @@
+//! Review of 42b0f54 (a waker that panics when woken no longer cuts short the step that wakes
+//! it): wake sites the fix left out.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
+use std::time::Duration;
+
+use cancel_scope::Scope;
+use futures::FutureExt;
+
+/// Panics when woken.
+struct Panics;
+
+impl Wake for Panics {
+    fn wake(self: Arc<Self>) {
+        panic!("this waker panics");
+    }
+}
+
+/// Counts its wake-ups.
+#[derive(Default)]
+struct Counts(AtomicUsize);
+
+impl Wake for Counts {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn panics() -> Waker {
+    Waker::from(Arc::new(Panics))
+}
+
+/// Polls `fut` once with `waker`: it must be pending.
+fn pending_with<F: Future>(fut: std::pin::Pin<&mut F>, waker: &Waker) {
+    assert!(fut.poll(&mut Context::from_waker(waker)).is_pending());
+}
+
+/// The message of a caught panic.
+fn message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<&str>() {
+        Ok(s) => (*s).to_owned(),
+        Err(p) => *p.downcast::<String>().unwrap(),
+    }
+}
+
+/// A quarantine gives back the units of what it takes with `release_unit`, which (since
+/// 42b0f54) resumes the panic of a `quiesce()`'s waker of a scope that the release makes
+/// quiet. Inside the quarantine walk that panic cut the walk short: the sibling scopes not
+/// walked yet kept their work (unquarantined), and the `quiesce()` that ran the quarantine
+/// had already popped its grace end, so re-polled it waited for ever.
+#[tokio::test(start_paused = true)]
+async fn a_quiesce_waker_that_panics_when_a_quarantine_makes_a_child_quiet_does_not_stop_the_quarantine(
+) {
+    let root = Scope::new();
+    // Two child scopes, each with a task that never ends (its waker listed), and each with
+    // a waiting `quiesce()` whose waker panics. A grace period that never ends of their own:
+    // only the root's grace end quarantines (and their `quiesce()`s set no timer).
+    let a = root.child().grace(Duration::MAX).build().unwrap();
+    let b = root.child().grace(Duration::MAX).build().unwrap();
+    let count = Arc::new(Counts::default());
+    let waker = Waker::from(count.clone());
+    let mut task_a = Box::pin(a.__task(std::future::pending::<()>()).unwrap());
+    pending_with(task_a.as_mut(), &waker);
+    let mut task_b = Box::pin(b.__task(std::future::pending::<()>()).unwrap());
+    pending_with(task_b.as_mut(), &waker);
+    root.cancel();
+    let mut quiesce_a = pin!(a.quiesce());
+    pending_with(quiesce_a.as_mut(), &panics());
+    let mut quiesce_b = pin!(b.quiesce());
+    pending_with(quiesce_b.as_mut(), &panics());
+
+    // At the root's grace end its quiesce quarantines both tasks; the first child made quiet
+    // wakes its `quiesce()`, whose waker panics, out of the root's quiesce's poll.
+    let mut of_root = Box::pin(root.quiesce());
+    let quiesced = std::panic::AssertUnwindSafe(of_root.as_mut()).catch_unwind();
+    assert_eq!(message(quiesced.await.unwrap_err()), "this waker panics");
+
+    // The quarantine went on to its end: both children are quiet.
+    assert!(a.lifecycle().is_final(), "a: {:?}", a.lifecycle());
+    assert!(b.lifecycle().is_final(), "b: {:?}", b.lifecycle());
+    // And the root's quiesce, polled again, resolves.
+    let report = tokio::time::timeout(Duration::from_secs(3600), of_root)
+        .await
+        .expect("the root's quiesce resolves");
+    assert_eq!(report.quarantined(), 2);
+    drop((task_a, task_b));
+}
