@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
-use cancel_scope::Scope;
+use cancel_scope::{ChildSpec, Scope};
 use futures::FutureExt;
 
 /// Panics when woken.
@@ -88,4 +88,87 @@ async fn a_quiesce_waker_that_panics_when_a_quarantine_makes_a_child_quiet_does_
         .expect("the root's quiesce resolves");
     assert_eq!(report.quarantined(), 2);
     drop((task_a, task_b));
+}
+
+/// As above, for children that are their parent's tickets themselves (the retry layer's
+/// attempts, fan-out branches): their own tickets are quarantined by `end_own`, which gave
+/// back the child's unit with `release_unit` and so unwound out of the walk too.
+#[tokio::test(start_paused = true)]
+async fn a_quiesce_waker_that_panics_when_a_quarantined_own_ticket_makes_its_scope_quiet_does_not_stop_the_quarantine(
+) {
+    let root = Scope::new();
+    let (a, own_a) = root.__child_dispatched(&ChildSpec::read_only("a")).unwrap();
+    let (b, own_b) = root.__child_dispatched(&ChildSpec::read_only("b")).unwrap();
+    // Each child's `quiesce()` waits with a waker that panics (polled before the cancel: it
+    // sets no timer of its own).
+    let mut quiesce_a = pin!(a.quiesce());
+    pending_with(quiesce_a.as_mut(), &panics());
+    let mut quiesce_b = pin!(b.quiesce());
+    pending_with(quiesce_b.as_mut(), &panics());
+    // The cancel hands each busy child to its waiting `quiesce()`, and wakes it: that panic
+    // comes out of the cancel, once it is done.
+    let cancelled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| root.cancel()));
+    assert_eq!(message(cancelled.unwrap_err()), "this waker panics");
+    assert!(a.is_cancelled() && b.is_cancelled());
+
+    // At the root's grace end its quiesce quarantines both own tickets; the first child made
+    // quiet wakes its `quiesce()`, whose waker panics, out of the root's quiesce's poll.
+    let mut of_root = Box::pin(root.quiesce());
+    let quiesced = std::panic::AssertUnwindSafe(of_root.as_mut()).catch_unwind();
+    assert_eq!(message(quiesced.await.unwrap_err()), "this waker panics");
+
+    assert!(a.lifecycle().is_final(), "a: {:?}", a.lifecycle());
+    assert!(b.lifecycle().is_final(), "b: {:?}", b.lifecycle());
+    let report = tokio::time::timeout(Duration::from_secs(3600), of_root)
+        .await
+        .expect("the root's quiesce resolves");
+    assert_eq!(report.quarantined(), 2);
+    drop((own_a, own_b));
+}
+
+/// Runs the test `name` of this binary again in a child process with `REVIEW_CHILD` set,
+/// and returns whether that process ended normally (a panic while unwinding aborts it).
+fn in_child_process(name: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("REVIEW_CHILD", "1")
+        .output()
+        .unwrap()
+}
+
+/// A ticket dropped while its thread unwinds (the work that held it panicked, the most
+/// ordinary way a ticket ends without a receipt) records its default receipt and gives back
+/// its unit from `Drop`. If that makes the scope quiet and a `quiesce()`'s waker panics,
+/// `release_unit` resumed that panic inside a destructor that runs during an unwind: the
+/// process aborted ("panic in a destructor during cleanup"). Run in a child process, which
+/// must end normally, with the scope quiet.
+#[test]
+fn a_ticket_dropped_while_unwinding_does_not_abort_when_a_quiesce_waker_panics() {
+    const NAME: &str =
+        "a_ticket_dropped_while_unwinding_does_not_abort_when_a_quiesce_waker_panics";
+    if std::env::var_os("REVIEW_CHILD").is_none() {
+        let out = in_child_process(NAME);
+        assert!(
+            out.status.success(),
+            "the child process failed ({:?}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+        return;
+    }
+    let root = Scope::new();
+    let ticket = root.register(ChildSpec::read_only("work")).unwrap();
+    root.close();
+    let mut waiting = pin!(root.quiesce());
+    pending_with(waiting.as_mut(), &panics());
+
+    // The work panics while it holds the ticket: the ticket is dropped during the unwind.
+    let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _ticket = ticket;
+        panic!("the work panics");
+    }));
+    // The work's panic comes out (the waker's, raised while unwinding, cannot).
+    assert_eq!(message(worked.unwrap_err()), "the work panics");
+    assert!(root.lifecycle().is_final(), "{:?}", root.lifecycle());
 }

@@ -978,10 +978,16 @@ impl Caught {
         }
     }
 
-    /// Resumes the first panic kept, if any.
+    /// Resumes the first panic kept, if any, unless this thread is unwinding already: a step
+    /// run by a `Drop` during an unwind (a ticket, guard or task dropped by a body that
+    /// panicked gives its unit back, which may make a scope quiet and wake its `quiesce()`s)
+    /// would abort the process by unwinding out of that `Drop`. The kept panic is dropped
+    /// then (the panic hook reported it when it was raised), and the first panic goes on.
     pub(crate) fn resume(self) {
         if let Some(panic) = self.0 {
-            std::panic::resume_unwind(panic);
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(panic);
+            }
         }
     }
 }
