@@ -172,3 +172,107 @@ fn a_ticket_dropped_while_unwinding_does_not_abort_when_a_quiesce_waker_panics()
     assert_eq!(message(worked.unwrap_err()), "the work panics");
     assert!(root.lifecycle().is_final(), "{:?}", root.lifecycle());
 }
+
+/// The cut of a tracked response body (`admit::BodyStop`, woken by the request scope's
+/// cancel) gives the body's unit back and then wakes the server's task, so that the server
+/// polls the body to end it. Giving the unit back may make the request's scope quiet; if a
+/// `quiesce()` of it has a waker that panics, that panic (kept by the tree, resumed by
+/// `release_unit`) came out of the unit's drop and skipped the server's wake-up: the server
+/// was never told to end the body.
+#[cfg(feature = "tower")]
+mod body_cut {
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::{pin, Pin};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use cancel_scope::integrations::tower::AdmitLayer;
+    use cancel_scope::wire::EndpointPolicy;
+    use cancel_scope::Scope;
+    use http::{Request, Response};
+    use http_body::{Body, Frame};
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    use super::{message, panics, pending_with, Counts};
+
+    /// A handler's body that never sends anything (and has no wake-up of its own).
+    struct Never;
+
+    impl Body for Never {
+        type Data = &'static [u8];
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+            Poll::Pending
+        }
+    }
+
+    /// A service from an async closure.
+    #[derive(Clone)]
+    struct Fn_<F>(F);
+
+    impl<F, R, Fut, T> Service<R> for Fn_<F>
+    where
+        F: FnMut(R) -> Fut,
+        Fut: Future<Output = Result<T, Infallible>>,
+    {
+        type Response = T;
+        type Error = Infallible;
+        type Future = Fut;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, r: R) -> Fut {
+            (self.0)(r)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_server_is_woken_at_the_cut_even_if_a_quiesce_waker_panics() {
+        let layer = AdmitLayer::new(EndpointPolicy::new(
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        ));
+        let mut svc = layer.layer(Fn_(|req: Request<()>| {
+            let scope = req.extensions().get::<Scope>().unwrap().clone();
+            async move {
+                let mut res = Response::new(Never);
+                res.extensions_mut().insert(scope);
+                Ok::<_, Infallible>(res)
+            }
+        }));
+        let res = svc.call(Request::new(())).await.unwrap();
+        let scope = res.extensions().get::<Scope>().unwrap().clone();
+        let mut body = Box::pin(res.into_body());
+        // The server polls the body, which waits: the server's waker is handed over.
+        let server = Arc::new(Counts::default());
+        let server_waker = Waker::from(server.clone());
+        assert!(body
+            .as_mut()
+            .poll_frame(&mut Context::from_waker(&server_waker))
+            .is_pending());
+        // A `quiesce()` of the request's scope waits with a waker that panics.
+        let mut waiting = pin!(scope.quiesce());
+        pending_with(waiting.as_mut(), &panics());
+
+        // The cancel cuts the body: its unit goes back, the scope is quiet, the waiter's
+        // waker panics (out of the cancel, once it is done).
+        let cancelled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope.cancel()));
+        assert_eq!(message(cancelled.unwrap_err()), "this waker panics");
+        assert!(scope.lifecycle().is_final(), "{:?}", scope.lifecycle());
+        // The server was told to poll the body again, and that poll ends it.
+        assert_eq!(server.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let end = body
+            .as_mut()
+            .poll_frame(&mut Context::from_waker(&server_waker));
+        assert!(matches!(end, Poll::Ready(Some(Err(_)))), "{end:?}");
+    }
+}
