@@ -11,6 +11,7 @@ use tokio::task::{JoinError, JoinHandle};
 use crate::child::OwnTicket;
 use crate::error::Error;
 use crate::scope::Scope;
+use crate::tree::Caught;
 
 /// What a child task hands back: its ticket (to receive a receipt) and what it returned, or
 /// the cancel that stopped it.
@@ -53,11 +54,15 @@ impl<K, T: Send + 'static> InFlight<K, T> {
         self.tasks.push((key, scope, handle));
     }
 
-    /// Cancels every child still running, with `reason`.
+    /// Cancels every child still running, with `reason`. A cancel that panics (a waker or an
+    /// `on_cancel` callback of its scope) does not keep the others running: the first panic
+    /// comes out once every child is cancelled.
     pub(crate) fn cancel_all(&self, reason: &'static str) {
+        let mut caught = Caught::default();
         for (_, scope, _) in &self.tasks {
-            scope.cancel_with(reason);
+            caught.run(|| scope.cancel_with(reason));
         }
+        caught.resume();
     }
 
     /// Waits for the next child to end (pending forever when there is none).
@@ -92,8 +97,12 @@ impl<K, T> Future for Next<'_, K, T> {
 
 impl<K, T> Drop for InFlight<K, T> {
     fn drop(&mut self) {
+        // As `cancel_all` (which needs `T: Send`): every child is cancelled, also after a
+        // cancel that panics (no orphan attempt or branch).
+        let mut caught = Caught::default();
         for (_, scope, _) in &self.tasks {
-            scope.cancel_with("abandoned by its caller");
+            caught.run(|| scope.cancel_with("abandoned by its caller"));
         }
+        caught.resume();
     }
 }
