@@ -275,4 +275,91 @@ mod body_cut {
             .poll_frame(&mut Context::from_waker(&server_waker));
         assert!(matches!(end, Poll::Ready(Some(Err(_)))), "{end:?}");
     }
+    /// A response future dropped before it answered (the client went away) cancels the
+    /// request's scope with `ClientGone`, then closes it and sends its report once it is quiet
+    /// (`Finish::done`). The cancel resumes a waker's (or `on_cancel` callback's) panic once
+    /// its walk is done; that skipped `done`: the request was never reported.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_response_future_is_dropped_is_reported_even_if_a_cancel_waker_panics()
+    {
+        let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
+        let layer = AdmitLayer::new(EndpointPolicy::new(
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        ))
+        .on_report(move |_, r| {
+            let _ = tx.send(r.clone());
+        });
+        let slot = Arc::new(std::sync::Mutex::new(None::<Scope>));
+        let seen = slot.clone();
+        let mut svc = layer.layer(Fn_(move |req: Request<()>| {
+            *seen.lock().unwrap() = Some(req.extensions().get::<Scope>().unwrap().clone());
+            async move {
+                // A handler that never answers.
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(Response::new(Never))
+            }
+        }));
+        let mut answer = Box::pin(svc.call(Request::new(())));
+        let noop = futures::task::noop_waker();
+        assert!(answer
+            .as_mut()
+            .poll(&mut Context::from_waker(&noop))
+            .is_pending());
+        let scope = slot.lock().unwrap().clone().unwrap();
+        // Something of the handler waits for the request's cancel with a waker that panics.
+        let mut waiting = pin!(scope.cancelled());
+        pending_with(waiting.as_mut(), &panics());
+
+        // The client goes away: the server drops the response future.
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(answer)));
+        assert_eq!(message(dropped.unwrap_err()), "this waker panics");
+        assert_eq!(scope.cause(), Some(cancel_scope::Cause::ClientGone));
+        let report = tokio::time::timeout(Duration::from_secs(3600), reports.recv())
+            .await
+            .expect("the request is reported")
+            .unwrap();
+        assert_eq!(report.cause(), Some(&cancel_scope::Cause::ClientGone));
+    }
+}
+
+/// A hedged call dropped while its attempts run cancels the scope of each (`InFlight`'s drop:
+/// "no orphan attempt"). A cancel resumes the first panic of its wakers and `on_cancel`
+/// callbacks once its own walk is done; the drop's loop let it through at the first attempt,
+/// and the attempts after it were never cancelled: they ran on, orphaned.
+#[tokio::test(start_paused = true)]
+async fn dropping_a_hedged_call_cancels_every_attempt_even_if_a_cancel_panics() {
+    use cancel_scope::retry::{Decision, HedgeDelay, Retry};
+
+    let request = Scope::new();
+    let hedge = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(Duration::from_millis(50)));
+    let scopes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = scopes.clone();
+    let call = hedge.run(&request, ChildSpec::read_only("search"), move |a| {
+        let scope = a.scope().clone();
+        seen.lock().unwrap().push(scope.clone());
+        async move {
+            // The first attempt's scope has a callback that panics at its cancel.
+            let _callback =
+                (a.number() == 1).then(|| scope.on_cancel(|_| panic!("the callback panics")));
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Ok::<u32, ()>(a.number())
+        }
+    });
+    let mut call = Box::pin(call);
+    // Three attempts start (at 0, 50 and 100 ms), none ends.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(120), call.as_mut())
+            .await
+            .is_err()
+    );
+    assert_eq!(scopes.lock().unwrap().len(), 3);
+
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(call)));
+    assert_eq!(message(dropped.unwrap_err()), "the callback panics");
+    for (i, s) in scopes.lock().unwrap().iter().enumerate() {
+        assert!(s.is_cancelled(), "attempt {} was not cancelled", i + 1);
+    }
 }

@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use super::body::ResponseBody;
 use super::service::ReportFn;
 use crate::integrations::tower::headers::{self, GrpcCode};
+use crate::tree::Caught;
 use crate::wire::{Admission, AdmissionError};
 use crate::Run;
 use crate::{Cause, Scope};
@@ -42,9 +43,19 @@ impl Finish {
     /// Ends a request whose handler panicked before its response future existed (in the
     /// service's `call`): cancelled with "the handler panicked", closed, reported.
     pub(super) fn handler_panicked(self) {
-        self.scope
-            .cancel_because(Cause::cancelled(HANDLER_PANICKED));
+        self.cancel_then_done(Cause::cancelled(HANDLER_PANICKED));
+    }
+
+    /// Cancels the scope with `cause`, then [`done`](Self::done), also if the cancel panics (a
+    /// waker or `on_cancel` callback of the request's): the panic comes out after, and the
+    /// request is still reported.
+    fn cancel_then_done(self, cause: Cause) {
+        let mut caught = Caught::default();
+        caught.run(|| {
+            self.scope.cancel_because(cause);
+        });
         self.done();
+        caught.resume();
     }
 
     /// Closes the scope (no new work; running work goes on until done or the deadline) and
@@ -109,8 +120,7 @@ pin_project! {
                 } else {
                     Cause::ClientGone
                 };
-                finish.scope.cancel_because(cause);
-                finish.done();
+                finish.cancel_then_done(cause);
             }
         }
     }
