@@ -321,6 +321,82 @@ mod body_cut {
             .unwrap();
         assert_eq!(report.cause(), Some(&cancel_scope::Cause::ClientGone));
     }
+    /// A handler's body that sends one frame, then waits for ever; its drop notes whether
+    /// the request's scope was quiet (reported) by then.
+    struct OneFrame {
+        scope: Scope,
+        sent: bool,
+        final_at_drop: Arc<std::sync::Mutex<Option<bool>>>,
+    }
+
+    impl Body for OneFrame {
+        type Data = &'static [u8];
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+            if std::mem::replace(&mut self.sent, true) {
+                Poll::Pending
+            } else {
+                Poll::Ready(Some(Ok(Frame::data(&b"x"[..]))))
+            }
+        }
+    }
+
+    impl Drop for OneFrame {
+        fn drop(&mut self) {
+            *self.final_at_drop.lock().unwrap() = Some(self.scope.lifecycle().is_final());
+        }
+    }
+
+    /// A response body dropped while it is sent (the client went away) cancels the request's
+    /// scope, then drops the handler's body, then gives its unit back (invariant 6: stopped
+    /// before it is counted). A cancel that resumed a waker's panic unwound out of the drop
+    /// before the handler's body went: the unwind gave the unit back (with the body's
+    /// tracking) first, and the request was quiet, its report due, while the handler's body
+    /// still existed.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_body_goes_before_its_unit_even_if_a_cancel_waker_panics() {
+        let layer = AdmitLayer::new(EndpointPolicy::new(
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        ));
+        let final_at_drop = Arc::new(std::sync::Mutex::new(None));
+        let seen = final_at_drop.clone();
+        let mut svc = layer.layer(Fn_(move |req: Request<()>| {
+            let scope = req.extensions().get::<Scope>().unwrap().clone();
+            let final_at_drop = seen.clone();
+            async move {
+                let body = OneFrame {
+                    scope: scope.clone(),
+                    sent: false,
+                    final_at_drop,
+                };
+                let mut res = Response::new(body);
+                res.extensions_mut().insert(scope);
+                Ok::<_, Infallible>(res)
+            }
+        }));
+        let res = svc.call(Request::new(())).await.unwrap();
+        let scope = res.extensions().get::<Scope>().unwrap().clone();
+        let mut body = Box::pin(res.into_body());
+        let noop = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&noop);
+        assert!(matches!(
+            body.as_mut().poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(body.as_mut().poll_frame(&mut cx).is_pending());
+        let mut waiting = pin!(scope.cancelled());
+        pending_with(waiting.as_mut(), &panics());
+
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(body)));
+        assert_eq!(message(dropped.unwrap_err()), "this waker panics");
+        assert_eq!(*final_at_drop.lock().unwrap(), Some(false));
+        assert!(scope.lifecycle().is_final(), "{:?}", scope.lifecycle());
+    }
 }
 
 /// A hedged call dropped while its attempts run cancels the scope of each (`InFlight`'s drop:

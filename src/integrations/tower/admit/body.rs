@@ -43,6 +43,7 @@ use pin_project_lite::pin_project;
 use crate::guard::Tethered;
 use crate::integrations::tower::headers;
 use crate::sync::{AtomicU8, Mutex, Ordering};
+use crate::tree::Caught;
 use crate::{Cancelled, Cause, Error, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -256,17 +257,24 @@ pin_project! {
                 // Busy: the cancel below (or one racing with this drop) leaves the unit to
                 // this drop (invariant 2 of the module docs).
                 let was = streaming.stop.state.fetch_or(BUSY, Ordering::AcqRel);
+                // A panic of the cancel (a waker or `on_cancel` callback of the request's)
+                // comes out after the rest: unwinding from here would drop `streaming`, and
+                // so give the unit back, before the handler's body.
+                let mut caught = Caught::default();
                 if was & CUT == 0 {
-                    streaming.scope.cancel_because(if was & BUSY != 0 {
-                        Cause::cancelled(super::future::HANDLER_PANICKED)
-                    } else {
-                        Cause::ClientGone
+                    caught.run(|| {
+                        streaming.scope.cancel_because(if was & BUSY != 0 {
+                            Cause::cancelled(super::future::HANDLER_PANICKED)
+                        } else {
+                            Cause::ClientGone
+                        });
                     });
                 }
                 // The body goes first, then the unit (stopped before it is counted).
                 this.inner.set(None);
                 streaming.stop.give_back();
                 drop(streaming);
+                caught.resume();
             }
         }
     }
