@@ -41,6 +41,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tower::{Layer, Service, ServiceExt as _};
 
+mod support;
+use support::tower::Fn_;
+
 const PATIENCE: Duration = Duration::from_secs(20);
 
 fn ms(n: u64) -> Duration {
@@ -119,28 +122,6 @@ fn waker_clones() -> u64 {
 }
 
 // --- layer-level helpers (as in tower_layers.rs) -----------------------------------------
-
-/// A service from an async closure.
-#[derive(Clone)]
-struct Fn_<F>(F);
-
-impl<F, R, Fut, T> Service<R> for Fn_<F>
-where
-    F: FnMut(R) -> Fut,
-    Fut: Future<Output = Result<T, Infallible>>,
-{
-    type Response = T;
-    type Error = Infallible;
-    type Future = Fut;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, r: R) -> Fut {
-        (self.0)(r)
-    }
-}
 
 type Reports = mpsc::UnboundedReceiver<(Admission, Report)>;
 

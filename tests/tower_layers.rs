@@ -22,30 +22,11 @@ use tokio::time::{advance, Instant};
 use tower_layer::Layer;
 use tower_service::Service;
 
+mod support;
+use support::tower::Fn_;
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// A service from an async closure.
-#[derive(Clone)]
-struct Fn_<F>(F);
-
-impl<F, R, Fut, T> Service<R> for Fn_<F>
-where
-    F: FnMut(R) -> Fut,
-    Fut: Future<Output = Result<T, Infallible>>,
-{
-    type Response = T;
-    type Error = Infallible;
-    type Future = Fut;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, r: R) -> Fut {
-        (self.0)(r)
-    }
 }
 
 /// A handler that spawns 60 s of work in the request's scope and waits for it.

@@ -17,6 +17,8 @@ use std::time::Duration;
 use cancel_scope::{ChildSpec, Scope};
 use futures::FutureExt;
 
+mod support;
+
 /// Panics when woken.
 struct Panics;
 
@@ -338,6 +340,7 @@ mod body_cut {
     use tower_layer::Layer;
     use tower_service::Service;
 
+    use super::support::tower::Fn_;
     use super::{message, panics, pending_with, Counts};
 
     /// A handler's body that never sends anything (and has no wake-up of its own).
@@ -352,28 +355,6 @@ mod body_cut {
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
             Poll::Pending
-        }
-    }
-
-    /// A service from an async closure.
-    #[derive(Clone)]
-    struct Fn_<F>(F);
-
-    impl<F, R, Fut, T> Service<R> for Fn_<F>
-    where
-        F: FnMut(R) -> Fut,
-        Fut: Future<Output = Result<T, Infallible>>,
-    {
-        type Response = T;
-        type Error = Infallible;
-        type Future = Fut;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, r: R) -> Fut {
-            (self.0)(r)
         }
     }
 

@@ -7,3 +7,5 @@ pub mod postgres;
 
 pub mod fault;
 pub mod quiesce;
+#[cfg(feature = "tower")]
+pub mod tower;
