@@ -171,7 +171,7 @@ fn swap_current(value: Option<Scope>) -> Option<Scope> {
 /// Runs `f` with the scope in `slot` current: moved into the thread's slot, and back out
 /// after, also when `f` panics. Nested calls stack: the inner call's `slot` holds the outer
 /// scope meanwhile.
-#[inline]
+#[inline(always)]
 pub(crate) fn with_current<R>(slot: &mut Option<Scope>, f: impl FnOnce() -> R) -> R {
     struct Back<'a>(&'a mut Option<Scope>);
     impl Drop for Back<'_> {

@@ -983,12 +983,20 @@ impl Caught {
     /// panicked gives its unit back, which may make a scope quiet and wake its `quiesce()`s)
     /// would abort the process by unwinding out of that `Drop`. The kept panic is dropped
     /// then (the panic hook reported it when it was raised), and the first panic goes on.
+    #[inline]
     pub(crate) fn resume(self) {
         if let Some(panic) = self.0 {
-            if !std::thread::panicking() {
-                std::panic::resume_unwind(panic);
-            }
+            resume_kept(panic);
         }
+    }
+}
+
+/// [`Caught::resume`] with a panic kept: out of line, as it is rare.
+#[cold]
+#[inline(never)]
+fn resume_kept(panic: Box<dyn std::any::Any + Send>) {
+    if !std::thread::panicking() {
+        std::panic::resume_unwind(panic);
     }
 }
 
@@ -1212,32 +1220,63 @@ pub(crate) fn take_unit<X, R>(node: &Node<X, R>) -> Result<u64, Refused> {
 
 /// Gives back a unit taken with [`take_unit`]; wakes quiesce waiters when the node becomes quiet
 /// and passes the release up when the node becomes idle.
+///
+/// Inlined, with the rest out of line: most releases leave other units in the node, and a
+/// bigger body here (the panic bookkeeping of the rest) made the compiler stop inlining the
+/// callers' own hot paths.
+#[inline]
 pub(crate) fn release_unit<X, R>(node: &Node<X, R>) {
-    // The panic of a `quiesce()`'s waker comes out once every release up the tree is done.
-    let mut caught = Caught::default();
-    release_unit_caught(node, &mut caught);
-    caught.resume();
+    let prev = give_back(node);
+    if prev.active() == 1 {
+        went_idle_then_resume(node, prev);
+    }
 }
 
 /// [`release_unit`], keeping the panic of a `quiesce()`'s waker in `caught` (for a step that
 /// releases several units, a quarantine, and must go on to its end).
 fn release_unit_caught<X, R>(node: &Node<X, R>, caught: &mut Caught) {
-    let mut n = node;
+    let prev = give_back(node);
+    if prev.active() == 1 {
+        went_idle(node, prev, caught);
+    }
+}
+
+/// Takes one unit off `n`'s count; returns the state before.
+#[inline]
+fn give_back<X, R>(n: &Node<X, R>) -> State {
+    // AcqRel: Release publishes the receipt counted before this release to whoever observes
+    // quiet (invariant 6); Acquire sees a concurrent close so exactly one side wakes.
+    let prev = State(n.state.fetch_sub(1, Ordering::AcqRel));
+    debug_assert!(prev.active() > 0, "unit released twice");
+    prev
+}
+
+/// [`went_idle`], then the panic of a `quiesce()`'s waker comes out, once every release up
+/// the tree is done.
+#[inline(never)]
+fn went_idle_then_resume<X, R>(node: &Node<X, R>, prev: State) {
+    let mut caught = Caught::default();
+    went_idle(node, prev, &mut caught);
+    caught.resume();
+}
+
+/// `node` just gave back its last unit (`prev`: its state before): wakes its `quiesce()`s if
+/// it is closed (now quiet), and gives back its unit in its parent, and so on up while each
+/// node becomes idle. A waker's panic is kept in `caught`.
+fn went_idle<X, R>(node: &Node<X, R>, prev: State, caught: &mut Caught) {
+    let (mut n, mut prev) = (node, prev);
     loop {
-        // AcqRel: Release publishes the receipt counted before this release to whoever observes
-        // quiet (invariant 6); Acquire sees a concurrent close so exactly one side wakes.
-        let prev = State(n.state.fetch_sub(1, Ordering::AcqRel));
-        debug_assert!(prev.active() > 0, "unit released twice");
-        if prev.active() != 1 {
-            break;
-        }
         if prev.is_closed() {
             wake_quiet(n, caught);
         }
-        match n.parent_node() {
-            Some(p) => n = p,
-            None => break,
+        let Some(p) = n.parent_node() else {
+            return;
+        };
+        prev = give_back(p);
+        if prev.active() != 1 {
+            return;
         }
+        n = p;
     }
 }
 
