@@ -59,18 +59,22 @@ impl Finish {
     }
 
     /// Closes the scope (no new work; running work goes on until done or the deadline) and
-    /// reports once it is quiet.
+    /// reports once it is quiet. The close may make the scope quiet and wake its
+    /// `quiesce()`s: the panic of one of their wakers comes out once the report is on its way.
     fn done(self) {
-        self.scope.close();
-        let Some(report) = self.on_report else { return };
-        let (scope, admission) = (self.scope, self.admission);
-        // Inside a server there is always a runtime; without one there is nobody to wait.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let r = scope.quiesce().await;
-                report(&admission, &r);
-            });
+        let mut caught = Caught::default();
+        caught.run(|| self.scope.close());
+        if let Some(report) = self.on_report {
+            let (scope, admission) = (self.scope, self.admission);
+            // Inside a server there is always a runtime; without one there is nobody to wait.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let r = scope.quiesce().await;
+                    report(&admission, &r);
+                });
+            }
         }
+        caught.resume();
     }
 }
 

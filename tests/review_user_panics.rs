@@ -1,0 +1,149 @@
+//! Review: user code that panics (a waker, a classifier, a backoff schedule, a handler) must
+//! not leave the library in a broken state: every admitted request is reported, every
+//! registered child gets one receipt, every unit goes back.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+/// Panics when woken.
+struct Panics;
+
+impl Wake for Panics {
+    fn wake(self: Arc<Self>) {
+        panic!("this waker panics");
+    }
+}
+
+fn panics() -> Waker {
+    Waker::from(Arc::new(Panics))
+}
+
+/// Polls `fut` once with `waker`: it must be pending.
+#[allow(dead_code)]
+fn pending_with<F: Future>(fut: std::pin::Pin<&mut F>, waker: &Waker) {
+    assert!(fut.poll(&mut Context::from_waker(waker)).is_pending());
+}
+
+/// The message of a caught panic.
+#[allow(dead_code)]
+fn message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<&str>() {
+        Ok(s) => (*s).to_owned(),
+        Err(p) => *p.downcast::<String>().unwrap(),
+    }
+}
+
+#[cfg(feature = "tower")]
+mod admit {
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use cancel_scope::integrations::tower::AdmitLayer;
+    use cancel_scope::wire::EndpointPolicy;
+    use cancel_scope::Scope;
+    use http::{Request, Response};
+    use http_body::{Body, Frame};
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    use super::{message, panics, pending_with, pin};
+
+    /// A body with nothing to send (the admission layer does not track it).
+    struct Empty;
+
+    impl Body for Empty {
+        type Data = &'static [u8];
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+            Poll::Ready(None)
+        }
+
+        fn is_end_stream(&self) -> bool {
+            true
+        }
+    }
+
+    /// A service from a closure.
+    #[derive(Clone)]
+    struct Fn_<F>(F);
+
+    impl<F, R, Fut, T> Service<R> for Fn_<F>
+    where
+        F: FnMut(R) -> Fut,
+        Fut: Future<Output = Result<T, Infallible>>,
+    {
+        type Response = T;
+        type Error = Infallible;
+        type Future = Fut;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, r: R) -> Fut {
+            (self.0)(r)
+        }
+    }
+
+    /// A request that answers is closed, then reported once quiet (`Finish::done`). Closing
+    /// a scope with no work left makes it quiet at once and wakes its `quiesce()`s; one whose
+    /// waker panics must not keep the request from being reported.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_answers_is_reported_even_if_a_quiesce_waker_panics_at_its_close() {
+        let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
+        let layer = AdmitLayer::new(EndpointPolicy::new(
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        ))
+        .on_report(move |_, r| {
+            let _ = tx.send(r.clone());
+        });
+        let slot = Arc::new(std::sync::Mutex::new(None::<Scope>));
+        let seen = slot.clone();
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let mut wait = Some(wait);
+        let mut svc = layer.layer(Fn_(move |req: Request<()>| {
+            *seen.lock().unwrap() = Some(req.extensions().get::<Scope>().unwrap().clone());
+            let wait = wait.take().unwrap();
+            async move {
+                let _ = wait.await;
+                Ok::<_, Infallible>(Response::new(Empty))
+            }
+        }));
+        let mut answer = Box::pin(svc.call(Request::new(())));
+        let noop = futures::task::noop_waker();
+        assert!(answer
+            .as_mut()
+            .poll(&mut Context::from_waker(&noop))
+            .is_pending());
+        let scope = slot.lock().unwrap().clone().unwrap();
+        // Something waits for the request to be quiet, with a waker that panics.
+        let mut waiting = pin!(scope.quiesce());
+        pending_with(waiting.as_mut(), &panics());
+
+        // The handler answers; the layer closes the request's scope, which is quiet then.
+        go.send(()).unwrap();
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            answer.as_mut().poll(&mut Context::from_waker(&noop))
+        }));
+        // The waker's panic comes out of the poll that answered (the library's rule).
+        assert_eq!(message(polled.unwrap_err()), "this waker panics");
+        assert!(scope.is_closed());
+        assert!(scope.lifecycle().is_final(), "{:?}", scope.lifecycle());
+        let report = tokio::time::timeout(Duration::from_secs(3600), reports.recv())
+            .await
+            .expect("the request is reported")
+            .expect("the report callback is kept");
+        assert_eq!(report.cause(), None);
+    }
+}
