@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Wake, Waker};
 
 /// Panics when woken.
 struct Panics;
@@ -145,5 +145,67 @@ mod admit {
             .expect("the request is reported")
             .expect("the report callback is kept");
         assert_eq!(report.cause(), None);
+    }
+}
+
+mod retry {
+    use std::cell::RefCell;
+    use std::pin::Pin;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use cancel_scope::retry::{Decision, Retry};
+    use cancel_scope::{ChildSpec, Quiesce, Scope};
+    use futures::FutureExt;
+
+    use super::{message, panics, pending_with};
+
+    /// An idempotent attempt whose effect is unknown is parked (its receipt waits for the
+    /// call's end: `Cancelled` if a later attempt succeeds). At the call's end the parked
+    /// attempt's receipt is given first, then the winner's `Succeeded`. Giving the parked one
+    /// its receipt makes its scope quiet and wakes a `quiesce()` of it; if that waker panics,
+    /// the winner must still be recorded `Succeeded` (not dropped into `EffectUnknown`, which
+    /// would report a pending effect for a call that succeeded).
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_winner_is_recorded_succeeded_even_if_a_quiesce_waker_panics_at_a_parked_receipt(
+    ) {
+        let scope = Scope::new();
+        let watch: Rc<RefCell<Vec<Pin<Box<Quiesce>>>>> = Rc::default();
+        let retry = Retry::new(|_: &&str| Decision::EffectUnknown)
+            .max_attempts(2)
+            .backoff(std::iter::repeat(Duration::ZERO));
+        let w = watch.clone();
+        let out = std::panic::AssertUnwindSafe(retry.run(
+            &scope,
+            ChildSpec::idempotent("pay", "key-1"),
+            move |attempt| {
+                let w = w.clone();
+                async move {
+                    if attempt.number() == 1 {
+                        // The attempt takes no new work, and something waits for its scope
+                        // to be quiet, with a waker that panics.
+                        attempt.scope().close();
+                        let mut q = Box::pin(attempt.scope().quiesce());
+                        pending_with(q.as_mut(), &panics());
+                        w.borrow_mut().push(q);
+                        Err("lost")
+                    } else {
+                        Ok(7)
+                    }
+                }
+            },
+        ))
+        .catch_unwind()
+        .await;
+        // The waker's panic comes out of the call (the library's rule).
+        assert_eq!(message(out.unwrap_err()), "this waker panics");
+        drop(watch);
+        scope.close();
+        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
+            .await
+            .expect("the scope is quiet");
+        assert_eq!(report.succeeded(), 1, "{report}");
+        assert_eq!(report.cancelled(), 1, "{report}");
+        assert!(report.pending_effects().is_empty(), "{report}");
     }
 }

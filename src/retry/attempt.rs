@@ -16,6 +16,7 @@ use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
 use crate::scope::{ChildBuilder, Note, Scope};
+use crate::tree::Caught;
 
 /// What an attempt knows about itself; passed to the operation for every attempt.
 ///
@@ -735,20 +736,28 @@ impl<'s> Call<'s> {
         if hold.is_some() || ticket_held {
             scope.add_note(Note::new(ledger.clone()));
         }
+        // Giving a receipt may make an attempt's scope quiet and wake its `quiesce()`s: the
+        // panic of one of their wakers comes out once every receipt is given and the hold is
+        // released (the attempts after it are not dropped into their default receipts, e.g.
+        // a winner into `EffectUnknown`).
+        let mut caught = Caught::default();
         for d in parked {
-            if success {
-                d.finish(Receipt::Cancelled);
-            } else if let Some(rec) = d.spec().effect_record().cloned() {
-                d.finish(Receipt::EffectUnknown(rec));
-            }
+            caught.run(|| {
+                if success {
+                    d.finish(Receipt::Cancelled);
+                } else if let Some(rec) = d.spec().effect_record().cloned() {
+                    d.finish(Receipt::EffectUnknown(rec));
+                }
+            });
         }
         for (d, ending) in held_back {
-            ending.give(d);
+            caught.run(|| ending.give(d));
         }
         if let Some(d) = winner {
-            d.succeed();
+            caught.run(|| d.succeed());
         }
-        drop(hold);
+        caught.run(|| drop(hold));
+        caught.resume();
         ledger
     }
 }
