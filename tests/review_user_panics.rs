@@ -208,4 +208,66 @@ mod retry {
         assert_eq!(report.cancelled(), 1, "{report}");
         assert!(report.pending_effects().is_empty(), "{report}");
     }
+
+    /// A hedged call that has a winner cancels the other attempts and collects them: one that
+    /// failed meanwhile gets `Failed`, one that the cancel stopped is parked (idempotent: its
+    /// effect is settled by the winner) and gets `Cancelled` at the call's end. Giving the
+    /// failed one its receipt makes its scope quiet and wakes a `quiesce()` of it; if that
+    /// waker panics, the other attempts must still be collected and given their receipts (not
+    /// dropped into `EffectUnknown`, which would report a pending effect for a call that
+    /// succeeded).
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_collects_every_loser_even_if_a_quiesce_waker_panics_at_a_losers_receipt() {
+        use cancel_scope::retry::HedgeDelay;
+        use std::sync::{Arc, Mutex};
+
+        let scope = Scope::new();
+        let t0 = tokio::time::Instant::now();
+        let watch: Arc<Mutex<Vec<Pin<Box<Quiesce>>>>> = Arc::default();
+        let hedge = Retry::new(|_: &&str| Decision::Backoff)
+            .max_attempts(3)
+            .hedge(HedgeDelay::Fixed(Duration::from_millis(10)));
+        let w = watch.clone();
+        let out = std::panic::AssertUnwindSafe(hedge.run(
+            &scope,
+            ChildSpec::idempotent("pay", "key-2"),
+            move |attempt| {
+                let w = w.clone();
+                async move {
+                    let end = t0 + Duration::from_millis(25);
+                    match attempt.number() {
+                        // The winner, at 25 ms.
+                        1 => {
+                            tokio::time::sleep_until(end).await;
+                            Ok(1)
+                        }
+                        // Fails at the same instant, after closing its scope; something waits
+                        // for that scope to be quiet with a waker that panics.
+                        2 => {
+                            tokio::time::sleep_until(end).await;
+                            attempt.scope().close();
+                            let mut q = Box::pin(attempt.scope().quiesce());
+                            pending_with(q.as_mut(), &panics());
+                            w.lock().unwrap().push(q);
+                            Err("boom")
+                        }
+                        // Runs until the cancel stops it.
+                        _ => std::future::pending().await,
+                    }
+                }
+            },
+        ))
+        .catch_unwind()
+        .await;
+        assert_eq!(message(out.unwrap_err()), "this waker panics");
+        drop(watch);
+        scope.close();
+        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
+            .await
+            .expect("the scope is quiet");
+        assert_eq!(report.succeeded(), 1, "{report}");
+        assert_eq!(report.failed(), 1, "{report}");
+        assert_eq!(report.cancelled(), 1, "{report}");
+        assert!(report.pending_effects().is_empty(), "{report}");
+    }
 }

@@ -18,6 +18,7 @@ use crate::budget::Split;
 use crate::child::ChildSpec;
 use crate::scope::Scope;
 use crate::sync::Mutex;
+use crate::tree::Caught;
 
 /// When a hedge starts after the attempt before it.
 ///
@@ -445,14 +446,23 @@ impl<C, B> Hedge<C, B> {
         };
         // Losers (and attempts still running after a failure or a cancel) are cancelled and
         // awaited: the call returns only once every attempt has its receipt.
-        inflight.cancel_all(if winner.is_some() {
-            "lost the hedge"
-        } else {
-            "hedged call ended"
+        //
+        // A cancel or a receipt may run a user's code that panics (an `on_cancel` callback or a
+        // waker of an attempt's scope, a classifier): the panic is kept until every attempt is
+        // collected and the call closed, so that none is dropped into its default receipt (a
+        // parked loser of a call that succeeded would be reported as an unknown effect).
+        let mut caught = Caught::default();
+        caught.run(|| {
+            inflight.cancel_all(if winner.is_some() {
+                "lost the hedge"
+            } else {
+                "hedged call ended"
+            });
         });
         while !inflight.is_empty() {
             let (index, _, res) = inflight.next().await;
-            match res {
+            let call = &mut call;
+            caught.run(|| match res {
                 Ok(Finished {
                     dispatched,
                     out: Ok(Ok(_)),
@@ -480,9 +490,10 @@ impl<C, B> Hedge<C, B> {
                     .ledger
                     .get()
                     .end(index, AttemptEnd::Panicked, Instant::now()),
-            }
+            });
         }
         let ledger = call.close(&stop);
+        caught.resume();
         match winner {
             Some(value) => (Ok(value), ledger),
             None => (Err(RetryError::new(stop, last, ledger.clone())), ledger),
