@@ -271,3 +271,58 @@ mod retry {
         assert!(report.pending_effects().is_empty(), "{report}");
     }
 }
+
+mod fanout {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cancel_scope::fanout::FanOut;
+    use cancel_scope::{Cause, Scope};
+    use futures::FutureExt;
+
+    use super::message;
+
+    /// Sets its flag when dropped (the branch's work has stopped).
+    struct SetOnDrop(Arc<AtomicBool>);
+
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// `join` returns only after every branch ended (module docs: "No orphans"). When a
+    /// required branch fails, the siblings are cancelled and awaited; an `on_cancel` callback
+    /// of a sibling that panics must not let `join` return (by that panic) with the sibling
+    /// still running and without its receipt.
+    #[tokio::test(start_paused = true)]
+    async fn a_fan_out_waits_for_every_branch_even_if_cancelling_the_siblings_panics() {
+        let scope = Scope::new();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let mut fan = FanOut::new(&scope);
+        let _a = fan.required("fails", |_: Scope| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Err::<(), _>("boom")
+        });
+        let st = stopped.clone();
+        let _b = fan.required("slow", move |s: Scope| async move {
+            let _cb = s.on_cancel(|_: &Cause| panic!("this callback panics"));
+            let _flag = SetOnDrop(st);
+            std::future::pending::<Result<(), &str>>().await
+        });
+        let out = std::panic::AssertUnwindSafe(fan.join()).catch_unwind().await;
+        assert_eq!(message(out.unwrap_err()), "this callback panics");
+        // Checked before anything else runs: `join` itself waited for the sibling.
+        assert!(
+            stopped.load(Ordering::SeqCst),
+            "join ended while a branch was still running"
+        );
+        scope.close();
+        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
+            .await
+            .expect("the scope is quiet");
+        assert_eq!(report.failed(), 1, "{report}");
+        assert_eq!(report.cancelled(), 1, "{report}");
+    }
+}

@@ -60,6 +60,7 @@ use std::time::Duration;
 use crate::child::{ChildSpec, OwnTicket, Receipt};
 use crate::retry::spawn::{Finished, InFlight};
 use crate::scope::Scope;
+use crate::tree::Caught;
 
 mod error;
 
@@ -365,18 +366,22 @@ impl<'s> FanOut<'s> {
             }
         };
         if let Some(err) = failure {
-            // Cancel the siblings and wait for their receipts.
-            fan_scope.cancel_with("a required branch failed");
+            // Cancel the siblings and wait for their receipts. A cancel or receipt that runs
+            // a user's code that panics (an `on_cancel` callback, a waker) does not cut this
+            // short: the panic comes out once every branch has ended.
+            let mut caught = Caught::default();
+            caught.run(|| fan_scope.cancel_with("a required branch failed"));
             while !inflight.is_empty() {
                 let (_, _, res) = inflight.next().await;
                 if let Ok(Finished { dispatched, out }) = res {
-                    match out {
+                    caught.run(|| match out {
                         Ok(Ok(_)) => dispatched.succeed(),
                         Ok(Err(_)) => dispatched.fail(),
                         Err(_) => dispatched.finish(Receipt::Cancelled),
-                    }
+                    });
                 }
             }
+            caught.resume();
             return Err(err);
         }
         Ok(Joined {
