@@ -95,6 +95,59 @@ mod admit {
         }
     }
 
+    /// A handler's body whose `size_hint` panics (the layer reads it to decide how to track
+    /// the body).
+    struct BadHint;
+
+    impl Body for BadHint {
+        type Data = &'static [u8];
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+            Poll::Ready(None)
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            panic!("this size hint panics")
+        }
+    }
+
+    /// A panic of the handler's own code (here its body's `size_hint`, read by the layer as
+    /// the response comes out) is the handler's: the request's scope is cancelled with "the
+    /// handler panicked", as for a panic in the handler's future, not with `ClientGone` (the
+    /// client is still there; the report would blame it).
+    #[tokio::test(start_paused = true)]
+    async fn a_panic_of_the_handlers_body_as_the_response_comes_out_is_not_blamed_on_the_client() {
+        let layer = AdmitLayer::new(EndpointPolicy::new(
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        ));
+        let slot = Arc::new(std::sync::Mutex::new(None::<Scope>));
+        let seen = slot.clone();
+        let mut svc = layer.layer(Fn_(move |req: Request<()>| {
+            *seen.lock().unwrap() = Some(req.extensions().get::<Scope>().unwrap().clone());
+            async move { Ok::<_, Infallible>(Response::new(BadHint)) }
+        }));
+        let mut answer = Box::pin(svc.call(Request::new(())));
+        let noop = futures::task::noop_waker();
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            answer.as_mut().poll(&mut Context::from_waker(&noop))
+        }));
+        assert_eq!(message(polled.unwrap_err()), "this size hint panics");
+        // The server drops the future that panicked.
+        drop(answer);
+        let scope = slot.lock().unwrap().clone().unwrap();
+        let cause = scope.cause().expect("the request's scope is cancelled");
+        assert_ne!(cause, cancel_scope::Cause::ClientGone);
+        assert!(
+            cause.to_string().contains("the handler panicked"),
+            "{cause}"
+        );
+    }
+
     /// A request that answers is closed, then reported once quiet (`Finish::done`). Closing
     /// a scope with no work left makes it quiet at once and wakes its `quiesce()`s; one whose
     /// waker panics must not keep the request from being reported.
@@ -311,7 +364,9 @@ mod fanout {
             let _flag = SetOnDrop(st);
             std::future::pending::<Result<(), &str>>().await
         });
-        let out = std::panic::AssertUnwindSafe(fan.join()).catch_unwind().await;
+        let out = std::panic::AssertUnwindSafe(fan.join())
+            .catch_unwind()
+            .await;
         assert_eq!(message(out.unwrap_err()), "this callback panics");
         // Checked before anything else runs: `join` itself waited for the sibling.
         assert!(

@@ -179,17 +179,24 @@ where
             StateProj::Done => panic!("ResponseFuture polled after completion"),
             StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(out)) => out.map(|response| match this.finish.as_ref() {
-                    // The body is tracked from before the scope is closed (below).
-                    Some(f) => {
-                        let track = *this.track_body && has_body(response.status());
-                        let length = content_length(response.headers());
-                        response.map(|body| {
-                            ResponseBody::admitted(body, f.scope(), *this.grpc, track, length)
-                        })
-                    }
-                    None => unreachable!("a running request is finished once"),
-                }),
+                Poll::Ready(Ok(out)) => {
+                    // Reading the handler's body (its size hint, its end) runs the handler's
+                    // code: a panic there is the handler's, not the client's going away.
+                    *this.polling = true;
+                    let out = out.map(|response| match this.finish.as_ref() {
+                        // The body is tracked from before the scope is closed (below).
+                        Some(f) => {
+                            let track = *this.track_body && has_body(response.status());
+                            let length = content_length(response.headers());
+                            response.map(|body| {
+                                ResponseBody::admitted(body, f.scope(), *this.grpc, track, length)
+                            })
+                        }
+                        None => unreachable!("a running request is finished once"),
+                    });
+                    *this.polling = false;
+                    out
+                }
                 Poll::Ready(Err(stopped)) => {
                     let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
                     Ok(stopped_response(&cause, *this.grpc))
