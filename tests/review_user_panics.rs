@@ -381,3 +381,59 @@ mod fanout {
         assert_eq!(report.cancelled(), 1, "{report}");
     }
 }
+
+mod fanout_start {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cancel_scope::fanout::FanOut;
+    use cancel_scope::Scope;
+    use futures::FutureExt;
+
+    use super::message;
+
+    struct SetOnDrop(Arc<AtomicBool>);
+
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A branch's constructor (the closure given to `required`) that panics, after a sibling
+    /// started: `join` must not end (by that panic) with the sibling still running; the
+    /// sibling is cancelled and awaited, each branch has one receipt, then the panic goes on.
+    #[tokio::test(start_paused = true)]
+    async fn a_fan_out_whose_branch_constructor_panics_leaves_no_branch_running() {
+        let scope = Scope::new();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let mut fan = FanOut::new(&scope);
+        let st = stopped.clone();
+        let _a = fan.required("slow", move |_: Scope| {
+            // Dropped with the branch's future (whether or not it was ever polled).
+            let flag = SetOnDrop(st);
+            async move {
+                let _flag = flag;
+                std::future::pending::<Result<(), &str>>().await
+            }
+        });
+        let _b = fan.required("bad", |_: Scope| -> std::future::Ready<Result<(), &str>> {
+            panic!("this constructor panics")
+        });
+        let out = std::panic::AssertUnwindSafe(fan.join())
+            .catch_unwind()
+            .await;
+        assert_eq!(message(out.unwrap_err()), "this constructor panics");
+        assert!(
+            stopped.load(Ordering::SeqCst),
+            "join ended while a branch was still running"
+        );
+        scope.close();
+        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
+            .await
+            .expect("the scope is quiet");
+        assert_eq!(report.failed(), 1, "{report}");
+        assert_eq!(report.cancelled(), 1, "{report}");
+    }
+}

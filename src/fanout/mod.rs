@@ -303,6 +303,10 @@ impl<'s> FanOut<'s> {
         let mut absent = Vec::new();
         let mut queue: VecDeque<usize> = (0..self.branches.len()).collect();
         let mut inflight: InFlight<usize, Result<Value, BoxError>> = InFlight::new();
+        // A user's code that panics inside `join` (a branch's constructor; a waker or an
+        // `on_cancel` callback run by a receipt or a cancel) does not cut the join short (no
+        // branch left running, none without its receipt): its panic comes out at the end.
+        let mut caught = Caught::default();
         let failure = 'run: loop {
             while inflight.len() < self.limit {
                 let Some(i) = queue.pop_front() else { break };
@@ -318,8 +322,19 @@ impl<'s> FanOut<'s> {
                     .map(OwnTicket::new);
                 match (started, branch.start.take()) {
                     (Ok(dispatched), Some(start)) => {
-                        let fut = start(dispatched.scope().clone());
-                        inflight.spawn(i, dispatched, fut);
+                        let scope = dispatched.scope().clone();
+                        let mut fut = None;
+                        caught.run(|| fut = Some(start(scope)));
+                        if let Some(fut) = fut {
+                            inflight.spawn(i, dispatched, fut);
+                        } else {
+                            // Its constructor panicked: the branch failed.
+                            caught.run(|| dispatched.fail());
+                            if branch.required {
+                                break 'run Some(FanOutError::panicked(branch.name.clone()));
+                            }
+                            absent.push(branch.name.clone());
+                        }
                     }
                     (Err(e), _) if branch.required => {
                         break 'run Some(FanOutError::not_started(Some(branch.name.clone()), e));
@@ -337,18 +352,18 @@ impl<'s> FanOut<'s> {
                     let branch = &self.branches[i];
                     match res {
                         Ok(Finished { dispatched, out: Ok(Ok(v)) }) => {
-                            dispatched.succeed();
+                            caught.run(|| dispatched.succeed());
                             values[i] = Some(v);
                         }
                         Ok(Finished { dispatched, out: Ok(Err(e)) }) => {
-                            dispatched.fail();
+                            caught.run(|| dispatched.fail());
                             if branch.required {
                                 break Some(FanOutError::failed(branch.name.clone(), e));
                             }
                             absent.push(branch.name.clone());
                         }
                         Ok(Finished { dispatched, out: Err(stopped) }) => {
-                            dispatched.finish(Receipt::Cancelled);
+                            caught.run(|| dispatched.finish(Receipt::Cancelled));
                             if branch.required {
                                 let cause = stopped.cause().cloned().unwrap_or(crate::Cause::Cancelled { reason: None });
                                 break Some(FanOutError::stopped(branch.name.clone(), cause));
@@ -366,10 +381,7 @@ impl<'s> FanOut<'s> {
             }
         };
         if let Some(err) = failure {
-            // Cancel the siblings and wait for their receipts. A cancel or receipt that runs
-            // a user's code that panics (an `on_cancel` callback, a waker) does not cut this
-            // short: the panic comes out once every branch has ended.
-            let mut caught = Caught::default();
+            // Cancel the siblings and wait for their receipts.
             caught.run(|| fan_scope.cancel_with("a required branch failed"));
             while !inflight.is_empty() {
                 let (_, _, res) = inflight.next().await;
@@ -384,6 +396,7 @@ impl<'s> FanOut<'s> {
             caught.resume();
             return Err(err);
         }
+        caught.resume();
         Ok(Joined {
             fan: self.id,
             values,
