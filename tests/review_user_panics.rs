@@ -437,3 +437,95 @@ mod fanout_start {
         assert_eq!(report.cancelled(), 1, "{report}");
     }
 }
+
+mod hedge_op {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cancel_scope::retry::{Decision, HedgeDelay, Retry};
+    use cancel_scope::{ChildSpec, Scope};
+    use futures::FutureExt;
+
+    use super::message;
+
+    struct SetOnDrop(Arc<AtomicBool>);
+
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A hedged call returns only once every attempt has its receipt (no orphan attempt). If
+    /// `op` panics when asked for the hedge, the first attempt, still running, must be
+    /// cancelled and awaited before the panic comes out of the call.
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_whose_op_panics_leaves_no_attempt_running() {
+        let scope = Scope::new();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let hedge = Retry::new(|_: &&str| Decision::Backoff)
+            .max_attempts(2)
+            .hedge(HedgeDelay::Fixed(Duration::from_millis(10)));
+        let st = stopped.clone();
+        let out = std::panic::AssertUnwindSafe(hedge.run(
+            &scope,
+            ChildSpec::read_only("get"),
+            move |attempt| {
+                if attempt.number() == 2 {
+                    panic!("this op panics");
+                }
+                let flag = SetOnDrop(st.clone());
+                async move {
+                    let _flag = flag;
+                    std::future::pending::<Result<(), &str>>().await
+                }
+            },
+        ))
+        .catch_unwind()
+        .await;
+        assert_eq!(message(out.unwrap_err()), "this op panics");
+        assert!(
+            stopped.load(Ordering::SeqCst),
+            "the call ended while an attempt was still running"
+        );
+        scope.close();
+        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
+            .await
+            .expect("the scope is quiet");
+        assert_eq!(report.total(), 2, "{report}");
+    }
+
+    /// The same when the classifier panics on a failed attempt while another runs.
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_whose_classifier_panics_leaves_no_attempt_running() {
+        let scope = Scope::new();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let hedge = Retry::new(|_: &&str| -> Decision { panic!("this classifier panics") })
+            .max_attempts(2)
+            .hedge(HedgeDelay::Fixed(Duration::from_millis(10)));
+        let st = stopped.clone();
+        let out = std::panic::AssertUnwindSafe(hedge.run(
+            &scope,
+            ChildSpec::read_only("get"),
+            move |attempt| {
+                // Only the first attempt's: the second ends at once.
+                let flag = (attempt.number() == 1).then(|| SetOnDrop(st.clone()));
+                async move {
+                    let _flag = flag;
+                    if attempt.number() == 2 {
+                        return Err("boom");
+                    }
+                    std::future::pending::<Result<(), &str>>().await
+                }
+            },
+        ))
+        .catch_unwind()
+        .await;
+        assert_eq!(message(out.unwrap_err()), "this classifier panics");
+        assert!(
+            stopped.load(Ordering::SeqCst),
+            "the call ended while an attempt was still running"
+        );
+    }
+}

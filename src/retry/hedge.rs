@@ -352,6 +352,10 @@ impl<C, B> Hedge<C, B> {
         // once nothing could start after it, the call ends when nothing is in flight.
         let mut not_before: Option<Instant> = None;
         let mut no_more: Option<Stop> = None;
+        // A user's code that panics in the call (`op`, the classifier, an `on_cancel`
+        // callback or a waker run by a cancel or a receipt) is kept until every attempt is
+        // collected and the call closed (see below), then goes on.
+        let mut caught = Caught::default();
         let stop = 'call: {
             // The first attempt (and, later, one after a failure with nothing in flight).
             let mut start_now = true;
@@ -365,7 +369,15 @@ impl<C, B> Hedge<C, B> {
                             index,
                             attempt,
                         }) => {
-                            inflight.spawn(index, dispatched, op(attempt));
+                            let mut fut = None;
+                            caught.run(|| fut = Some(op(attempt)));
+                            let Some(fut) = fut else {
+                                // `op` panicked: no work started for this attempt. The others
+                                // are collected below, then the panic goes on.
+                                call.settle(index, dispatched, AttemptEnd::Panicked, None);
+                                break 'call Stop::Panicked;
+                            };
+                            inflight.spawn(index, dispatched, fut);
                             // A delay too long to represent never hedges.
                             next_hedge = if call.attempts_left() > 0 {
                                 Instant::now()
@@ -389,8 +401,22 @@ impl<C, B> Hedge<C, B> {
                             call.ledger.get().end(index, AttemptEnd::Panicked, Instant::now());
                             break 'call Stop::Panicked;
                         };
-                        let (verdict, error) =
-                            call.judge(index, dispatched, out, &policy.classify, policy.on_timeout);
+                        let mut judged = None;
+                        caught.run(|| {
+                            judged = Some(call.judge(
+                                index,
+                                dispatched,
+                                out,
+                                &policy.classify,
+                                policy.on_timeout,
+                            ));
+                        });
+                        let Some((verdict, error)) = judged else {
+                            // The classifier (or a waker run by the receipt) panicked: the
+                            // others are collected below, then the panic goes on.
+                            call.ledger.get().end(index, AttemptEnd::Panicked, Instant::now());
+                            break 'call Stop::Panicked;
+                        };
                         if error.is_some() {
                             last = error;
                         }
@@ -446,12 +472,9 @@ impl<C, B> Hedge<C, B> {
         };
         // Losers (and attempts still running after a failure or a cancel) are cancelled and
         // awaited: the call returns only once every attempt has its receipt.
-        //
-        // A cancel or a receipt may run a user's code that panics (an `on_cancel` callback or a
-        // waker of an attempt's scope, a classifier): the panic is kept until every attempt is
-        // collected and the call closed, so that none is dropped into its default receipt (a
-        // parked loser of a call that succeeded would be reported as an unknown effect).
-        let mut caught = Caught::default();
+        // A panic kept (`caught`) waits until every attempt is collected and the call closed,
+        // so that none is left running or dropped into its default receipt (a parked loser of
+        // a call that succeeded would be reported as an unknown effect).
         caught.run(|| {
             inflight.cancel_all(if winner.is_some() {
                 "lost the hedge"
