@@ -374,7 +374,9 @@ impl<C, B> Hedge<C, B> {
                             let Some(fut) = fut else {
                                 // `op` panicked: no work started for this attempt. The others
                                 // are collected below, then the panic goes on.
-                                call.settle(index, dispatched, AttemptEnd::Panicked, None);
+                                caught.run(|| {
+                                    call.settle(index, dispatched, AttemptEnd::Panicked, None);
+                                });
                                 break 'call Stop::Panicked;
                             };
                             inflight.spawn(index, dispatched, fut);
