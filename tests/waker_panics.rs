@@ -9,9 +9,8 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use cancel_scope::{ChildSpec, Scope};
@@ -19,55 +18,7 @@ use futures::FutureExt;
 
 mod support;
 
-/// Panics when woken.
-struct Panics;
-
-impl Wake for Panics {
-    fn wake(self: Arc<Self>) {
-        panic!("this waker panics");
-    }
-}
-
-/// Counts its wake-ups.
-#[derive(Default)]
-struct Counts(AtomicUsize);
-
-impl Wake for Counts {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Counts {
-    fn woken(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-fn panics() -> Waker {
-    Waker::from(Arc::new(Panics))
-}
-
-/// Polls `fut` once with `waker`: it must be pending.
-fn pending_with<F: Future>(fut: std::pin::Pin<&mut F>, waker: &Waker) {
-    assert!(fut.poll(&mut Context::from_waker(waker)).is_pending());
-}
-
-/// Runs `f`, which must panic, and returns the panic's message.
-fn panic_of(f: impl FnOnce()) -> String {
-    let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
-        panic!("expected a panic");
-    };
-    message(panic)
-}
-
-/// The message of a caught panic.
-fn message(panic: Box<dyn std::any::Any + Send>) -> String {
-    match panic.downcast::<&str>() {
-        Ok(s) => (*s).to_owned(),
-        Err(p) => *p.downcast::<String>().unwrap(),
-    }
-}
+use support::panics::{message, panic_of, panics, pending_with, Counts};
 
 #[test]
 fn a_waker_that_panics_at_the_cancel_does_not_stop_the_walk_below() {
@@ -340,8 +291,8 @@ mod body_cut {
     use tower_layer::Layer;
     use tower_service::Service;
 
+    use super::support::panics::{message, panics, pending_with, Counts};
     use super::support::tower::Fn_;
-    use super::{message, panics, pending_with, Counts};
 
     /// A handler's body that never sends anything (and has no wake-up of its own).
     struct Never;
@@ -392,7 +343,7 @@ mod body_cut {
         assert_eq!(message(cancelled.unwrap_err()), "this waker panics");
         assert!(scope.lifecycle().is_final(), "{:?}", scope.lifecycle());
         // The server was told to poll the body again, and that poll ends it.
-        assert_eq!(server.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(server.woken(), 1);
         let end = body
             .as_mut()
             .poll_frame(&mut Context::from_waker(&server_waker));

@@ -6,6 +6,7 @@
 pub mod postgres;
 
 pub mod fault;
+pub mod panics;
 pub mod quiesce;
 #[cfg(feature = "tower")]
 pub mod tower;

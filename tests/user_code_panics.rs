@@ -1,39 +1,13 @@
-//! Review: user code that panics (a waker, a classifier, a backoff schedule, a handler) must
-//! not leave the library in a broken state: every admitted request is reported, every
-//! registered child gets one receipt, every unit goes back.
+//! User code that panics (a waker, an `on_cancel` callback, a retry's operation or
+//! classifier, a fan-out branch's constructor, a handler's body) does not leave the library
+//! in a broken state: every admitted request is reported, every registered child gets its one
+//! receipt (a winner stays `Succeeded`), no attempt or branch is left running, every unit goes
+//! back. The panic comes out after that.
 
-use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Wake, Waker};
 
-/// Panics when woken.
-struct Panics;
-
-impl Wake for Panics {
-    fn wake(self: Arc<Self>) {
-        panic!("this waker panics");
-    }
-}
-
-fn panics() -> Waker {
-    Waker::from(Arc::new(Panics))
-}
-
-/// Polls `fut` once with `waker`: it must be pending.
-#[allow(dead_code)]
-fn pending_with<F: Future>(fut: std::pin::Pin<&mut F>, waker: &Waker) {
-    assert!(fut.poll(&mut Context::from_waker(waker)).is_pending());
-}
-
-/// The message of a caught panic.
-#[allow(dead_code)]
-fn message(panic: Box<dyn std::any::Any + Send>) -> String {
-    match panic.downcast::<&str>() {
-        Ok(s) => (*s).to_owned(),
-        Err(p) => *p.downcast::<String>().unwrap(),
-    }
-}
+mod support;
+use support::panics::{message, panics, pending_with};
 
 #[cfg(feature = "tower")]
 mod admit {
@@ -52,6 +26,7 @@ mod admit {
     use tower_layer::Layer;
     use tower_service::Service;
 
+    use super::support::tower::Fn_;
     use super::{message, panics, pending_with, pin};
 
     /// A body with nothing to send (the admission layer does not track it).
@@ -70,28 +45,6 @@ mod admit {
 
         fn is_end_stream(&self) -> bool {
             true
-        }
-    }
-
-    /// A service from a closure.
-    #[derive(Clone)]
-    struct Fn_<F>(F);
-
-    impl<F, R, Fut, T> Service<R> for Fn_<F>
-    where
-        F: FnMut(R) -> Fut,
-        Fut: Future<Output = Result<T, Infallible>>,
-    {
-        type Response = T;
-        type Error = Infallible;
-        type Future = Fut;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, r: R) -> Fut {
-            (self.0)(r)
         }
     }
 
@@ -335,15 +288,7 @@ mod fanout {
     use futures::FutureExt;
 
     use super::message;
-
-    /// Sets its flag when dropped (the branch's work has stopped).
-    struct SetOnDrop(Arc<AtomicBool>);
-
-    impl Drop for SetOnDrop {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
+    use super::support::panics::SetOnDrop;
 
     /// `join` returns only after every branch ended (module docs: "No orphans"). When a
     /// required branch fails, the siblings are cancelled and awaited; an `on_cancel` callback
@@ -392,14 +337,7 @@ mod fanout_start {
     use futures::FutureExt;
 
     use super::message;
-
-    struct SetOnDrop(Arc<AtomicBool>);
-
-    impl Drop for SetOnDrop {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
+    use super::support::panics::SetOnDrop;
 
     /// A branch's constructor (the closure given to `required`) that panics, after a sibling
     /// started: `join` must not end (by that panic) with the sibling still running; the
@@ -448,14 +386,7 @@ mod hedge_op {
     use futures::FutureExt;
 
     use super::message;
-
-    struct SetOnDrop(Arc<AtomicBool>);
-
-    impl Drop for SetOnDrop {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
+    use super::support::panics::SetOnDrop;
 
     /// A hedged call returns only once every attempt has its receipt (no orphan attempt). If
     /// `op` panics when asked for the hedge, the first attempt, still running, must be

@@ -1,0 +1,67 @@
+//! Wakers and helpers for the tests of user code that panics.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
+
+/// Panics when woken.
+pub struct Panics;
+
+impl Wake for Panics {
+    fn wake(self: Arc<Self>) {
+        panic!("this waker panics");
+    }
+}
+
+/// A waker that panics when woken.
+pub fn panics() -> Waker {
+    Waker::from(Arc::new(Panics))
+}
+
+/// Counts its wake-ups.
+#[derive(Default)]
+pub struct Counts(AtomicUsize);
+
+impl Wake for Counts {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Counts {
+    pub fn woken(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Polls `fut` once with `waker`: it must be pending.
+pub fn pending_with<F: Future>(fut: Pin<&mut F>, waker: &Waker) {
+    assert!(fut.poll(&mut Context::from_waker(waker)).is_pending());
+}
+
+/// Runs `f`, which must panic, and returns the panic's message.
+pub fn panic_of(f: impl FnOnce()) -> String {
+    let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+        panic!("expected a panic");
+    };
+    message(panic)
+}
+
+/// The message of a caught panic.
+pub fn message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<&str>() {
+        Ok(s) => (*s).to_owned(),
+        Err(p) => *p.downcast::<String>().unwrap(),
+    }
+}
+
+/// Sets its flag when dropped (the work that holds it has stopped).
+pub struct SetOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
