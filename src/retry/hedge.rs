@@ -415,8 +415,15 @@ impl<C, B> Hedge<C, B> {
                         });
                         let Some((verdict, error)) = judged else {
                             // The classifier (or a waker run by the receipt) panicked: the
-                            // others are collected below, then the panic goes on.
+                            // others are collected below, then the panic goes on. A waker's
+                            // panic comes after the attempt's end was recorded: an attempt
+                            // that succeeded stays the call's success (no attempt panicked;
+                            // as when the same waker panics at a receipt given later).
+                            let ended = call.ledger.attempts[index].end;
                             call.ledger.get().end(index, AttemptEnd::Panicked, Instant::now());
+                            if ended == Some(AttemptEnd::Succeeded) {
+                                break 'call Stop::Succeeded;
+                            }
                             break 'call Stop::Panicked;
                         };
                         if error.is_some() {
@@ -478,7 +485,7 @@ impl<C, B> Hedge<C, B> {
         // so that none is left running or dropped into its default receipt (a parked loser of
         // a call that succeeded would be reported as an unknown effect).
         caught.run(|| {
-            inflight.cancel_all(if winner.is_some() {
+            inflight.cancel_all(if stop == Stop::Succeeded {
                 "lost the hedge"
             } else {
                 "hedged call ended"
@@ -486,36 +493,49 @@ impl<C, B> Hedge<C, B> {
         });
         while !inflight.is_empty() {
             let (index, _, res) = inflight.next().await;
-            let call = &mut call;
-            caught.run(|| match res {
-                Ok(Finished {
-                    dispatched,
-                    out: Ok(Ok(_)),
-                }) => call.settle(index, dispatched, AttemptEnd::Succeeded, None),
-                // It answered with an error before the cancel reached it: a definite failure
-                // (or an unknown effect, if so classified), not an attempt stopped by the
-                // cancel. Its error does not replace the one that ended the call.
-                Ok(Finished {
-                    dispatched,
-                    out: Ok(Err(e)),
-                }) => {
-                    call.fail(index, dispatched, &e, &policy.classify);
+            let drained = &mut call;
+            let mut recorded = false;
+            caught.run(|| {
+                let call = drained;
+                match res {
+                    Ok(Finished {
+                        dispatched,
+                        out: Ok(Ok(_)),
+                    }) => call.settle(index, dispatched, AttemptEnd::Succeeded, None),
+                    // It answered with an error before the cancel reached it: a definite failure
+                    // (or an unknown effect, if so classified), not an attempt stopped by the
+                    // cancel. Its error does not replace the one that ended the call.
+                    Ok(Finished {
+                        dispatched,
+                        out: Ok(Err(e)),
+                    }) => {
+                        call.fail(index, dispatched, &e, &policy.classify);
+                    }
+                    // Stopped by the cancel (or its own deadline) before it answered.
+                    Ok(Finished {
+                        dispatched,
+                        out: Err(_),
+                    }) => call.settle(
+                        index,
+                        dispatched,
+                        AttemptEnd::Stopped,
+                        Some(Unknown::Stopped),
+                    ),
+                    Err(_) => call
+                        .ledger
+                        .get()
+                        .end(index, AttemptEnd::Panicked, Instant::now()),
                 }
-                // Stopped by the cancel (or its own deadline) before it answered.
-                Ok(Finished {
-                    dispatched,
-                    out: Err(_),
-                }) => call.settle(
-                    index,
-                    dispatched,
-                    AttemptEnd::Stopped,
-                    Some(Unknown::Stopped),
-                ),
-                Err(_) => call
-                    .ledger
-                    .get()
-                    .end(index, AttemptEnd::Panicked, Instant::now()),
+                recorded = true;
             });
+            if !recorded {
+                // The classifier (or a waker run by the receipt) panicked: the attempt is
+                // recorded all the same (it has no end yet if the classifier panicked; its
+                // ticket got its receipt as it was dropped).
+                call.ledger
+                    .get()
+                    .end(index, AttemptEnd::Panicked, Instant::now());
+            }
         }
         let ledger = call.close(&stop);
         caught.resume();
