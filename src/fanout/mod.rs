@@ -286,7 +286,11 @@ impl<'s> FanOut<'s> {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime (branches are tasks).
+    /// Outside a tokio runtime (branches are tasks). A branch's constructor that panics, or a
+    /// waker or `on_cancel` callback that panics at a receipt or cancel run here, ends the
+    /// fan-out as a failed required branch would (the other branches are cancelled and have
+    /// their receipts), and then its panic comes out of `join`. (A panic inside a branch's
+    /// future is that branch's failure: [`FanOutError`] if it is required, absent if not.)
     ///
     /// # Examples
     ///
@@ -328,12 +332,13 @@ impl<'s> FanOut<'s> {
                         if let Some(fut) = fut {
                             inflight.spawn(i, dispatched, fut);
                         } else {
-                            // Its constructor panicked: the branch failed.
+                            // Its constructor panicked: the branch failed, and the fan-out
+                            // ends as for a failed required branch (optional or not: the panic
+                            // is the caller's own and comes out of `join`, so nobody would see
+                            // the other branches' results): the siblings are cancelled and
+                            // awaited, then the panic goes on.
                             caught.run(|| dispatched.fail());
-                            if branch.required {
-                                break 'run Some(FanOutError::panicked(branch.name.clone()));
-                            }
-                            absent.push(branch.name.clone());
+                            break 'run Some(FanOutError::panicked(branch.name.clone()));
                         }
                     }
                     (Err(e), _) if branch.required => {

@@ -276,7 +276,11 @@ impl<C, B> Hedge<C, B> {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime (attempts are tasks).
+    /// Outside a tokio runtime (attempts are tasks). If `op` or the classifier panics, the
+    /// call stops ([`Stop::Panicked`] in its ledger, which is attached to the scope's report),
+    /// the other attempts are cancelled and have their receipts, and then the panic comes
+    /// out. So does the panic of a waker or `on_cancel` callback run by a receipt or a cancel
+    /// of the call, once every attempt is collected.
     ///
     /// # Examples
     ///
