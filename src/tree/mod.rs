@@ -1494,9 +1494,7 @@ pub(crate) fn record_own_receipt<X, R: Clone>(
     record: Option<&R>,
     clock: impl Fn() -> u64,
 ) {
-    let mut caught = Caught::default();
-    end_own(node, OWN_DONE, kind, record, &clock, &mut caught);
-    caught.resume();
+    end_own(node, OWN_DONE, kind, record, &clock, None);
 }
 
 /// Ends `node`'s own ticket (see [`new_child_dispatched`]) as `to` (`OWN_DONE`: its owner's
@@ -1505,13 +1503,17 @@ pub(crate) fn record_own_receipt<X, R: Clone>(
 /// in `node` itself if it was cancelled (its quiet may come with this end, and its "time from
 /// cancel to quiet" runs to it); then the ticket's unit of `node` is released, and so the
 /// parent's if it was `node`'s last (invariant 6). Returns whether this call ended it.
+///
+/// `caught`: where a quarantine keeps the panic of a `quiesce()` waker that the release
+/// wakes; `None` (the owner's receipt) resumes it at once, once the release is done (and
+/// keeps the owner's path what it was: an inlined [`release_unit`]).
 fn end_own<X, R: Clone>(
     node: &Node<X, R>,
     to: u8,
     kind: Kind,
     record: Option<&R>,
     clock: &dyn Fn() -> u64,
-    caught: &mut Caught,
+    caught: Option<&mut Caught>,
 ) -> bool {
     // AcqRel: the winner of this CAS (the owner's or the quarantine's) is the one receipt.
     if node
@@ -1531,7 +1533,10 @@ fn end_own<X, R: Clone>(
             .last_stamp
             .fetch_max(clock(), Ordering::AcqRel);
     }
-    release_unit_caught(node, caught);
+    match caught {
+        Some(caught) => release_unit_caught(node, caught),
+        None => release_unit(node),
+    }
     true
 }
 
@@ -1674,7 +1679,7 @@ fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64, caught: &mut Caug
         Kind::Quarantined,
         Some(info),
         &|| stamp,
-        caught,
+        Some(caught),
     )
 }
 
