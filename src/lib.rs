@@ -61,6 +61,43 @@
 //! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs; admission and egress |
 //! | `integrations` | database, tower and reqwest adapters (behind features) |
 //!
+//! # User code that panics
+//!
+//! The scope runs code of yours on behalf of others: the wakers of the tasks waiting on it
+//! (in `cancelled()`, `quiesce()`, a `run`), `on_cancel` callbacks, and in the layers above,
+//! a retry's operation and classifier or a fan-out branch's constructor. A panic there does
+//! not leave the step that ran it half done: a cancel still reaches the whole subtree, a
+//! close closes it, a scope that became quiet still gives its unit back to its parent and
+//! wakes its other waiters, a quarantine records and releases every child it took, and a
+//! hedge or fan-out cancels and collects its other attempts or branches. The first panic then
+//! comes out of the call that ran the step — which may be another task's call (a waker of
+//! yours is woken by whoever cancels, closes or releases) — or is dropped if that thread is
+//! already unwinding (a second panic from a destructor would abort the process).
+//!
+//! ```
+//! use std::future::Future;
+//! use std::sync::Arc;
+//! use std::task::{Context, Wake, Waker};
+//! use cancel_scope::Scope;
+//!
+//! struct Buggy;
+//! impl Wake for Buggy {
+//!     fn wake(self: Arc<Self>) {
+//!         panic!("a buggy waker");
+//!     }
+//! }
+//!
+//! let root = Scope::new();
+//! let child = root.child().build().unwrap();
+//! let mut waiting = Box::pin(root.cancelled());
+//! let waker = Waker::from(Arc::new(Buggy));
+//! assert!(waiting.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+//!
+//! let cancel = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| root.cancel()));
+//! assert!(cancel.is_err()); // the waker's panic comes out of `cancel`...
+//! assert!(child.is_cancelled()); // ...once the cancel has reached the whole tree
+//! ```
+//!
 //! # Feature flags
 //!
 //! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab` and `sfv`.
