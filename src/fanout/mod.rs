@@ -327,9 +327,7 @@ impl<'s> FanOut<'s> {
                 match (started, branch.start.take()) {
                     (Ok(dispatched), Some(start)) => {
                         let scope = dispatched.scope().clone();
-                        let mut fut = None;
-                        caught.run(|| fut = Some(start(scope)));
-                        if let Some(fut) = fut {
+                        if let Some(fut) = caught.run(|| start(scope)) {
                             inflight.spawn(i, dispatched, fut);
                         } else {
                             // Its constructor panicked: the branch failed, and the fan-out

@@ -373,9 +373,7 @@ impl<C, B> Hedge<C, B> {
                             index,
                             attempt,
                         }) => {
-                            let mut fut = None;
-                            caught.run(|| fut = Some(op(attempt)));
-                            let Some(fut) = fut else {
+                            let Some(fut) = caught.run(|| op(attempt)) else {
                                 // `op` panicked: no work started for this attempt. The others
                                 // are collected below, then the panic goes on.
                                 caught.run(|| {
@@ -407,15 +405,8 @@ impl<C, B> Hedge<C, B> {
                             call.ledger.get().end(index, AttemptEnd::Panicked, Instant::now());
                             break 'call Stop::Panicked;
                         };
-                        let mut judged = None;
-                        caught.run(|| {
-                            judged = Some(call.judge(
-                                index,
-                                dispatched,
-                                out,
-                                &policy.classify,
-                                policy.on_timeout,
-                            ));
+                        let judged = caught.run(|| {
+                            call.judge(index, dispatched, out, &policy.classify, policy.on_timeout)
                         });
                         let Some((verdict, error)) = judged else {
                             // The classifier (or a waker run by the receipt) panicked: the
@@ -497,10 +488,7 @@ impl<C, B> Hedge<C, B> {
         });
         while !inflight.is_empty() {
             let (index, _, res) = inflight.next().await;
-            let drained = &mut call;
-            let mut recorded = false;
-            caught.run(|| {
-                let call = drained;
+            let recorded = caught.run(|| {
                 match res {
                     Ok(Finished {
                         dispatched,
@@ -530,9 +518,8 @@ impl<C, B> Hedge<C, B> {
                         .get()
                         .end(index, AttemptEnd::Panicked, Instant::now()),
                 }
-                recorded = true;
             });
-            if !recorded {
+            if recorded.is_none() {
                 // The classifier (or a waker run by the receipt) panicked: the attempt is
                 // recorded all the same (it has no end yet if the classifier panicked; its
                 // ticket got its receipt as it was dropped).

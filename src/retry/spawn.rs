@@ -54,17 +54,6 @@ impl<K, T: Send + 'static> InFlight<K, T> {
         self.tasks.push((key, scope, handle));
     }
 
-    /// Cancels every child still running, with `reason`. A cancel that panics (a waker or an
-    /// `on_cancel` callback of its scope) does not keep the others running: the first panic
-    /// comes out once every child is cancelled.
-    pub(crate) fn cancel_all(&self, reason: &'static str) {
-        let mut caught = Caught::default();
-        for (_, scope, _) in &self.tasks {
-            caught.run(|| scope.cancel_with(reason));
-        }
-        caught.resume();
-    }
-
     /// Waits for the next child to end (pending forever when there is none).
     ///
     /// Cancel safe: a child that has not ended stays in the set.
@@ -95,14 +84,22 @@ impl<K, T> Future for Next<'_, K, T> {
     }
 }
 
-impl<K, T> Drop for InFlight<K, T> {
-    fn drop(&mut self) {
-        // As `cancel_all` (which needs `T: Send`): every child is cancelled, also after a
-        // cancel that panics (no orphan attempt or branch).
+impl<K, T> InFlight<K, T> {
+    /// Cancels every child still running, with `reason`. A cancel that panics (a waker or an
+    /// `on_cancel` callback of its scope) does not keep the others running: the first panic
+    /// comes out once every child is cancelled.
+    pub(crate) fn cancel_all(&self, reason: &'static str) {
         let mut caught = Caught::default();
         for (_, scope, _) in &self.tasks {
-            caught.run(|| scope.cancel_with("abandoned by its caller"));
+            caught.run(|| scope.cancel_with(reason));
         }
         caught.resume();
+    }
+}
+
+impl<K, T> Drop for InFlight<K, T> {
+    fn drop(&mut self) {
+        // No orphan attempt or branch.
+        self.cancel_all("abandoned by its caller");
     }
 }

@@ -971,10 +971,15 @@ impl Caught {
         self.run(move || waker.wake());
     }
 
-    /// Runs `f`, keeping its panic (the first one kept wins).
-    pub(crate) fn run(&mut self, f: impl FnOnce()) {
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-            self.0.get_or_insert(panic);
+    /// Runs `f` and returns what it returned; if it panics, keeps its panic (the first one
+    /// kept wins) and returns `None`.
+    pub(crate) fn run<T>(&mut self, f: impl FnOnce() -> T) -> Option<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(out) => Some(out),
+            Err(panic) => {
+                self.0.get_or_insert(panic);
+                None
+            }
         }
     }
 

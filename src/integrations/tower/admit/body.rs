@@ -116,23 +116,17 @@ impl BodyStop {
         } else {
             None
         };
-        // The server's task is woken after the unit went back, also if giving it back
-        // panics (a `quiesce()` waker of a scope it makes quiet, kept by the tree and resumed
-        // here): the server must still poll the body to end it.
-        let _task = WakeOnDrop(held.task.take());
+        let task = held.task.take();
         drop(held);
-        drop(unit);
-    }
-}
-
-/// Wakes the waker it holds when dropped (also while unwinding).
-struct WakeOnDrop(Option<Waker>);
-
-impl Drop for WakeOnDrop {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
+        // The server's task is woken after the unit went back, also if giving it back
+        // panics (a `quiesce()` waker of a scope it makes quiet): the server must still poll
+        // the body to end it. That panic comes out after.
+        let mut caught = Caught::default();
+        caught.run(move || drop(unit));
+        if let Some(task) = task {
             task.wake();
         }
+        caught.resume();
     }
 }
 
