@@ -14,16 +14,9 @@ use cancel_scope::{ChildSpec, Quiesce, Scope};
 use futures::FutureExt;
 
 mod support;
-use support::panics::{message, panics, pending_with, SetOnDrop};
+use support::panics::{message, panics, pending_with, report_of, SetOnDrop};
 
 const MS: Duration = Duration::from_millis(1);
-
-async fn report_of(scope: &Scope) -> cancel_scope::Report {
-    scope.close();
-    tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
-        .await
-        .expect("the scope is quiet")
-}
 
 /// A hedged call with a winner (attempt 1, at 25 ms) collects the loser (attempt 2), which
 /// answered an error at the same instant: its error is classified in the drain. If the

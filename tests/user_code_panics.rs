@@ -164,6 +164,7 @@ mod retry {
     use cancel_scope::{ChildSpec, Quiesce, Scope};
     use futures::FutureExt;
 
+    use super::support::panics::report_of;
     use super::{message, panics, pending_with};
 
     /// An idempotent attempt whose effect is unknown is parked (its receipt waits for the
@@ -206,10 +207,7 @@ mod retry {
         // The waker's panic comes out of the call (the library's rule).
         assert_eq!(message(out.unwrap_err()), "this waker panics");
         drop(watch);
-        scope.close();
-        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
-            .await
-            .expect("the scope is quiet");
+        let report = report_of(&scope).await;
         assert_eq!(report.succeeded(), 1, "{report}");
         assert_eq!(report.cancelled(), 1, "{report}");
         assert!(report.pending_effects().is_empty(), "{report}");
@@ -267,10 +265,7 @@ mod retry {
         .await;
         assert_eq!(message(out.unwrap_err()), "this waker panics");
         drop(watch);
-        scope.close();
-        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
-            .await
-            .expect("the scope is quiet");
+        let report = report_of(&scope).await;
         assert_eq!(report.succeeded(), 1, "{report}");
         assert_eq!(report.failed(), 1, "{report}");
         assert_eq!(report.cancelled(), 1, "{report}");
@@ -288,7 +283,7 @@ mod fanout {
     use futures::FutureExt;
 
     use super::message;
-    use super::support::panics::SetOnDrop;
+    use super::support::panics::{report_of, SetOnDrop};
 
     /// `join` returns only after every branch ended (module docs: "No orphans"). When a
     /// required branch fails, the siblings are cancelled and awaited; an `on_cancel` callback
@@ -318,10 +313,7 @@ mod fanout {
             stopped.load(Ordering::SeqCst),
             "join ended while a branch was still running"
         );
-        scope.close();
-        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
-            .await
-            .expect("the scope is quiet");
+        let report = report_of(&scope).await;
         assert_eq!(report.failed(), 1, "{report}");
         assert_eq!(report.cancelled(), 1, "{report}");
     }
@@ -330,14 +322,13 @@ mod fanout {
 mod fanout_start {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
     use cancel_scope::fanout::FanOut;
     use cancel_scope::Scope;
     use futures::FutureExt;
 
     use super::message;
-    use super::support::panics::SetOnDrop;
+    use super::support::panics::{report_of, SetOnDrop};
 
     /// A branch's constructor (the closure given to `required`) that panics, after a sibling
     /// started: `join` must not end (by that panic) with the sibling still running; the
@@ -367,10 +358,7 @@ mod fanout_start {
             stopped.load(Ordering::SeqCst),
             "join ended while a branch was still running"
         );
-        scope.close();
-        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
-            .await
-            .expect("the scope is quiet");
+        let report = report_of(&scope).await;
         assert_eq!(report.failed(), 1, "{report}");
         assert_eq!(report.cancelled(), 1, "{report}");
     }
@@ -386,7 +374,7 @@ mod hedge_op {
     use futures::FutureExt;
 
     use super::message;
-    use super::support::panics::SetOnDrop;
+    use super::support::panics::{report_of, SetOnDrop};
 
     /// A hedged call returns only once every attempt has its receipt (no orphan attempt). If
     /// `op` panics when asked for the hedge, the first attempt, still running, must be
@@ -420,10 +408,7 @@ mod hedge_op {
             stopped.load(Ordering::SeqCst),
             "the call ended while an attempt was still running"
         );
-        scope.close();
-        let report = tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
-            .await
-            .expect("the scope is quiet");
+        let report = report_of(&scope).await;
         assert_eq!(report.total(), 2, "{report}");
     }
 

@@ -5,6 +5,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
+use std::time::Duration;
+
+use cancel_scope::{Report, Scope};
 
 /// Panics when woken.
 pub struct Panics;
@@ -64,4 +67,13 @@ impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
     }
+}
+
+/// Closes `scope` and waits for its report (an hour of virtual time at most: a scope that is
+/// never quiet fails the test instead of hanging it).
+pub async fn report_of(scope: &Scope) -> Report {
+    scope.close();
+    tokio::time::timeout(Duration::from_secs(3600), scope.quiesce())
+        .await
+        .expect("the scope is quiet")
 }
