@@ -234,13 +234,15 @@ fn unlisted_task_ending_at_first_poll_racing_quarantine() {
 /// Model 34: a task whose work waits (its first poll returns `Pending`, and nothing but the
 /// scope wakes it) lists itself while the scope is quarantined on another thread.
 ///
-/// The task moves from its shard's unlisted count into the shard's list under the shard lock,
-/// and the quarantine takes the count before it takes that lock: it meets the task exactly
-/// once, in the count (the listing then fails and the task stops at once) or in the list (it
-/// takes the entry and wakes the task, which finds itself unlisted and stops). Invariant 5:
-/// one `Quarantined` receipt; the task ends `Err(cancelled)`. Walking the shards before taking
-/// the count, or taking the task out of the count outside the lock, lets the quarantine miss
-/// it: the count is 0 and the task waits forever (loom reports the deadlock).
+/// The task moves from its shard's unlisted count into the list of another shard (the polling
+/// thread's; here the count is the main thread's shard and the list the runner's) under that
+/// shard's lock, and the quarantine takes every shard's count before it takes any shard's
+/// lock: it meets the task exactly once, in the count (the listing then fails and the task
+/// stops at once) or in the list (it takes the entry and wakes the task, which finds itself
+/// unlisted and stops). Invariant 5: one `Quarantined` receipt; the task ends
+/// `Err(cancelled)`. Walking the shards before taking the counts (or each shard's slab right
+/// after its own count), or taking the task out of the count outside the lock, lets the
+/// quarantine miss it: the count is 0 and the task waits forever (loom reports the deadlock).
 #[test]
 fn first_pending_listing_racing_quarantine() {
     model("first_pending_listing_racing_quarantine", || {

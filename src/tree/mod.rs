@@ -44,9 +44,9 @@
 //!    task's epoch-checked decrement (its receipt, or its listing) and the quarantine's bump
 //!    takes it. Once listed, its entry is taken out under the shard lock by exactly one of its
 //!    receipt and a quarantine (a sequence number tells a reused slot apart). A task moves
-//!    from the count into the list under that lock, which the quarantine takes after its
-//!    bump, so the quarantine meets it in one of the two places, never both (see
-//!    `InFlight::set_task_waker`). A child
+//!    from the count into the list of its polling thread's shard under that shard's lock,
+//!    and the quarantine takes every shard's lock only after it bumped every count, so it
+//!    meets the task in one of the two places, never both (see `InFlight::set_task_waker`). A child
 //!    node that is itself a ticket of its parent ([`new_child_dispatched`]: a retry attempt)
 //!    has no cell either: its `own` state moves out of `OWN_DISPATCHED` by one CAS, its
 //!    owner's or a quarantine's, which finds it through the parent's registry.

@@ -6,7 +6,7 @@ use std::task::Waker;
 use slab::Slab;
 
 use super::Caught;
-use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
+use crate::sync::{arc_in_place, thread_index, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,7 +156,8 @@ impl<R> TicketCell<R> {
 
 /// Number of in-flight shards per node (a power of two). Children registered one after
 /// another by one thread go to different shards, so that their receipts, recorded on whichever
-/// thread ends them, seldom wait for the registering thread's lock.
+/// thread ends them, seldom wait for the registering thread's lock. A spawned task that waits
+/// is listed in the shard of the thread that polls it instead ([`InFlight::set_task_waker`]).
 const SHARDS: usize = 4;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 const SHARD_MASK: usize = SHARDS - 1;
@@ -247,15 +248,16 @@ struct ShardCells<R> {
 /// One shard of a node's in-flight list, padded so that two shards' locks never share a
 /// cache line.
 struct InFlightShard<R> {
-    /// Spawned tasks of this shard that hold a unit of the node but are not listed in `cells`
-    /// (registered, and not yet returned `Pending`: most tasks end at their first poll, and
-    /// then never take the lock): the low 32 bits count them, the high 32 bits are an epoch,
+    /// Spawned tasks counted in this shard that hold a unit of the node but are not listed
+    /// in any shard's `cells` (registered, and not yet returned `Pending`: most tasks end at
+    /// their first poll, and then never take a lock): the low 32 bits count them, the high 32 bits are an epoch,
     /// which a quarantine bumps as it takes the whole count ([`InFlightShard::quarantine_unlisted`]).
     /// A task remembers the epoch it was counted in; it leaves the count by a compare-and-swap
     /// that requires that epoch ([`InFlightShard::take_unlisted`]): so exactly one of its
     /// receipt (or its listing) and a quarantine takes it (invariant 5). The count cannot
     /// overflow into the epoch: each task counted holds a unit, and a node has fewer than
-    /// 2^32 units. Next to the lock: a task's first `Pending` writes both.
+    /// 2^32 units. A task's first `Pending` takes it out of this count and lists it in the
+    /// shard of the thread that polls it ([`InFlight::set_task_waker`]).
     unlisted: AtomicU64,
     cells: Mutex<ShardCells<R>>,
     _pad: [u8; 64],
@@ -295,8 +297,9 @@ impl<R> InFlightShard<R> {
     /// while this quarantine runs, which may then miss it: the cancel that precedes a
     /// quarantine stops such a task at its first poll, unlike a ticket, whose owner may hold
     /// it, see [`InFlight::list_ticket`]),
-    /// or from the task's decrement or later, and then this quarantine's lock of the shard
-    /// comes after the task's (a load cannot read from a write that happens after it).
+    /// or from the task's decrement or later, and then this quarantine's lock of the shard the
+    /// task listed itself in comes after the task's (a load cannot read from a write that
+    /// happens after it).
     ///
     /// The epoch wraps after 2^32 bumps; each bump takes at least one task, so a task would
     /// have to stay in its first poll while 2^32 later tasks of its shard were quarantined
@@ -358,13 +361,16 @@ impl<R> std::fmt::Debug for InFlight<R> {
     }
 }
 
-/// The shard for the next child this thread registers (round robin). Always the first under
+/// The shard for the next child this thread registers (round robin). Always the last under
 /// loom: a counter that lives on from one explored execution to the next would make the model
-/// nondeterministic (and one shard is the case where everything contends).
+/// nondeterministic (and one shard is the case where everything contends). The last, so that
+/// a task polled by a model thread other than the fourth is listed in a shard that comes
+/// before the one it was counted in (see [`thread_shard`]): the order in which a quarantine
+/// could miss it (loom model 34).
 fn next_shard() -> usize {
     use std::cell::Cell;
     if cfg!(loom) {
-        return 0;
+        return SHARD_MASK;
     }
     thread_local!(static NEXT: Cell<usize> = const { Cell::new(0) });
     NEXT.with(|n| {
@@ -372,6 +378,18 @@ fn next_shard() -> usize {
         n.set(v.wrapping_add(1));
         v & SHARD_MASK
     })
+}
+
+/// The shard in which this thread lists the tasks it polls (see
+/// [`InFlight::set_task_waker`]): fixed per thread, and threads started one after the other
+/// take different shards, so that the workers of a runtime list and unlist their tasks each in
+/// a shard of its own, whose lock and slab stay in that worker's cache. Under loom the model
+/// thread's number: a task counted in the last shard (see [`next_shard`]) and polled on the
+/// main thread or the first spawned one moves from that shard's count into an earlier
+/// shard's list.
+#[inline]
+fn thread_shard() -> usize {
+    thread_index() & SHARD_MASK
 }
 
 impl<R> InFlight<R> {
@@ -454,26 +472,27 @@ impl<R> InFlight<R> {
     }
 
     /// Keeps the waker of a task that returned `Pending`, for the node's cancel: on its first
-    /// `Pending` the task is listed, with the waker (and `task` becomes its listed key); later,
-    /// the waker replaces an older one. `false`: quarantined (not counted or listed any more).
+    /// `Pending` the task is listed, with the waker, in the shard of the polling thread
+    /// ([`thread_shard`]; `task` becomes its listed key); later, the waker replaces an older
+    /// one. `false`: quarantined (not counted or listed any more).
     ///
-    /// Listing moves the task from its shard's unlisted count into the shard's slab under the
-    /// shard lock, and a quarantine takes a shard's count before it takes that lock to walk the
-    /// slab ([`take_for_quarantine`](Self::take_for_quarantine)): so the quarantine meets the
-    /// task exactly once. If the task's decrement comes first in the word's modification
-    /// order, the quarantine does not count it, and takes the lock after the task released it
-    /// (had the quarantine taken it before, its bump, sequenced before its lock, would
-    /// happen-before the task's decrement and so come first in that order): it finds the
-    /// entry. Otherwise the decrement finds the epoch bumped and fails: counted by the
-    /// quarantine, the task is not listed.
+    /// Listing moves the task from its shard's unlisted count into the polling thread's shard's
+    /// slab, under that shard's lock, and a quarantine takes every shard's count before it takes
+    /// any shard's lock to walk its slab ([`take_for_quarantine`](Self::take_for_quarantine)):
+    /// so the quarantine meets the task exactly once. If the task's decrement comes first in
+    /// the count word's modification order, the quarantine does not count it, and takes the
+    /// slab's lock after the task released it (had the quarantine taken that lock before, its
+    /// bump of the count, sequenced before that lock, would happen-before the task's decrement
+    /// and so come first in that order): it finds the entry. Otherwise the decrement finds the
+    /// epoch bumped and fails: counted by the quarantine, the task is not listed (loom model
+    /// 34, where the count and the slab are in different shards).
     pub(super) fn set_task_waker(&self, task: &mut TaskKey, waker: &Waker) -> bool {
-        let shard_index = task.shard();
-        let shard = &self.shards[shard_index];
-        let mut cells = shard.cells.lock();
         let slot = task.slot();
         if slot == UNLISTED {
+            let home = thread_shard();
+            let mut cells = self.shards[home].cells.lock();
             // Under the lock (see above).
-            if !shard.take_unlisted(task.seq) {
+            if !self.shards[task.shard()].take_unlisted(task.seq) {
                 return false;
             }
             let seq = cells.next_seq;
@@ -482,9 +501,10 @@ impl<R> InFlight<R> {
                 seq,
                 waker: waker.clone(),
             });
-            *task = TaskKey::listed(key, shard_index, seq);
+            *task = TaskKey::listed(key, home, seq);
             return true;
         }
+        let mut cells = self.shards[task.shard()].cells.lock();
         let Some(Entry::Task { seq, waker: kept }) = cells.slab.get_mut(slot as usize) else {
             return false;
         };
@@ -523,11 +543,14 @@ impl<R> InFlight<R> {
 
     /// For a quarantine: copies of the listed tickets' cells (each is decided by its CAS), and
     /// the number of tasks, listed or not, which are taken out here (decided by the unlisted
-    /// word's epoch and the shard lock).
+    /// words' epochs and the shard locks).
     ///
-    /// In each shard the unlisted count is taken first, then the lock, in that order: a task
-    /// that lists itself moves from the count to the slab under that lock, so it is met by
-    /// exactly one of the two steps (see [`set_task_waker`](Self::set_task_waker)).
+    /// Every shard's unlisted count is taken first, then each shard's lock, in that order: a
+    /// task that lists itself moves from a count to a slab (maybe another shard's) under that
+    /// slab's lock, so it is met by exactly one of the two steps (see
+    /// [`set_task_waker`](Self::set_task_waker)). Taking one shard's count and then its slab
+    /// before the next shard's count would miss a task that moves from a shard whose count is
+    /// not taken yet into a slab already walked.
     ///
     /// A waker that panics does not keep the others asleep: its panic is kept in `caught`.
     pub(super) fn take_for_quarantine(
@@ -535,12 +558,11 @@ impl<R> InFlight<R> {
         caught: &mut Caught,
     ) -> (Vec<Arc<TicketCell<R>>>, usize) {
         let mut tickets = Vec::new();
-        let mut tasks = 0;
+        // Unlisted tasks are in their first poll or about to be polled: they need no waking,
+        // they find the epoch bumped when they return `Pending` or finish.
+        let mut tasks: usize = self.shards.iter().map(|s| s.quarantine_unlisted()).sum();
         let mut wakers = Vec::new();
         for shard in &self.shards {
-            // Unlisted tasks are in their first poll or about to be polled: they need no
-            // waking, they find the epoch bumped when they return `Pending` or finish.
-            tasks += shard.quarantine_unlisted();
             let mut cells = shard.cells.lock();
             cells.quarantined = true;
             let task_slots: Vec<usize> = cells
