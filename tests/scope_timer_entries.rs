@@ -1,7 +1,8 @@
 //! Deadline timers are disarmed lazily: a scope that goes leaves its entry in its tree's timer
 //! heap, dead, and the heap is compacted as scopes go. Live deadlines must still fire at their
 //! own time, memory must follow the live deadlines (invariant 7), and the timer task must exit
-//! once the scope that made the timers is gone.
+//! once no scope with a deadline is left. The trees one thread makes in one runtime share a
+//! heap and a timer task.
 
 use std::time::Duration;
 
@@ -209,4 +210,68 @@ async fn roots_that_come_and_go_leave_no_timer_task() {
     cleanup.await.unwrap();
     tokio::time::sleep(ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0);
+}
+
+/// The trees a thread makes one after another, one per request, share one heap and one timer
+/// task: 100 request roots with deadlines in flight at once run one task, and each deadline
+/// still fires at its own time. Once they have all gone, the task exits.
+#[tokio::test(start_paused = true)]
+async fn request_roots_made_on_one_thread_share_one_timer_task() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let start = Instant::now();
+    let requests: Vec<_> = (1..=100u64)
+        .map(|i| Scope::with_timeout(ms(1000 - i)))
+        .collect();
+    assert_eq!(metrics.num_alive_tasks(), 1, "one timer task for 100 trees");
+    assert_eq!(requests[0].__timer_entries(), 100, "one heap for 100 trees");
+    for (i, r) in requests.iter().enumerate().rev() {
+        r.cancelled().await;
+        assert_eq!(start.elapsed(), ms(1000 - (i as u64 + 1)));
+        assert_eq!(r.cause(), Some(Cause::DeadlineExceeded));
+    }
+    drop(requests);
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(metrics.num_alive_tasks(), 0, "the timer task exited");
+
+    // Requests one after another, each gone before the next: the task stays while they come.
+    for _ in 0..100 {
+        let r = Scope::with_timeout(Duration::from_secs(30));
+        tokio::task::yield_now().await;
+        assert_eq!(metrics.num_alive_tasks(), 1);
+        drop(r);
+    }
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(metrics.num_alive_tasks(), 0);
+}
+
+/// A thread that makes deadlines in two runtimes uses a heap (and a timer task) of each: a
+/// root made in the second runtime is cancelled by that runtime's clock, while the first
+/// runtime, which made the thread's earlier timers, is not running at all.
+#[test]
+fn each_runtime_has_its_own_timers() {
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let first = paused();
+    let early = first.block_on(async { Scope::with_timeout(ms(10)) });
+    let second = paused();
+    let fired = second.block_on(async {
+        let late = Scope::with_timeout(ms(20));
+        let start = Instant::now();
+        // Paused: with nothing else to wait for, the clock jumps to the next timer, so a
+        // deadline that no timer task of this runtime watches would end the wait at 1 s.
+        let fired = tokio::time::timeout(Duration::from_secs(1), late.cancelled())
+            .await
+            .is_ok();
+        (fired, start.elapsed())
+    });
+    assert_eq!(fired, (true, ms(20)), "the second runtime's deadline fired");
+    first.block_on(async {
+        early.cancelled().await;
+        assert_eq!(early.cause(), Some(Cause::DeadlineExceeded));
+    });
 }

@@ -33,9 +33,6 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
 
 /// [`ScopeExt::timer`]: the scope has an entry in its tree's timers.
 const ARMED: u8 = 1;
-/// [`ScopeExt::timer`]: the scope made its tree's timers (the other scopes that use them are
-/// its descendants).
-const OWNS_TIMERS: u8 = 2;
 
 /// What the scope layer keeps in each tree node. Kept small: a node is allocated (and
 /// initialised) for every child scope, so what most scopes share with their parent sits behind
@@ -47,8 +44,7 @@ pub(crate) struct ScopeExt {
     /// Grace period, request context and the tree's timers, shared with the parent
     /// unless this scope changed one of them; `None`: all defaults.
     shared: Option<std::sync::Arc<Shared>>,
-    /// [`ARMED`] if this scope has an entry in the timers (it tightened the deadline), and
-    /// [`OWNS_TIMERS`] if it made them.
+    /// [`ARMED`] if this scope has an entry in the timers (it tightened the deadline).
     timer: AtomicU8,
     /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
     /// [`Scope::has_mark`]).
@@ -65,8 +61,8 @@ struct Shared {
     /// Request-wide data set on a root (by `wire` admission: operation id, priority, egress
     /// defaults) and shared by every descendant. Opaque to the core.
     context: Option<Context>,
-    /// The timers of this tree (shared with every descendant), if any scope of it has a
-    /// deadline.
+    /// The timers of this tree (shared with every descendant, and with the other trees made
+    /// on the same thread: see `timer`), if any scope of it has a deadline.
     timers: Option<Arc<Timers>>,
 }
 
@@ -303,7 +299,7 @@ impl Scope {
         let shared = (deadline.is_some() || context.is_some()).then(|| {
             std::sync::Arc::new(Shared {
                 context,
-                timers: deadline.map(|_| Arc::new(Timers::default())),
+                timers: deadline.map(|_| Timers::for_this_thread()),
                 ..Shared::DEFAULT
             })
         });
@@ -311,7 +307,7 @@ impl Scope {
             deadline,
             name,
             shared,
-            timer: AtomicU8::new(if deadline.is_some() { OWNS_TIMERS } else { 0 }),
+            timer: AtomicU8::new(0),
             marked: false,
             notes: LazyBox::new(),
         });
@@ -831,13 +827,8 @@ impl Drop for Scope {
         // stays armed, because children that inherit its deadline rely on it. Its entry is
         // not taken out: it dies with the node (see `timer`).
         tree::drop_handle(&self.node, |node| {
-            let t = node.ext.timer.load(Ordering::Relaxed);
-            let Some(timers) = node.ext.timers().filter(|_| t != 0) else {
-                return;
-            };
-            if t & OWNS_TIMERS != 0 {
-                timers.shut_down();
-            } else {
+            let armed = node.ext.timer.load(Ordering::Relaxed) & ARMED != 0;
+            if let Some(timers) = node.ext.timers().filter(|_| armed) {
                 timers.count_gone();
             }
         });
@@ -967,7 +958,7 @@ impl ScopeExt {
                 grace: grace.unwrap_or(inherited.grace),
                 context: inherited.context.clone(),
                 timers: if new_timers {
-                    Some(Arc::new(Timers::default()))
+                    Some(Timers::for_this_thread())
                 } else {
                     inherited.timers.clone()
                 },
@@ -979,7 +970,7 @@ impl ScopeExt {
             deadline,
             name,
             shared,
-            timer: AtomicU8::new(if new_timers { OWNS_TIMERS } else { 0 }),
+            timer: AtomicU8::new(0),
             marked,
             notes: LazyBox::new(),
         }

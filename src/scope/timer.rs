@@ -1,4 +1,5 @@
-//! Deadline timers: one driver task per tree of scopes that has deadlines.
+//! Deadline timers: one heap and one driver task per thread and runtime, shared by every tree
+//! of scopes made there.
 //!
 //! A scope only needs a timer when it *tightens* the deadline it inherits; a child that keeps
 //! its parent's deadline is cancelled by the parent's. All timers of one tree share a heap and
@@ -6,27 +7,37 @@
 //! creating a child with a deadline costs a heap push under a lock, not a task or a timer-wheel
 //! entry, and deadlines fire whether or not anyone polls the scope.
 //!
+//! # One heap per thread and runtime
+//!
+//! A tree takes its heap when its first deadline is set (a root with a deadline, or the first
+//! child that tightens one): the heap of the calling thread for the current runtime
+//! ([`Timers::for_this_thread`]). So the trees that a server's worker makes one after another,
+//! one per request, share one heap and one driver task, and a request's root with a deadline
+//! costs a push, not a task spawned, polled and ended (that was most of its cost). Each worker
+//! has a heap of its own: their locks are not shared. A runtime has its own heaps (its clock
+//! may be paused, its driver tasks run on it), told apart by [`tokio::runtime::Id`].
+//!
+//! The driver exits once no entry of its heap is live: the scope whose entry was the last live
+//! one notifies it ([`Timers::count_gone`]), and it finds nothing to wait for (under the lock:
+//! a push that comes first keeps it, one that comes after starts a new driver). So a program
+//! whose scopes have all gone has no timer task left.
+//!
 //! # Disarming without the lock
 //!
 //! An entry holds a weak reference to its scope's node. A scope whose last handle goes does
 //! not take the lock to take its entry out: the entry is dead once the node is freed (its
 //! weak reference no longer upgrades), and dead entries are dropped lazily, when they reach
 //! the top of the heap or by a compaction. The scope only counts itself gone
-//! ([`Timers::count_gone`]: a load and a store, no read-modify-write), and a compaction runs
-//! once the gone scopes since the last one reach half the entries that one left (at least
-//! [`MIN_COMPACTION`]): its cost, linear in the heap, is at most three times the number of
-//! gone scopes that paid for it, and the dead entries are at most half the live ones plus
-//! that minimum. Counts can be lost: scopes that go at once on several threads may each
-//! store the same count, and a thread stalled between its load and its store can take the
-//! count back by every increment made meanwhile. So an insert also compacts once the heap
-//! has doubled since the last compaction (plus the minimum): whatever the counts, the heap
-//! holds at most about twice the live deadlines (invariant 7), at the same amortized cost.
-//! The node's allocation (not its contents, which go with its last strong reference) lives
-//! until its entry is dropped.
-//!
-//! When the scope that made the tree's timers goes, every scope that uses them has gone (they
-//! are its descendants, and a node goes only after its children): the heap is cleared and the
-//! driver exits ([`Timers::shut_down`]).
+//! ([`Timers::count_gone`]), and a compaction runs once the gone scopes since the last one
+//! reach half the entries that one left (at least [`MIN_COMPACTION`]): its cost, linear in
+//! the heap, is at most three times the number of gone scopes that paid for it, and the dead
+//! entries are at most half the live ones plus that minimum. Counts can be lost: scopes that
+//! go at once on several threads may each store the same count, and a thread stalled between
+//! its load and its store can take the count back by every increment made meanwhile. So an
+//! insert also compacts once the heap has doubled since the last compaction (plus the
+//! minimum): whatever the counts, the heap holds at most about twice the live deadlines
+//! (invariant 7), at the same amortized cost. The node's allocation (not its contents, which
+//! go with its last strong reference) lives until its entry is dropped.
 
 use tokio::time::Instant;
 
@@ -50,6 +61,9 @@ pub(crate) struct Timers {
     gone: AtomicUsize,
     /// The value of `gone` that starts the next compaction.
     compact_at: AtomicUsize,
+    /// Entries whose scope has not counted itself gone: the last one to go notifies the
+    /// driver, which then finds nothing live and exits.
+    live: AtomicUsize,
 }
 
 impl Default for Timers {
@@ -59,6 +73,7 @@ impl Default for Timers {
             wake: tokio::sync::Notify::new(),
             gone: AtomicUsize::new(0),
             compact_at: AtomicUsize::new(MIN_COMPACTION),
+            live: AtomicUsize::new(0),
         }
     }
 }
@@ -162,6 +177,45 @@ struct TimerState {
 }
 
 impl Timers {
+    /// The timers of the calling thread for the current runtime (see the module docs); new
+    /// ones outside a runtime (whose first [`insert`](Self::insert) then panics, as
+    /// `tokio::time::sleep` would).
+    #[cfg(not(loom))]
+    pub(crate) fn for_this_thread() -> Arc<Timers> {
+        use std::cell::RefCell;
+        thread_local! {
+            static TIMERS: RefCell<Option<(tokio::runtime::Id, Arc<Timers>)>> =
+                const { RefCell::new(None) };
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Arc::new(Timers::default());
+        };
+        let id = handle.id();
+        drop(handle);
+        TIMERS
+            .try_with(|kept| {
+                let mut kept = kept.borrow_mut();
+                match &*kept {
+                    Some((of, timers)) if *of == id => timers.clone(),
+                    _ => {
+                        // A runtime this thread has not made deadlines in (or not since it
+                        // made them in another): the old one's heap goes with its scopes.
+                        let timers = Arc::new(Timers::default());
+                        *kept = Some((id, timers.clone()));
+                        timers
+                    }
+                }
+            })
+            // The thread is exiting (its thread-locals are being destroyed).
+            .unwrap_or_else(|_| Arc::new(Timers::default()))
+    }
+
+    /// Under loom no timer is ever armed (there is no runtime): a heap per tree.
+    #[cfg(loom)]
+    pub(crate) fn for_this_thread() -> Arc<Timers> {
+        Arc::new(Timers::default())
+    }
+
     /// Arms a deadline for `node`, which counts itself gone ([`count_gone`](Self::count_gone))
     /// when its last handle goes.
     ///
@@ -177,6 +231,9 @@ impl Timers {
             deadline,
             node: downgrade(node),
         };
+        // Relaxed: the count only decides when to notify the driver, which decides whether to
+        // exit under the lock, from the entries themselves.
+        this.live.fetch_add(1, Ordering::Relaxed);
         let mut st = this.state.lock();
         if !st.running {
             drop(st);
@@ -206,8 +263,15 @@ impl Timers {
     }
 
     /// Counts a scope with an entry whose last handle went (see the module docs); compacts
-    /// the heap when enough have gone since the last compaction.
+    /// the heap when enough have gone since the last compaction, and notifies the driver when
+    /// no entry is live any more (it then exits).
     pub(crate) fn count_gone(&self) {
+        if self.live.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // The driver pops the dead entries and, finding none live, exits. It may run
+            // before this scope's node is freed, and then sleeps until that entry's deadline
+            // once more before it exits: a delay, not a lost deadline.
+            self.wake.notify_one();
+        }
         // Relaxed, and not a read-modify-write: the count only decides when to compact.
         let gone = self.gone.load(Ordering::Relaxed).saturating_add(1);
         self.gone.store(gone, Ordering::Relaxed);
@@ -231,19 +295,6 @@ impl Timers {
             .saturating_add((left / 2).max(MIN_COMPACTION));
         self.compact_at.store(next, Ordering::Relaxed);
         st.limit = left.saturating_mul(2).saturating_add(2 * MIN_COMPACTION);
-    }
-
-    /// The scope that made these timers has gone, and with it every scope that used them:
-    /// drops every entry and lets the driver exit.
-    pub(crate) fn shut_down(&self) {
-        let mut st = self.state.lock();
-        let entries = std::mem::take(&mut st.heap);
-        let running = st.running;
-        drop(st);
-        drop(entries);
-        if running {
-            self.wake.notify_one();
-        }
     }
 
     /// Number of entries, live and dead (for memory tests).
