@@ -69,7 +69,8 @@
 //! not leave the step that ran it half done: a cancel still reaches the whole subtree, a
 //! close closes it, a scope that became quiet still gives its unit back to its parent and
 //! wakes its other waiters, a quarantine records and releases every child it took, and a
-//! hedge or fan-out cancels and collects its other attempts or branches. The first panic then
+//! hedge or fan-out cancels and collects its other attempts or branches, and a retry or hedge
+//! call attaches its ledger to the scope's report (`Stop::Panicked`). The first panic then
 //! comes out of the call that ran the step — which may be another task's call (a waker of
 //! yours is woken by whoever cancels, closes or releases) — or is dropped if that thread is
 //! already unwinding (a second panic from a destructor would abort the process).

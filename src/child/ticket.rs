@@ -446,6 +446,19 @@ impl OwnTicket {
         OwnRun::new(scope, fut)
     }
 
+    /// Whether the ticket still waits for its receipt (not taken by [`take`](Self::take)).
+    pub(crate) fn is_pending(&self) -> bool {
+        self.scope.is_some()
+    }
+
+    /// Takes the ticket out, leaving one that has nothing to record (its drop does nothing).
+    #[inline(always)]
+    pub(crate) fn take(&mut self) -> OwnTicket {
+        OwnTicket {
+            scope: self.scope.take(),
+        }
+    }
+
     /// Records [`Receipt::Succeeded`].
     pub fn succeed(self) {
         self.finish(Receipt::Succeeded);
@@ -481,6 +494,9 @@ fn record_own(scope: &Scope, receipt: &Receipt) {
 }
 
 impl Drop for OwnTicket {
+    // Inlined: a ticket handed on (`take`, `run`) leaves one with nothing to record, whose
+    // drop then costs nothing where it is known empty.
+    #[inline]
     fn drop(&mut self) {
         if let Some(scope) = self.scope.take() {
             // Always dispatched: it was built so.

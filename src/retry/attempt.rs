@@ -2,9 +2,13 @@
 //! call that the sequential retry and the hedge share.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::budget::RetryBudget;
@@ -15,7 +19,7 @@ use crate::cause::Cause;
 use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
-use crate::scope::{ChildBuilder, Note, Scope};
+use crate::scope::{ChildBuilder, Note, OwnRun, Scope};
 use crate::tree::Caught;
 
 /// What an attempt knows about itself; passed to the operation for every attempt.
@@ -318,6 +322,14 @@ impl std::ops::Deref for CallLedger {
 /// only when an attempt ends without success (before that attempt's receipt), so that a first
 /// attempt that succeeds never pays for it: its own ticket holds the scope until the ledger
 /// is attached, and gets its receipt right after ([`succeed`](Self::succeed)).
+///
+/// The same holds for a call that does not end by itself (its future dropped, or unwound by
+/// a panic of user code): [`abandon`](Self::abandon) attaches the ledger before the units go.
+/// Rust's drop order does not give that for free — locals are dropped in reverse order of
+/// declaration, so the attempt's ticket (or the temporary of the `.await` running it) would be
+/// dropped before the call — so the caller keeps the call in guards declared after it:
+/// [`Live`] for the whole call, [`Keep`] and [`Attempting`] around the ticket of the attempt
+/// in flight, each of which ends the call in its own `drop`, before the fields it guards.
 pub(crate) struct Call<'s> {
     pub(crate) scope: &'s Scope,
     pub(crate) limits: Limits,
@@ -601,25 +613,29 @@ impl<'s> Call<'s> {
     /// Returns the decision. Also for an attempt drained after the call ended (a hedge's
     /// loser whose error came back as it was cancelled): its answer was definite, so it is not
     /// recorded as stopped.
+    ///
+    /// The ticket is taken out of `dispatched` only once the classifier has returned: if it
+    /// panics, the ticket is still the caller's (see [`Keep`]).
     pub(crate) fn fail<E>(
         &mut self,
         index: usize,
-        dispatched: OwnTicket,
+        dispatched: &mut OwnTicket,
         e: &E,
         classify: &impl Classify<E>,
     ) -> Decision {
         let d = classify.classify(e);
         let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
-        self.settle(index, dispatched, AttemptEnd::Failed(d), unknown);
+        self.settle(index, dispatched.take(), AttemptEnd::Failed(d), unknown);
         d
     }
 
     /// Judges a finished attempt: gives it its receipt and its place in the ledger, and says
-    /// whether the call succeeded, must stop, or may try again (and how).
+    /// whether the call succeeded, must stop, or may try again (and how). The ticket is taken
+    /// out of `dispatched` as in [`fail`](Self::fail).
     pub(crate) fn judge<T, E>(
         &mut self,
         index: usize,
-        dispatched: OwnTicket,
+        dispatched: &mut OwnTicket,
         out: Result<Result<T, E>, Error>,
         classify: &impl Classify<E>,
         on_timeout: Decision,
@@ -627,7 +643,7 @@ impl<'s> Call<'s> {
         let side_effecting = matches!(self.spec().effect(), Effect::SideEffecting);
         match out {
             Ok(Ok(value)) => {
-                self.settle(index, dispatched, AttemptEnd::Succeeded, None);
+                self.settle(index, dispatched.take(), AttemptEnd::Succeeded, None);
                 (Verdict::Success(value), None)
             }
             Ok(Err(e)) => {
@@ -650,7 +666,7 @@ impl<'s> Call<'s> {
                     // (seed: 0 ms left -> cancel downstream and end).
                     self.settle(
                         index,
-                        dispatched,
+                        dispatched.take(),
                         AttemptEnd::Stopped,
                         Some(Unknown::Stopped),
                     );
@@ -661,7 +677,7 @@ impl<'s> Call<'s> {
                 } else {
                     AttemptEnd::Stopped
                 };
-                self.settle(index, dispatched, end, Some(Unknown::Stopped));
+                self.settle(index, dispatched.take(), end, Some(Unknown::Stopped));
                 let verdict = if side_effecting {
                     Verdict::Stop(Stop::EffectUnknown)
                 } else if on_timeout == Decision::Never {
@@ -759,5 +775,197 @@ impl<'s> Call<'s> {
         caught.run(|| drop(hold));
         caught.resume();
         ledger
+    }
+
+    /// Ends a call that is dropped, or unwound by a panic, before it ended: every attempt
+    /// without an end is recorded ended now ([`AttemptEnd::Stopped`]; the one whose ticket the
+    /// caller still holds, `in_flight`, [`AttemptEnd::Panicked`] if the thread is unwinding),
+    /// the ledger is finished with [`Stop::Dropped`] (or [`Stop::Panicked`]) and attached to
+    /// the scope's report. Nothing if the call has ended already.
+    ///
+    /// Called while the call still holds its unit of the scope (see [`Call`]): the ticket of
+    /// the attempt in flight (`ticket_held`; given its receipt by the caller afterwards), the
+    /// hold, parked or held-back attempts (given theirs as the call's fields are dropped).
+    /// Holding none, it takes the hold as [`close`](Self::close) does, and attaches nothing if
+    /// the scope is closed.
+    ///
+    /// A call dropped while its thread unwinds from a panic elsewhere (its owner's) is
+    /// recorded as panicked too: `std::thread::panicking` cannot tell the two apart.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn abandon(&mut self, in_flight: Option<usize>, ticket_held: bool) {
+        if self.ledger.stop.is_some() {
+            return;
+        }
+        let panicked = std::thread::panicking();
+        let now = Instant::now();
+        let ledger = self.ledger.get();
+        for i in 0..ledger.attempts.len() {
+            let end = if panicked && in_flight == Some(i) {
+                AttemptEnd::Panicked
+            } else {
+                AttemptEnd::Stopped
+            };
+            ledger.end(i, end, now);
+        }
+        ledger.finish(
+            if panicked {
+                &Stop::Panicked
+            } else {
+                &Stop::Dropped
+            },
+            now,
+        );
+        let held = ticket_held
+            || self.hold.is_some()
+            || !self.parked.is_empty()
+            || !self.held_back.is_empty();
+        if !held {
+            self.hold = self.scope.tether(()).ok();
+        }
+        if held || self.hold.is_some() {
+            self.scope.add_note(Note::new(self.ledger.0.clone()));
+        }
+    }
+}
+
+/// A call from its admission to its end, in the keeping of this guard: dropped before the
+/// call ended (the call's future dropped, e.g. during a backoff sleep or while a hedge's
+/// attempts run, or unwound by a panic), it ends the call ([`Call::abandon`]) — before the
+/// call itself is dropped, so while the call's hold, parked and held-back attempts still hold
+/// the scope. Declared after the call, it is dropped before it.
+///
+/// [`end`](Self::end) it (no cost) before the call ends normally
+/// ([`succeed`](Call::succeed), [`close`](Call::close)).
+pub(crate) struct Live<'c, 's>(&'c mut Call<'s>);
+
+impl<'c, 's> Live<'c, 's> {
+    #[inline(always)]
+    pub(crate) fn new(call: &'c mut Call<'s>) -> Self {
+        Live(call)
+    }
+
+    /// Gives the call back, to end it normally.
+    #[inline(always)]
+    pub(crate) fn end(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<'s> std::ops::Deref for Live<'_, 's> {
+    type Target = Call<'s>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Call<'s> {
+        self.0
+    }
+}
+
+impl<'s> std::ops::DerefMut for Live<'_, 's> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Call<'s> {
+        self.0
+    }
+}
+
+impl Drop for Live<'_, '_> {
+    fn drop(&mut self) {
+        self.0.abandon(None, false);
+    }
+}
+
+/// The ticket of a sequential call's attempt in flight, kept with the call while user code
+/// runs for it (`op`, then the classifier): unwound by a panic there, it ends the call
+/// ([`Call::abandon`], the ledger attached while the ticket still holds the scope), and only
+/// then is the ticket dropped into its default receipt (a field is dropped after its
+/// struct's `drop`). A ticket held in a local instead would be dropped first, being declared
+/// after the call: the scope could be quiet before the ledger is attached (invariant 6).
+pub(crate) struct Keep<'c, 's> {
+    /// `None` once the ticket is handed on (to a run, or to its receipt).
+    call: Option<&'c mut Call<'s>>,
+    index: usize,
+    ticket: OwnTicket,
+}
+
+impl<'c, 's> Keep<'c, 's> {
+    #[inline(always)]
+    pub(crate) fn new(call: &'c mut Call<'s>, index: usize, ticket: OwnTicket) -> Self {
+        Keep {
+            call: Some(call),
+            index,
+            ticket,
+        }
+    }
+
+    /// Runs the attempt's work `fut` on the ticket (see [`OwnTicket::run`]), keeping the same
+    /// promise until the work has stopped ([`Attempting`]).
+    #[inline(always)]
+    pub(crate) fn run<F: Future>(mut self, fut: F) -> Attempting<'c, 's, F> {
+        Attempting {
+            call: self.call.take(),
+            index: self.index,
+            run: self.ticket.take().run(fut),
+        }
+    }
+
+    /// [`Call::judge`] of the attempt, whose ticket stays kept while the classifier runs.
+    pub(crate) fn judge<T, E>(
+        mut self,
+        out: Result<Result<T, E>, Error>,
+        classify: &impl Classify<E>,
+        on_timeout: Decision,
+    ) -> (Verdict<T>, Option<E>) {
+        let Some(call) = self.call.as_deref_mut() else {
+            unreachable!("a kept ticket is judged once");
+        };
+        let judged = call.judge(self.index, &mut self.ticket, out, classify, on_timeout);
+        self.call = None;
+        judged
+    }
+}
+
+impl Drop for Keep<'_, '_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            call.abandon(Some(self.index), self.ticket.is_pending());
+        }
+    }
+}
+
+pin_project! {
+    /// The work of a sequential call's attempt in flight, run on its ticket (an [`OwnRun`]),
+    /// with the call: dropped before the work is done (the call's future dropped, e.g. by a
+    /// `timeout` around it, or the work's poll panicked), it ends the call
+    /// ([`Call::abandon`]) while the run still holds the ticket, and only then is the run
+    /// dropped (the work stops, then the ticket records its default receipt). As for
+    /// [`Keep`]: the run as a temporary of the `.await` would be dropped before the call.
+    pub(crate) struct Attempting<'c, 's, F: Future> {
+        // `None` once the work is done.
+        call: Option<&'c mut Call<'s>>,
+        index: usize,
+        #[pin]
+        run: OwnRun<F>,
+    }
+
+    impl<'c, 's, F: Future> PinnedDrop for Attempting<'c, 's, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(call) = this.call.take() {
+                call.abandon(Some(*this.index), true);
+            }
+        }
+    }
+}
+
+impl<F: Future> Future for Attempting<'_, '_, F> {
+    type Output = (Result<F::Output, Error>, OwnTicket);
+
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.run.poll(cx));
+        *this.call = None;
+        Poll::Ready(out)
     }
 }

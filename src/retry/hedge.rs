@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::attempt::{Call, Limits, Started, Unknown, Verdict};
+use super::attempt::{Call, Limits, Live, Started, Unknown, Verdict};
 use super::classify::{Classify, Decision};
 use super::error::RetryError;
 use super::ledger::{AttemptEnd, Ledger, Stop};
@@ -272,7 +272,9 @@ impl<C, B> Hedge<C, B> {
     /// # Cancel safety
     ///
     /// Dropping the future cancels the attempts in flight; each records its receipt when it
-    /// has stopped. The ledger of a dropped call is not attached to the scope's report.
+    /// has stopped (`Cancelled` for read-only work, `EffectUnknown` otherwise). The call's
+    /// ledger is still attached to the scope's report, finished with [`Stop::Dropped`], the
+    /// attempts in flight recorded [`AttemptEnd::Stopped`] at the drop.
     ///
     /// # Panics
     ///
@@ -341,11 +343,16 @@ impl<C, B> Hedge<C, B> {
             },
             ..policy.limits
         };
-        let mut call = Call::open(scope, spec, limits, policy.budget.as_deref());
-        if let Err(stop) = call.admit(true) {
-            let ledger = call.refused(&stop);
+        let mut owned = Call::open(scope, spec, limits, policy.budget.as_deref());
+        if let Err(stop) = owned.admit(true) {
+            // Not attached: the scope refused the call.
+            let ledger = owned.refused(&stop);
             return (Err(RetryError::new(stop, None, ledger.clone())), ledger);
         }
+        // Dropped before the call ends (its future dropped), this attaches the ledger while
+        // the call's hold keeps the scope from quiet; `inflight`, declared after it, has
+        // cancelled the attempts by then (their tasks give the receipts when they stop).
+        let mut call = Live::new(&mut owned);
 
         let mut inflight: InFlight<usize, Result<T, E>> = InFlight::new();
         let mut last: Option<E> = None;
@@ -406,7 +413,14 @@ impl<C, B> Hedge<C, B> {
                             break 'call Stop::Panicked;
                         };
                         let judged = caught.run(|| {
-                            call.judge(index, dispatched, out, &policy.classify, policy.on_timeout)
+                            let mut dispatched = dispatched;
+                            call.judge(
+                                index,
+                                &mut dispatched,
+                                out,
+                                &policy.classify,
+                                policy.on_timeout,
+                            )
                         });
                         let Some((verdict, error)) = judged else {
                             // The classifier (or a waker run by the receipt) panicked: the
@@ -498,10 +512,10 @@ impl<C, B> Hedge<C, B> {
                     // (or an unknown effect, if so classified), not an attempt stopped by the
                     // cancel. Its error does not replace the one that ended the call.
                     Ok(Finished {
-                        dispatched,
+                        mut dispatched,
                         out: Ok(Err(e)),
                     }) => {
-                        call.fail(index, dispatched, &e, &policy.classify);
+                        call.fail(index, &mut dispatched, &e, &policy.classify);
                     }
                     // Stopped by the cancel (or its own deadline) before it answered.
                     Ok(Finished {
@@ -528,7 +542,8 @@ impl<C, B> Hedge<C, B> {
                     .end(index, AttemptEnd::Panicked, Instant::now());
             }
         }
-        let ledger = call.close(&stop);
+        call.end();
+        let ledger = owned.close(&stop);
         caught.resume();
         match winner {
             Some(value) => (Ok(value), ledger),

@@ -18,6 +18,30 @@ use crate::quiesce::Report;
 /// use cancel_scope::retry::Stop;
 /// assert!(Stop::ReserveReached.is_out_of_time());
 /// assert!(!Stop::NotRetryable.is_out_of_time());
+/// assert!(!Stop::Dropped.is_out_of_time());
+/// ```
+///
+/// A call dropped by a `timeout` around it still leaves its ledger in the scope's report:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::retry::{AttemptEnd, Decision, Retry, Stop};
+/// use cancel_scope::{ChildSpec, Scope};
+///
+/// let scope = Scope::with_timeout(Duration::from_secs(1));
+/// let retry = Retry::new(|_: &()| Decision::Backoff);
+/// let call = retry.run(&scope, ChildSpec::read_only("db"), |_| {
+///     std::future::pending::<Result<(), ()>>()
+/// });
+/// assert!(tokio::time::timeout(Duration::from_millis(50), call).await.is_err());
+/// scope.close();
+/// let report = scope.quiesce().await;
+/// let ledger = report.retry_ledgers()[0];
+/// assert_eq!(ledger.stop(), Some(&Stop::Dropped));
+/// assert_eq!(ledger.attempts()[0].end(), Some(AttemptEnd::Stopped));
+/// assert_eq!(report.cancelled(), 1); // the read-only attempt's receipt
+/// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -49,8 +73,17 @@ pub enum Stop {
     RetryBudget,
     /// The backoff schedule ended.
     BackoffExhausted,
-    /// An attempt panicked.
+    /// User code the call ran panicked: an attempt's operation (`op`, or the future it
+    /// returned) or the classifier. The panic goes on after the ledger, finished so, is
+    /// attached to the scope's report; the attempt it came from is recorded
+    /// [`AttemptEnd::Panicked`].
     Panicked,
+    /// The call's future was dropped before the call ended (by a `timeout` or `select!` around
+    /// it, or its task's abort), during an attempt or a backoff sleep. Only in the ledger
+    /// attached to the scope's report (the caller gets no result): the attempts in flight are
+    /// recorded [`AttemptEnd::Stopped`] at the drop, and get the receipts a dropped attempt
+    /// records (`Cancelled` for read-only work, `EffectUnknown` otherwise).
+    Dropped,
 }
 
 impl Stop {
@@ -89,6 +122,7 @@ impl fmt::Display for Stop {
             Stop::RetryBudget => f.write_str("retry budget exhausted"),
             Stop::BackoffExhausted => f.write_str("backoff schedule ended"),
             Stop::Panicked => f.write_str("attempt panicked"),
+            Stop::Dropped => f.write_str("call dropped"),
         }
     }
 }
@@ -111,7 +145,8 @@ pub enum AttemptEnd {
     Failed(Decision),
     /// Its own budget ran out.
     TimedOut,
-    /// It was stopped: the scope was cancelled, or another attempt won the hedge.
+    /// It was stopped: the scope was cancelled, another attempt won the hedge, or the call
+    /// was dropped while it ran ([`Stop::Dropped`]).
     Stopped,
     /// It panicked.
     Panicked,

@@ -33,7 +33,9 @@
 //!
 //! Each call's [`Ledger`] (attempts, budgets, elapsed time, concurrency, the last moment the
 //! next attempt may start, why it stopped) comes back with the result and appears in the scope's
-//! [`Report`](crate::Report::retry_ledgers).
+//! [`Report`](crate::Report::retry_ledgers) — also the ledger of a call dropped before it ended
+//! ([`Stop::Dropped`]: a `timeout` around it) or unwound by a panic of its operation or
+//! classifier ([`Stop::Panicked`]).
 //!
 //! # Examples
 //!
@@ -93,7 +95,7 @@ pub use error::RetryError;
 pub use hedge::{Hedge, HedgeDelay, Latencies};
 pub use ledger::{AttemptEnd, AttemptRecord, Ledger, Stop};
 
-use attempt::{Call, Limits, Started, Verdict};
+use attempt::{Call, Keep, Limits, Live, Started, Verdict};
 
 /// A retry policy: how many attempts, how they split the budget, what they keep for the
 /// response, how long to back off, and how errors are classified. Cheap to clone; reuse it for
@@ -340,9 +342,22 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future drops the attempt in flight: read-only attempts record `Cancelled`,
-    /// idempotent and side-effecting ones `EffectUnknown` (nobody will learn their outcome).
-    /// The ledger of a dropped call is not attached to the scope's report.
+    /// Dropping the future (a `timeout` or `select!` around it) drops the attempt in flight:
+    /// read-only attempts record `Cancelled`, idempotent and side-effecting ones
+    /// `EffectUnknown` (nobody will learn their outcome); attempts parked with an unknown
+    /// effect stay `EffectUnknown`. The call's ledger is still attached to the scope's report,
+    /// finished with [`Stop::Dropped`], the attempt in flight recorded
+    /// [`AttemptEnd::Stopped`] at the drop — before the attempt's receipt, so that a
+    /// `quiesce()` of the scope that the drop ends reports it.
+    ///
+    /// # Panics
+    ///
+    /// If `op`, the future it returned or the classifier panics, the panic comes out of the
+    /// call; before it does, the ledger is attached to the scope's report, finished with
+    /// [`Stop::Panicked`] (the attempt [`AttemptEnd::Panicked`]), and the attempt records the
+    /// receipt of a dropped attempt (`Failed` for read-only work, `EffectUnknown` otherwise).
+    /// A call dropped while its thread unwinds from another panic is recorded so too. The
+    /// panic of a waker run by a receipt of the call comes out of it as well.
     ///
     /// # Examples
     ///
@@ -391,6 +406,10 @@ where
     ///
     /// # Cancel safety
     ///
+    /// As [`run`](Self::run): the ledger of a dropped call is in the scope's report only.
+    ///
+    /// # Panics
+    ///
     /// As [`run`](Self::run).
     ///
     /// # Examples
@@ -432,11 +451,16 @@ where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut call = Call::open(scope, spec, self.limits, self.budget.as_deref());
-        if let Err(stop) = call.admit(false) {
-            let ledger = call.refused(&stop);
+        let mut owned = Call::open(scope, spec, self.limits, self.budget.as_deref());
+        if let Err(stop) = owned.admit(false) {
+            // Not attached: the scope refused the call.
+            let ledger = owned.refused(&stop);
             return Err(RetryError::new(stop, None, kept(keep, ledger)));
         }
+        // From here on, a call dropped or unwound before it ends attaches its ledger all the
+        // same, while it still holds the scope (`Live`: during a backoff sleep; `Keep` and
+        // `Attempting`: while an attempt is in flight, whose ticket they hold).
+        let mut call = Live::new(&mut owned);
 
         // Made on the first retry only: a call that succeeds at once pays nothing for it.
         let mut backoff = None;
@@ -464,11 +488,17 @@ where
                 Err(stop) => break stop,
             };
             // The attempt runs on its ticket's handle, which comes back for the receipt.
-            let (out, dispatched) = dispatched.run(op(attempt)).await;
+            let (out, dispatched) = {
+                let held = Keep::new(&mut call, index, dispatched);
+                let fut = op(attempt);
+                held.run(fut)
+            }
+            .await;
             let out = match out {
                 // The fast path of a success (often the first attempt): no hold, no verdict.
                 Ok(Ok(value)) => {
-                    let ledger = call.succeed(index, dispatched, keep.is_some());
+                    call.end();
+                    let ledger = owned.succeed(index, dispatched, keep.is_some());
                     if let Some(keep) = keep {
                         *keep = ledger;
                     }
@@ -477,14 +507,15 @@ where
                 out => out,
             };
             let (verdict, error) =
-                call.judge(index, dispatched, out, &self.classify, self.on_timeout);
+                Keep::new(&mut call, index, dispatched).judge(out, &self.classify, self.on_timeout);
             if error.is_some() {
                 last = error;
             }
             let decision = match verdict {
                 // (Not reached: a success took the fast path above.)
                 Verdict::Success(value) => {
-                    kept(keep, call.close(&Stop::Succeeded));
+                    call.end();
+                    kept(keep, owned.close(&Stop::Succeeded));
                     return Ok(value);
                 }
                 Verdict::Stop(stop) => break stop,
@@ -511,7 +542,8 @@ where
                 }
             };
         };
-        let ledger = call.close(&stop);
+        call.end();
+        let ledger = owned.close(&stop);
         Err(RetryError::new(stop, last, kept(keep, ledger)))
     }
 }
