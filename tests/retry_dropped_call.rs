@@ -216,6 +216,60 @@ mod sequential {
         assert_eq!(ends(ledger), [Some(AttemptEnd::Panicked)]);
     }
 
+    /// The backoff schedule (user code too) panics when asked for the first delay: the
+    /// ledger is attached `Panicked`; the failed attempt keeps its end.
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_schedule_panicking_attaches_the_ledger() {
+        let scope = Scope::with_timeout(Duration::from_secs(10));
+        let retry = Retry::new(|_: &&str| Decision::Backoff).backoff(std::iter::from_fn(
+            || -> Option<Duration> { panic!("this schedule panics") },
+        ));
+        let out = std::panic::AssertUnwindSafe(retry.run(
+            &scope,
+            ChildSpec::read_only("db"),
+            |_| async { Err::<(), _>("unavailable") },
+        ))
+        .catch_unwind()
+        .await;
+        assert_eq!(message(out.unwrap_err()), "this schedule panics");
+
+        let report = report_of(&scope).await;
+        assert_eq!((report.failed(), report.total()), (1, 1), "{report}");
+        let ledger = only_ledger(&report);
+        assert_eq!(ledger.stop(), Some(&Stop::Panicked));
+        assert_eq!(ends(ledger), [Some(AttemptEnd::Failed(Decision::Backoff))]);
+    }
+
+    /// A call dropped by the panic of code next to it (another `select!` branch) did not
+    /// panic: it is `Dropped`, its attempt `Stopped`. (The attempt's receipt is the one a
+    /// ticket dropped during an unwind records: `Failed` for read-only work.)
+    #[tokio::test(start_paused = true)]
+    async fn a_call_dropped_by_a_panic_next_to_it_is_dropped_not_panicked() {
+        let scope = Scope::with_timeout(Duration::from_secs(10));
+        let retry = Retry::new(|_: &&str| Decision::Backoff);
+        let out = std::panic::AssertUnwindSafe(async {
+            tokio::select! {
+                _ = retry.run(&scope, ChildSpec::read_only("db"), hangs) => {}
+                () = async {
+                    tokio::time::sleep(20 * MS).await;
+                    panic!("a branch next to the call panics");
+                } => {}
+            }
+        })
+        .catch_unwind()
+        .await;
+        assert_eq!(
+            message(out.unwrap_err()),
+            "a branch next to the call panics"
+        );
+
+        let report = report_of(&scope).await;
+        assert_eq!((report.failed(), report.total()), (1, 1), "{report}");
+        let ledger = only_ledger(&report);
+        assert_eq!(ledger.stop(), Some(&Stop::Dropped));
+        assert_eq!(ends(ledger), [Some(AttemptEnd::Stopped)]);
+    }
+
     /// The order that invariant 6 needs: a closed scope whose only unit is the attempt in
     /// flight of a call (a first attempt holds no hold) goes quiet at that attempt's receipt.
     /// The ledger of the dropped call must be attached before it, so that the report built at

@@ -779,25 +779,25 @@ impl<'s> Call<'s> {
 
     /// Ends a call that is dropped, or unwound by a panic, before it ended: every attempt
     /// without an end is recorded ended now ([`AttemptEnd::Stopped`]; the one whose ticket the
-    /// caller still holds, `in_flight`, [`AttemptEnd::Panicked`] if the thread is unwinding),
-    /// the ledger is finished with [`Stop::Dropped`] (or [`Stop::Panicked`]) and attached to
-    /// the scope's report. Nothing if the call has ended already.
+    /// caller still holds, `in_flight`, [`AttemptEnd::Panicked`] if `panicked`), the ledger is
+    /// finished with [`Stop::Dropped`] (or [`Stop::Panicked`]) and attached to the scope's
+    /// report. Nothing if the call has ended already.
+    ///
+    /// `panicked`: user code the call ran panicked (`op`, its future, the classifier, the
+    /// backoff schedule, a waker run by a receipt). A call dropped while its thread unwinds
+    /// from a panic elsewhere (a `select!` branch next to it) was dropped, not panicked.
     ///
     /// Called while the call still holds its unit of the scope (see [`Call`]): the ticket of
     /// the attempt in flight (`ticket_held`; given its receipt by the caller afterwards), the
     /// hold, parked or held-back attempts (given theirs as the call's fields are dropped).
     /// Holding none, it takes the hold as [`close`](Self::close) does, and attaches nothing if
     /// the scope is closed.
-    ///
-    /// A call dropped while its thread unwinds from a panic elsewhere (its owner's) is
-    /// recorded as panicked too: `std::thread::panicking` cannot tell the two apart.
     #[cold]
     #[inline(never)]
-    pub(crate) fn abandon(&mut self, in_flight: Option<usize>, ticket_held: bool) {
+    pub(crate) fn abandon(&mut self, in_flight: Option<usize>, ticket_held: bool, panicked: bool) {
         if self.ledger.stop.is_some() {
             return;
         }
-        let panicked = std::thread::panicking();
         let now = Instant::now();
         let ledger = self.ledger.get();
         for i in 0..ledger.attempts.len() {
@@ -836,7 +836,10 @@ impl<'s> Call<'s> {
 /// the scope. Declared after the call, it is dropped before it.
 ///
 /// [`end`](Self::end) it (no cost) before the call ends normally
-/// ([`succeed`](Call::succeed), [`close`](Call::close)).
+/// ([`succeed`](Call::succeed), [`close`](Call::close)). Dropped, it records the call
+/// [`Stop::Dropped`]: its own steps run no user code (those that do are in [`Keep`],
+/// [`Attempting`] or [`user_code`](Self::user_code)), so an unwind that drops it is not the
+/// call's panic.
 pub(crate) struct Live<'c, 's>(&'c mut Call<'s>);
 
 impl<'c, 's> Live<'c, 's> {
@@ -849,6 +852,33 @@ impl<'c, 's> Live<'c, 's> {
     #[inline(always)]
     pub(crate) fn end(self) {
         std::mem::forget(self);
+    }
+
+    /// Runs `f`, user code of the call that holds no ticket (the backoff schedule): if it
+    /// panics, the call ends [`Stop::Panicked`] ([`Call::abandon`]).
+    pub(crate) fn user_code<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let unwinding = OnUnwind(&mut *self.0);
+        let r = f();
+        std::mem::forget(unwinding);
+        r
+    }
+}
+
+/// Ends the call [`Stop::Panicked`] if dropped: forgotten unless unwinding.
+struct OnUnwind<'c, 's>(&'c mut Call<'s>);
+
+impl Drop for OnUnwind<'_, '_> {
+    fn drop(&mut self) {
+        self.0.abandon(None, false, true);
+    }
+}
+
+/// Sets its flag if dropped: forgotten unless unwinding (so free on the normal path).
+struct SetOnUnwind<'a>(&'a mut bool);
+
+impl Drop for SetOnUnwind<'_> {
+    fn drop(&mut self) {
+        *self.0 = true;
     }
 }
 
@@ -870,7 +900,7 @@ impl<'s> std::ops::DerefMut for Live<'_, 's> {
 
 impl Drop for Live<'_, '_> {
     fn drop(&mut self) {
-        self.0.abandon(None, false);
+        self.0.abandon(None, false, false);
     }
 }
 
@@ -904,6 +934,7 @@ impl<'c, 's> Keep<'c, 's> {
         Attempting {
             call: self.call.take(),
             index: self.index,
+            panicked: false,
             run: self.ticket.take().run(fut),
         }
     }
@@ -928,7 +959,10 @@ impl Drop for Keep<'_, '_> {
     #[inline(always)]
     fn drop(&mut self) {
         if let Some(call) = self.call.take() {
-            call.abandon(Some(self.index), self.ticket.is_pending());
+            // Armed only while user code runs (`op`, the classifier, a waker of the receipt):
+            // dropped so, it is unwound by that code's panic.
+            let panicked = std::thread::panicking();
+            call.abandon(Some(self.index), self.ticket.is_pending(), panicked);
         }
     }
 }
@@ -944,6 +978,8 @@ pin_project! {
         // `None` once the work is done.
         call: Option<&'c mut Call<'s>>,
         index: usize,
+        // A poll of the work panicked (not: dropped by an unwind from elsewhere).
+        panicked: bool,
         #[pin]
         run: OwnRun<F>,
     }
@@ -952,7 +988,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some(call) = this.call.take() {
-                call.abandon(Some(*this.index), true);
+                call.abandon(Some(*this.index), true, *this.panicked);
             }
         }
     }
@@ -964,7 +1000,10 @@ impl<F: Future> Future for Attempting<'_, '_, F> {
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let out = std::task::ready!(this.run.poll(cx));
+        let unwinding = SetOnUnwind(this.panicked);
+        let out = this.run.poll(cx);
+        std::mem::forget(unwinding);
+        let out = std::task::ready!(out);
         *this.call = None;
         Poll::Ready(out)
     }

@@ -352,12 +352,13 @@ where
     ///
     /// # Panics
     ///
-    /// If `op`, the future it returned or the classifier panics, the panic comes out of the
-    /// call; before it does, the ledger is attached to the scope's report, finished with
-    /// [`Stop::Panicked`] (the attempt [`AttemptEnd::Panicked`]), and the attempt records the
-    /// receipt of a dropped attempt (`Failed` for read-only work, `EffectUnknown` otherwise).
-    /// A call dropped while its thread unwinds from another panic is recorded so too. The
-    /// panic of a waker run by a receipt of the call comes out of it as well.
+    /// If `op`, the future it returned, the classifier or the backoff schedule panics, the
+    /// panic comes out of the call; before it does, the ledger is attached to the scope's
+    /// report, finished with [`Stop::Panicked`] (the attempt in flight
+    /// [`AttemptEnd::Panicked`]), and the attempt records the receipt of a dropped attempt
+    /// (`Failed` for read-only work, `EffectUnknown` otherwise). The panic of a waker run by a
+    /// receipt of the call comes out of it as well. A call dropped by a panic next to it (in
+    /// another branch of a `select!`) is [`Stop::Dropped`].
     ///
     /// # Examples
     ///
@@ -534,8 +535,13 @@ where
                     if decision == Decision::SwitchEndpoint {
                         endpoint = endpoint.wrapping_add(1);
                     }
-                    let schedule = backoff.get_or_insert_with(|| self.backoff.clone().into_iter());
-                    match schedule.next() {
+                    // The schedule is the user's code: a panic there ends the call `Panicked`.
+                    let next = call.user_code(|| {
+                        backoff
+                            .get_or_insert_with(|| self.backoff.clone().into_iter())
+                            .next()
+                    });
+                    match next {
                         Some(d) => d,
                         None => break Stop::BackoffExhausted,
                     }
