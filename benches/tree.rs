@@ -78,6 +78,48 @@ fn child_with_deadline(c: &mut Criterion) {
     g.finish();
 }
 
+/// A request's root with a deadline, made, run around the handler and dropped, as the
+/// admission layer does per request: against a bare `tokio::time::timeout` and what users
+/// compose today (a root token plus that timeout). The handler awaits once, so that the
+/// timeout really arms its timer.
+fn request_root_with_deadline(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    async fn handler() -> u64 {
+        tokio::task::yield_now().await;
+        42
+    }
+    let mut g = c.benchmark_group("request_root_with_deadline");
+    g.bench_function("cancel_scope", |b| {
+        b.to_async(&rt).iter(|| async {
+            let request = Scope::with_timeout(Duration::from_secs(1));
+            request.run(handler()).await.unwrap()
+        })
+    });
+    g.bench_function("tokio_timeout", |b| {
+        b.to_async(&rt).iter(|| async {
+            tokio::time::timeout(Duration::from_secs(1), handler())
+                .await
+                .unwrap()
+        })
+    });
+    g.bench_function("tokio_util_plus_timeout", |b| {
+        b.to_async(&rt).iter(|| async {
+            let token = CancellationToken::new();
+            let out =
+                tokio::time::timeout(Duration::from_secs(1), token.run_until_cancelled(handler()))
+                    .await
+                    .unwrap()
+                    .unwrap();
+            drop(black_box(token));
+            out
+        })
+    });
+    g.finish();
+}
+
 fn cancel_wide(c: &mut Criterion) {
     let mut g = c.benchmark_group("cancel_root_with_10000_children");
     g.sample_size(30);
@@ -269,6 +311,7 @@ criterion_group!(
     is_cancelled,
     child_create_drop,
     child_with_deadline,
+    request_root_with_deadline,
     cancel_wide,
     cancel_deep,
     cancel_observed_by_waiters,
