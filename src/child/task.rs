@@ -494,12 +494,11 @@ impl Scope {
         F::Output: Send + 'static,
     {
         let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
-        let shielded = Scope::root(
-            Some(crate::scope::deadline_after(
-                tokio::time::Instant::now(),
-                budget,
-            )),
+        let shielded = Scope::root_after(
+            tokio::time::Instant::now(),
+            budget,
             self.shared_name(),
+            None,
         );
         let run = shielded.run(fut);
         let stop = std::sync::Arc::new(ShieldStop {
@@ -538,12 +537,11 @@ impl Scope {
     /// ```
     #[track_caller]
     pub fn detach(&self, timeout: Duration) -> Scope {
-        Scope::root(
-            Some(crate::scope::deadline_after(
-                tokio::time::Instant::now(),
-                timeout,
-            )),
+        Scope::root_after(
+            tokio::time::Instant::now(),
+            timeout,
             self.shared_name(),
+            None,
         )
     }
 }

@@ -256,7 +256,7 @@ impl Scope {
     /// ```
     #[track_caller]
     pub fn with_timeout(timeout: Duration) -> Scope {
-        Scope::with_deadline(deadline_after(Instant::now(), timeout))
+        Scope::root_after(Instant::now(), timeout, None, None)
     }
 
     /// A root scope that is cancelled with [`Cause::DeadlineExceeded`] at `deadline`.
@@ -286,13 +286,29 @@ impl Scope {
 
     #[track_caller]
     pub(crate) fn root(deadline: Option<Instant>, name: Option<std::sync::Arc<str>>) -> Scope {
-        Scope::root_with_context(deadline, name, None)
+        Scope::root_with_context(deadline, None, name, None)
     }
 
-    /// A root carrying request-wide `context`, which every descendant shares.
+    /// A root whose deadline is `timeout` after `now` (a clock reading the caller has
+    /// already taken: not read twice), carrying request-wide `context`, which every descendant
+    /// shares.
     #[track_caller]
-    pub(crate) fn root_with_context(
+    pub(crate) fn root_after(
+        now: Instant,
+        timeout: Duration,
+        name: Option<std::sync::Arc<str>>,
+        context: Option<Context>,
+    ) -> Scope {
+        Scope::root_with_context(Some(deadline_after(now, timeout)), Some(now), name, context)
+    }
+
+    /// A root carrying request-wide `context`, which every descendant shares; `read_at`: the
+    /// clock reading `deadline` was computed from, if any (otherwise the clock is read to arm
+    /// the deadline).
+    #[track_caller]
+    fn root_with_context(
         deadline: Option<Instant>,
+        read_at: Option<Instant>,
         name: Option<std::sync::Arc<str>>,
         context: Option<Context>,
     ) -> Scope {
@@ -313,7 +329,7 @@ impl Scope {
         });
         let scope = Scope { node };
         if deadline.is_some() {
-            scope.arm_timer(Instant::now());
+            scope.arm_timer(read_at.unwrap_or_else(Instant::now));
         }
         scope
     }

@@ -323,11 +323,33 @@ impl Timers {
         }
         (fired, next)
     }
+
+    /// For a driver that was notified (an earlier deadline was pushed, or no entry is live any
+    /// more) while it sleeps until `sleeping_until`: pops the dead entries on top, without
+    /// reading the clock (what is due is handled when the sleep ends). Returns when to wake:
+    /// the earlier of `sleeping_until` and the first live deadline (a sleep that ends before
+    /// the first live deadline only wakes the driver early, so a later deadline does not move
+    /// it), or `None` if no entry is left (the driver stops).
+    fn notified(&self, sleeping_until: Instant) -> Option<Instant> {
+        let mut st = self.state.lock();
+        while st.heap.peek().is_some_and(Entry::is_dead) {
+            st.heap.pop();
+        }
+        let Some(first) = st.heap.peek().map(|e| e.deadline) else {
+            st.armed = None;
+            st.running = false;
+            return None;
+        };
+        let wake = first.min(sleeping_until);
+        st.armed = Some(wake);
+        Some(wake)
+    }
 }
 
 /// Marks the driver stopped if its task ends abnormally (a panic, its runtime shutting down),
-/// so that the next deadline starts a new one. A normal exit is marked by `Timers::due`, under
-/// the lock, and must not be touched afterwards: a new driver may already run.
+/// so that the next deadline starts a new one. A normal exit is marked by `Timers::due` or
+/// `Timers::notified`, under the lock, and must not be touched afterwards: a new driver may
+/// already run.
 struct Running {
     timers: Arc<Timers>,
     stopped: bool,
@@ -347,6 +369,11 @@ async fn drive(timers: Arc<Timers>) {
         timers: timers.clone(),
         stopped: false,
     };
+    // One sleep for the driver's life, moved only to an earlier deadline when notified, so
+    // that a wake-up that changes nothing (the usual one: the last live scope went, and the
+    // next request's scope came) does not re-register it in the runtime's timer wheel.
+    let sleep = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(sleep);
     loop {
         let now = Instant::now();
         let (fired, next) = timers.due(now);
@@ -365,10 +392,22 @@ async fn drive(timers: Arc<Timers>) {
             running.stopped = true;
             return;
         };
-        tokio::select! {
-            biased;
-            _ = timers.wake.notified() => {}
-            _ = tokio::time::sleep_until(next) => {}
+        sleep.as_mut().reset(next);
+        loop {
+            tokio::select! {
+                biased;
+                () = timers.wake.notified() => {
+                    let Some(wake) = timers.notified(sleep.deadline()) else {
+                        // Marked stopped by `notified`, under the lock.
+                        running.stopped = true;
+                        return;
+                    };
+                    if wake < sleep.deadline() {
+                        sleep.as_mut().reset(wake);
+                    }
+                }
+                () = &mut sleep => break,
+            }
         }
     }
 }

@@ -897,8 +897,9 @@ impl EndpointPolicy {
             *self.egress(),
         ));
         let deadline = deadline_after(now, remaining);
-        let scope = Scope::root_with_context(
-            Some(deadline),
+        let scope = Scope::root_after(
+            now,
+            remaining,
             Some(operation.id_arc().clone()),
             Some(operation.clone()),
         );
