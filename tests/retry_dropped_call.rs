@@ -13,11 +13,10 @@ use std::time::Duration;
 
 use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Ledger, Retry, Stop};
 use cancel_scope::{ChildSpec, Quiesce, Report, Scope};
-use futures::FutureExt;
 use tokio::time::Instant;
 
 mod support;
-use support::panics::{message, report_of};
+use support::panics::{panic_of_future, report_of};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -140,14 +139,13 @@ mod sequential {
     async fn the_operation_panicking_attaches_the_ledger() {
         let scope = Scope::with_timeout(Duration::from_secs(10));
         let retry = Retry::new(|_: &&str| Decision::Backoff);
-        let out = std::panic::AssertUnwindSafe(retry.run(
+        let message = panic_of_future(retry.run(
             &scope,
             ChildSpec::idempotent("put", "key-3"),
             |_| -> std::future::Ready<Result<(), &str>> { panic!("this operation panics") },
         ))
-        .catch_unwind()
         .await;
-        assert_eq!(message(out.unwrap_err()), "this operation panics");
+        assert_eq!(message, "this operation panics");
 
         let report = report_of(&scope).await;
         assert_eq!(report.effect_unknown(), 1, "{report}");
@@ -163,22 +161,20 @@ mod sequential {
     async fn the_attempts_future_panicking_attaches_the_ledger() {
         let scope = Scope::with_timeout(Duration::from_secs(10));
         let retry = Retry::new(|_: &&str| Decision::Backoff).backoff(vec![10 * MS]);
-        let out = std::panic::AssertUnwindSafe(retry.run(
-            &scope,
-            ChildSpec::read_only("db"),
-            |a| async move {
-                if a.number() == 1 {
-                    return Err("unavailable");
-                }
-                tokio::time::sleep(5 * MS).await;
-                panic!("this future panics");
-                #[allow(unreachable_code)]
-                Ok::<(), _>(())
-            },
-        ))
-        .catch_unwind()
-        .await;
-        assert_eq!(message(out.unwrap_err()), "this future panics");
+        let message =
+            panic_of_future(
+                retry.run(&scope, ChildSpec::read_only("db"), |a| async move {
+                    if a.number() == 1 {
+                        return Err("unavailable");
+                    }
+                    tokio::time::sleep(5 * MS).await;
+                    panic!("this future panics");
+                    #[allow(unreachable_code)]
+                    Ok::<(), _>(())
+                }),
+            )
+            .await;
+        assert_eq!(message, "this future panics");
 
         let report = report_of(&scope).await;
         assert_eq!((report.failed(), report.total()), (2, 2), "{report}");
@@ -200,14 +196,11 @@ mod sequential {
     async fn the_classifier_panicking_attaches_the_ledger() {
         let scope = Scope::with_timeout(Duration::from_secs(10));
         let retry = Retry::new(|_: &&str| -> Decision { panic!("this classifier panics") });
-        let out = std::panic::AssertUnwindSafe(retry.run(
-            &scope,
-            ChildSpec::read_only("db"),
-            |_| async { Err::<(), _>("unavailable") },
-        ))
-        .catch_unwind()
+        let message = panic_of_future(retry.run(&scope, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>("unavailable")
+        }))
         .await;
-        assert_eq!(message(out.unwrap_err()), "this classifier panics");
+        assert_eq!(message, "this classifier panics");
 
         let report = report_of(&scope).await;
         assert_eq!((report.failed(), report.total()), (1, 1), "{report}");
@@ -224,14 +217,11 @@ mod sequential {
         let retry = Retry::new(|_: &&str| Decision::Backoff).backoff(std::iter::from_fn(
             || -> Option<Duration> { panic!("this schedule panics") },
         ));
-        let out = std::panic::AssertUnwindSafe(retry.run(
-            &scope,
-            ChildSpec::read_only("db"),
-            |_| async { Err::<(), _>("unavailable") },
-        ))
-        .catch_unwind()
+        let message = panic_of_future(retry.run(&scope, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>("unavailable")
+        }))
         .await;
-        assert_eq!(message(out.unwrap_err()), "this schedule panics");
+        assert_eq!(message, "this schedule panics");
 
         let report = report_of(&scope).await;
         assert_eq!((report.failed(), report.total()), (1, 1), "{report}");
@@ -247,7 +237,7 @@ mod sequential {
     async fn a_call_dropped_by_a_panic_next_to_it_is_dropped_not_panicked() {
         let scope = Scope::with_timeout(Duration::from_secs(10));
         let retry = Retry::new(|_: &&str| Decision::Backoff);
-        let out = std::panic::AssertUnwindSafe(async {
+        let message = panic_of_future(async {
             tokio::select! {
                 _ = retry.run(&scope, ChildSpec::read_only("db"), hangs) => {}
                 () = async {
@@ -256,12 +246,8 @@ mod sequential {
                 } => {}
             }
         })
-        .catch_unwind()
         .await;
-        assert_eq!(
-            message(out.unwrap_err()),
-            "a branch next to the call panics"
-        );
+        assert_eq!(message, "a branch next to the call panics");
 
         let report = report_of(&scope).await;
         assert_eq!((report.failed(), report.total()), (1, 1), "{report}");
@@ -303,25 +289,20 @@ mod sequential {
         let at_quiet: Arc<Mutex<Option<Arc<ReportAtWake>>>> = Arc::default();
         let watch = at_quiet.clone();
         let s = scope.clone();
-        let out = std::panic::AssertUnwindSafe(retry.run(
-            &scope,
-            ChildSpec::read_only("db"),
-            move |_| {
-                let (watch, s) = (watch.clone(), s.clone());
-                async move {
-                    tokio::task::yield_now().await;
-                    // The attempt is the scope's only work: close it and watch for quiet.
-                    s.close();
-                    *watch.lock().unwrap() = Some(ReportAtWake::watch(&s));
-                    panic!("this future panics");
-                    #[allow(unreachable_code)]
-                    Ok::<(), &str>(())
-                }
-            },
-        ))
-        .catch_unwind()
+        let message = panic_of_future(retry.run(&scope, ChildSpec::read_only("db"), move |_| {
+            let (watch, s) = (watch.clone(), s.clone());
+            async move {
+                tokio::task::yield_now().await;
+                // The attempt is the scope's only work: close it and watch for quiet.
+                s.close();
+                *watch.lock().unwrap() = Some(ReportAtWake::watch(&s));
+                panic!("this future panics");
+                #[allow(unreachable_code)]
+                Ok::<(), &str>(())
+            }
+        }))
         .await;
-        assert_eq!(message(out.unwrap_err()), "this future panics");
+        assert_eq!(message, "this future panics");
         let at_quiet = at_quiet.lock().unwrap().take().unwrap();
         let report = at_quiet.report().expect("quiet once the call is unwound");
         assert_eq!(only_ledger(&report).stop(), Some(&Stop::Panicked));

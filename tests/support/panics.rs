@@ -52,6 +52,15 @@ pub fn panic_of(f: impl FnOnce()) -> String {
     message(panic)
 }
 
+/// Runs `fut`, which must panic, to its panic, and returns the panic's message.
+pub async fn panic_of_future(fut: impl Future) -> String {
+    let Err(panic) = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(fut)).await
+    else {
+        panic!("expected a panic");
+    };
+    message(panic)
+}
+
 /// The message of a caught panic.
 pub fn message(panic: Box<dyn std::any::Any + Send>) -> String {
     match panic.downcast::<&str>() {
