@@ -37,7 +37,9 @@
 //! insert also compacts once the heap has doubled since the last compaction (plus the
 //! minimum): whatever the counts, the heap holds at most about twice the live deadlines
 //! (invariant 7), at the same amortized cost. The node's allocation (not its contents, which
-//! go with its last strong reference) lives until its entry is dropped.
+//! go with its last strong reference) lives until its entry is dropped. The heap's own room
+//! is given back as it empties (`Heap::trim`): a thread's heap lives as long as its runtime,
+//! and must not keep the peak of a burst of deadlines long gone.
 
 use tokio::time::Instant;
 
@@ -160,6 +162,18 @@ impl Heap {
         self.0.retain(keep);
         for i in (0..self.0.len() / 2).rev() {
             self.sift_down(i);
+        }
+        self.trim();
+    }
+
+    /// Gives back the room of entries that have gone: a thread's heap lives as long as its
+    /// runtime, so a burst of deadlines must not keep its peak once it has fired or gone
+    /// (invariant 7). Shrinks to twice the entries once the room is four times that (above a
+    /// floor): each shrink, linear, follows at least as many removals.
+    fn trim(&mut self) {
+        let floor = 4 * MIN_COMPACTION;
+        if self.0.capacity() > 4 * self.0.len().max(floor) {
+            self.0.shrink_to((2 * self.0.len()).max(floor));
         }
     }
 }
@@ -316,6 +330,7 @@ impl Timers {
                 fired.extend(entry.node.upgrade());
             }
         }
+        st.heap.trim();
         let next = st.heap.peek().map(|e| e.deadline);
         st.armed = next;
         if next.is_none() {
@@ -335,6 +350,7 @@ impl Timers {
         while st.heap.peek().is_some_and(Entry::is_dead) {
             st.heap.pop();
         }
+        st.heap.trim();
         let Some(first) = st.heap.peek().map(|e| e.deadline) else {
             st.armed = None;
             st.running = false;
@@ -425,6 +441,36 @@ mod tests {
             deadline: base + Duration::from_millis(ms),
             node: Weak::new(),
         }
+    }
+
+    /// A thread's heap lives as long as the thread's runtime (it is cached for the trees the
+    /// thread makes next), so once a burst of deadlines has gone, fired or dropped, it must not
+    /// keep the room the burst took (invariant 7: memory follows the live deadlines).
+    #[tokio::test(start_paused = true)]
+    async fn a_thread_heap_gives_back_the_room_of_a_burst() {
+        let timers = Timers::for_this_thread();
+        let capacity = || timers.state.lock().heap.0.capacity();
+        let room = 4 * 4 * MIN_COMPACTION;
+
+        // Dropped before their deadlines.
+        let burst: Vec<_> = (0..10_000)
+            .map(|_| crate::Scope::with_timeout(Duration::from_secs(30)))
+            .collect();
+        assert!(capacity() >= 10_000, "one heap for the burst");
+        drop(burst);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(capacity() <= room, "dropped burst: capacity {}", capacity());
+
+        // Fired at their deadlines.
+        let burst: Vec<_> = (0..10_000)
+            .map(|_| crate::Scope::with_timeout(Duration::from_millis(10)))
+            .collect();
+        assert!(capacity() >= 10_000, "one heap for the burst");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(burst.iter().all(crate::Scope::is_cancelled));
+        drop(burst);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(capacity() <= room, "fired burst: capacity {}", capacity());
     }
 
     proptest! {
