@@ -18,8 +18,9 @@
 //! may be paused, its driver tasks run on it), told apart by [`tokio::runtime::Id`].
 //!
 //! The driver exits once no entry of its heap is live: the scope whose entry was the last live
-//! one notifies it ([`Timers::count_gone`]), and it finds nothing to wait for (under the lock:
-//! a push that comes first keeps it, one that comes after starts a new driver). So a program
+//! one notifies it ([`Timers::count_gone`]), and it reads the live count under the lock (a
+//! push that comes first keeps it, one that comes after starts a new driver): with none live
+//! it drops every entry, whether or not their nodes are freed yet, and exits. So a program
 //! whose scopes have all gone has no timer task left.
 //!
 //! # Disarming without the lock
@@ -63,8 +64,8 @@ pub(crate) struct Timers {
     gone: AtomicUsize,
     /// The value of `gone` that starts the next compaction.
     compact_at: AtomicUsize,
-    /// Entries whose scope has not counted itself gone: the last one to go notifies the
-    /// driver, which then finds nothing live and exits.
+    /// Entries whose scope has not counted itself gone (counted under the lock, before the
+    /// push): the last one to go notifies the driver, which then reads 0 and exits.
     live: AtomicUsize,
 }
 
@@ -245,9 +246,6 @@ impl Timers {
             deadline,
             node: downgrade(node),
         };
-        // Relaxed: the count only decides when to notify the driver, which decides whether to
-        // exit under the lock, from the entries themselves.
-        this.live.fetch_add(1, Ordering::Relaxed);
         let mut st = this.state.lock();
         if !st.running {
             drop(st);
@@ -259,12 +257,14 @@ impl Timers {
             if !st.running {
                 st.running = true;
                 st.armed = Some(deadline);
+                this.count_live();
                 st.heap.push(entry);
                 drop(st);
                 handle.spawn(drive(this.clone()));
                 return;
             }
         }
+        this.count_live();
         st.heap.push(entry);
         if st.heap.len() >= st.limit.max(4 * MIN_COMPACTION) {
             this.compact_locked(&mut st);
@@ -276,14 +276,21 @@ impl Timers {
         }
     }
 
+    /// Counts an entry live, under the lock, right before it is pushed (so never for an insert
+    /// that panics): a driver that reads no entry live under the lock knows that the scope of
+    /// every entry it holds has counted itself gone ([`notified`](Self::notified)).
+    fn count_live(&self) {
+        // Relaxed: the lock orders this before any load that sees the entry.
+        self.live.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a scope with an entry whose last handle went (see the module docs); compacts
     /// the heap when enough have gone since the last compaction, and notifies the driver when
     /// no entry is live any more (it then exits).
     pub(crate) fn count_gone(&self) {
         if self.live.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // The driver pops the dead entries and, finding none live, exits. It may run
-            // before this scope's node is freed, and then sleeps until that entry's deadline
-            // once more before it exits: a delay, not a lost deadline.
+            // The driver, reading no entry live, drops them all and exits, even if it runs
+            // before this scope's node is freed (see `notified`).
             self.wake.notify_one();
         }
         // Relaxed, and not a read-modify-write: the count only decides when to compact.
@@ -345,8 +352,27 @@ impl Timers {
     /// the earlier of `sleeping_until` and the first live deadline (a sleep that ends before
     /// the first live deadline only wakes the driver early, so a later deadline does not move
     /// it), or `None` if no entry is left (the driver stops).
+    ///
+    /// With no entry live, every entry is dropped and the driver stops, whether or not the
+    /// nodes are freed yet: the last scope to go notifies the driver before its last
+    /// reference to its node goes (on another thread the driver can look in between, and
+    /// would then sleep on until that deadline), and the scope of every entry held has gone
+    /// (an entry is counted live under the lock before it is pushed, and a scope counts
+    /// itself gone after its insert): with no handle and no child left, its cancel reaches
+    /// nobody. The old per-tree timers dropped their entries the same way when their tree went.
     fn notified(&self, sleeping_until: Instant) -> Option<Instant> {
         let mut st = self.state.lock();
+        // Relaxed: an entry's count comes before its push, which the lock orders before this;
+        // the last scope's count before its notification, which this driver was woken by.
+        if self.live.load(Ordering::Relaxed) == 0 {
+            let entries = std::mem::take(&mut st.heap);
+            st.armed = None;
+            st.running = false;
+            drop(st);
+            // Their nodes' allocations may be freed here: with no lock held.
+            drop(entries);
+            return None;
+        }
         while st.heap.peek().is_some_and(Entry::is_dead) {
             st.heap.pop();
         }
