@@ -275,3 +275,57 @@ fn each_runtime_has_its_own_timers() {
         assert_eq!(early.cause(), Some(Cause::DeadlineExceeded));
     });
 }
+
+/// One timer task serves every tree of its thread, so a burst of deadlines due at once must
+/// not hold the worker: another task gets to run while the burst's scopes are cancelled (at
+/// most a few dozen cancels between two of its turns), and every scope is still cancelled at
+/// its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_deadlines_lets_other_tasks_run() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let turns = Arc::new(AtomicUsize::new(0));
+    let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let start = Instant::now();
+    let burst: Vec<_> = (0..320)
+        .map(|_| {
+            let s = Scope::with_timeout(ms(10));
+            let (turns, seen) = (turns.clone(), seen.clone());
+            // Each cancel notes how many turns the other task has had so far.
+            let guard =
+                s.on_cancel(move |_| seen.lock().unwrap().push(turns.load(Ordering::SeqCst)));
+            (s, guard)
+        })
+        .collect();
+    let other = {
+        let turns = turns.clone();
+        tokio::spawn(async move {
+            // From the burst's deadline on (before it, the paused clock must be able to run
+            // forward, which it does only while every task waits).
+            tokio::time::sleep(ms(10)).await;
+            loop {
+                turns.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for (s, _) in &burst {
+        s.cancelled().await;
+        assert_eq!(start.elapsed(), ms(10));
+    }
+    other.abort();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 320);
+    let most_in_one_turn = seen
+        .chunk_by(|a, b| a == b)
+        .map(<[usize]>::len)
+        .max()
+        .unwrap();
+    // The driver yields every 32 cancels; a yielded task waits for the runtime's next tick,
+    // so the other task's turn can come after the second batch. (Without yielding: 320.)
+    assert!(
+        most_in_one_turn <= 64,
+        "{most_in_one_turn} cancels without a turn of the other task"
+    );
+}

@@ -54,7 +54,10 @@ use crate::tree;
 /// tcache holds 7 chunks of a size), from which the next nodes are allocated.
 const MIN_COMPACTION: usize = 7;
 
-/// The timers of one tree of scopes.
+/// The most scopes the driver cancels in one poll before it lets the worker run other tasks.
+const FIRED_PER_POLL: usize = 32;
+
+/// The deadline timers of the trees one thread makes in one runtime (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Timers {
     state: Mutex<TimerState>,
@@ -420,7 +423,12 @@ async fn drive(timers: Arc<Timers>) {
         let now = Instant::now();
         let (fired, next) = timers.due(now);
         let stamp = stamp_of(now);
-        for node in fired {
+        for (i, node) in fired.into_iter().enumerate() {
+            // One driver serves every tree of its thread: a burst of deadlines (and their
+            // `on_cancel` callbacks) lets the worker run other tasks every so often.
+            if i > 0 && i % FIRED_PER_POLL == 0 {
+                tokio::task::yield_now().await;
+            }
             // A panicking `on_cancel` callback is the user's bug, but it must not stop the
             // other deadlines of this tree: the cancel itself has completed (callbacks run
             // after the walk), so the panic is contained here and dropped.
