@@ -422,6 +422,11 @@ async fn drive(timers: Arc<Timers>) {
     loop {
         let now = Instant::now();
         let (fired, next) = timers.due(now);
+        if next.is_none() {
+            // `due` marked the driver stopped, under the lock: a new driver may start while
+            // this one still cancels (it yields below), and its state must not be touched.
+            running.stopped = true;
+        }
         let stamp = stamp_of(now);
         for (i, node) in fired.into_iter().enumerate() {
             // One driver serves every tree of its thread: a burst of deadlines (and their
@@ -438,8 +443,6 @@ async fn drive(timers: Arc<Timers>) {
             let _ = std::panic::catch_unwind(cancel);
         }
         let Some(next) = next else {
-            // `due` already marked the driver stopped, under the lock.
-            running.stopped = true;
             return;
         };
         sleep.as_mut().reset(next);
