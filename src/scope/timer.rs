@@ -367,22 +367,21 @@ impl Timers {
         let mut st = self.state.lock();
         // Relaxed: an entry's count comes before its push, which the lock orders before this;
         // the last scope's count before its notification, which this driver was woken by.
-        if self.live.load(Ordering::Relaxed) == 0 {
-            let entries = std::mem::take(&mut st.heap);
+        let dropped = if self.live.load(Ordering::Relaxed) == 0 {
+            std::mem::take(&mut st.heap)
+        } else {
+            while st.heap.peek().is_some_and(Entry::is_dead) {
+                st.heap.pop();
+            }
+            st.heap.trim();
+            Heap::default()
+        };
+        let Some(first) = st.heap.peek().map(|e| e.deadline) else {
             st.armed = None;
             st.running = false;
             drop(st);
             // Their nodes' allocations may be freed here: with no lock held.
-            drop(entries);
-            return None;
-        }
-        while st.heap.peek().is_some_and(Entry::is_dead) {
-            st.heap.pop();
-        }
-        st.heap.trim();
-        let Some(first) = st.heap.peek().map(|e| e.deadline) else {
-            st.armed = None;
-            st.running = false;
+            drop(dropped);
             return None;
         };
         let wake = first.min(sleeping_until);

@@ -250,8 +250,9 @@ struct ShardCells<R> {
 struct InFlightShard<R> {
     /// Spawned tasks counted in this shard that hold a unit of the node but are not listed
     /// in any shard's `cells` (registered, and not yet returned `Pending`: most tasks end at
-    /// their first poll, and then never take a lock): the low 32 bits count them, the high 32 bits are an epoch,
-    /// which a quarantine bumps as it takes the whole count ([`InFlightShard::quarantine_unlisted`]).
+    /// their first poll, and then never take a lock): the low 32 bits count them, the high 32
+    /// bits are an epoch, which a quarantine bumps as it takes the whole count
+    /// ([`InFlightShard::quarantine_unlisted`]).
     /// A task remembers the epoch it was counted in; it leaves the count by a compare-and-swap
     /// that requires that epoch ([`InFlightShard::take_unlisted`]): so exactly one of its
     /// receipt (or its listing) and a quarantine takes it (invariant 5). The count cannot
