@@ -258,6 +258,26 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
     assert_eq!(res.headers()["grpc-status"], "1");
 }
 
+/// `grpc-timeout` truncates a budget of 100 s or more to whole milliseconds (8 digits), so
+/// the callee is told a little less than the call has: its own timeout on the header fires
+/// first. The CANCELLED it answers then is still our deadline, not a cancel.
+#[tokio::test(start_paused = true)]
+async fn propagate_rewrites_cancelled_at_the_truncated_budget_it_told() {
+    let transport = Fn_(|req: Request<()>| async move {
+        let told = grpc_timeout::decode_bytes(req.headers()["grpc-timeout"].as_bytes()).unwrap();
+        tokio::time::sleep(told).await;
+        let mut res = Response::new(Frames::<false>(VecDeque::new()));
+        res.headers_mut()
+            .insert("grpc-status", "1".parse().unwrap());
+        Ok::<_, Infallible>(res)
+    });
+    let mut client = PropagateLayer::new().layer(transport);
+    // 100 s and 0.5 ms: sent as `100000m`.
+    let scope = Scope::with_timeout(Duration::from_micros(100_000_500));
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    assert_eq!(res.headers()["grpc-status"], "4");
+}
+
 #[tokio::test(start_paused = true)]
 async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
     let complete = Fn_(|req: Request<()>| async move {

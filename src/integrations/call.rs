@@ -48,7 +48,9 @@ pub(crate) fn prepare(
     let ticket = call.register(spec)?;
     let out = egress.outgoing(&call)?;
     headers::insert(headers, &out);
-    let announced = out.remaining().map(|r| deadline_after(Instant::now(), r));
+    // What the headers carry, not `remaining`: both truncate, and the callee (or a transport
+    // enforcing `grpc-timeout`, as tonic's channel does) gives up at the shorter budget.
+    let announced = out.told().map(|r| deadline_after(Instant::now(), r));
     // Last: the compare-and-swap that fails if the call's scope was cancelled since it was
     // registered (invariant 2).
     let dispatched = ticket.dispatch()?;

@@ -389,6 +389,20 @@ impl Outgoing {
         self.remaining
     }
 
+    /// The shortest budget the headers actually carry: `grpc-timeout` truncates
+    /// [`remaining`](Self::remaining) to its unit (whole milliseconds from 100 s on, whole
+    /// seconds from about 28 h on) and `service-budget` to whole milliseconds. A callee, or a
+    /// transport that enforces `grpc-timeout` itself, may give up as soon as this has passed.
+    #[cfg_attr(not(any(feature = "tower", feature = "reqwest")), allow(dead_code))]
+    pub(crate) fn told(&self) -> Option<Duration> {
+        let grpc = grpc_timeout::truncate(self.remaining?);
+        Some(
+            self.budget
+                .as_ref()
+                .map_or(grpc, |b| grpc.min(b.remaining())),
+        )
+    }
+
     /// The `grpc-timeout` header value ([`grpc_timeout::encode`] of
     /// [`remaining`](Self::remaining)).
     ///

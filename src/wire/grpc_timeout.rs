@@ -212,15 +212,33 @@ pub fn decode_bytes(bytes: &[u8]) -> Result<Duration, GrpcTimeoutError> {
     let value = digits
         .iter()
         .fold(0_u64, |acc, &digit| acc * 10 + u64::from(digit - b'0'));
+    duration(value, unit).ok_or(GrpcTimeoutError::UnknownUnit)
+}
+
+/// The duration of `value` (at most 8 digits, so nothing overflows) in `unit`, if `unit` is one
+/// of `H M S m u n`.
+fn duration(value: u64, unit: u8) -> Option<Duration> {
     match unit {
-        b'n' => Ok(Duration::from_nanos(value)),
-        b'u' => Ok(Duration::from_micros(value)),
-        b'm' => Ok(Duration::from_millis(value)),
-        b'S' => Ok(Duration::from_secs(value)),
-        b'M' => Ok(Duration::from_secs(value * 60)),
-        b'H' => Ok(Duration::from_secs(value * 3600)),
-        _ => Err(GrpcTimeoutError::UnknownUnit),
+        b'n' => Some(Duration::from_nanos(value)),
+        b'u' => Some(Duration::from_micros(value)),
+        b'm' => Some(Duration::from_millis(value)),
+        b'S' => Some(Duration::from_secs(value)),
+        b'M' => Some(Duration::from_secs(value * 60)),
+        b'H' => Some(Duration::from_secs(value * 3600)),
+        _ => None,
     }
+}
+
+/// The budget [`encode`] puts on the wire for `d`: `d` truncated to the unit it picks and
+/// saturated at [`MAX_TIMEOUT`], i.e. `decode(&encode(d))` without the string.
+#[cfg_attr(not(any(feature = "tower", feature = "reqwest")), allow(dead_code))]
+pub(crate) fn truncate(d: Duration) -> Duration {
+    let (value, unit) = split(d);
+    // `split` only returns units of `UNITS`, all ASCII; the fallback is the shortest budget.
+    u8::try_from(unit)
+        .ok()
+        .and_then(|unit| duration(value, unit))
+        .unwrap_or(Duration::ZERO)
 }
 
 /// Why a `grpc-timeout` value was rejected by [`decode`] or [`decode_bytes`].
@@ -271,3 +289,24 @@ impl fmt::Display for GrpcTimeoutError {
 }
 
 impl std::error::Error for GrpcTimeoutError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_is_what_decode_reads_back() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_nanos(99_999_999),
+            Duration::from_micros(100_000_500),
+            Duration::from_secs(100_000) + Duration::from_nanos(1),
+            MAX_TIMEOUT,
+            Duration::MAX,
+        ] {
+            assert_eq!(Ok(truncate(d)), decode(&encode(d)), "{d:?}");
+            assert!(truncate(d) <= d, "{d:?}");
+        }
+    }
+}
