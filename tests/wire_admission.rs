@@ -351,6 +351,45 @@ async fn egress_refuses_a_cancelled_call_and_passes_unbounded_scopes() {
     assert!(out.service_budget().is_none());
 }
 
+/// `service-budget` carries whole milliseconds, and a callee reads `rem=0` as a budget that is
+/// already spent: a call with less than 1 ms left after the pad is refused before anything is
+/// sent, as one with nothing left is, instead of being sent to a callee bound to refuse it.
+#[tokio::test(start_paused = true)]
+async fn egress_refuses_a_call_whose_budget_header_would_say_zero() {
+    let callee = EndpointPolicy::new(ms(1000), ms(1000));
+    let admitted = |out: &cancel_scope::wire::Outgoing| {
+        let incoming = Incoming::new()
+            .grpc_timeout(out.grpc_timeout().unwrap().as_bytes())
+            .service_budget(out.service_budget().unwrap().to_header_value().as_bytes());
+        callee.admit(incoming, Instant::now())
+    };
+    for (left, pad) in [
+        (Duration::from_nanos(1), Duration::ZERO),
+        (Duration::from_micros(999), Duration::ZERO),
+        (Duration::from_micros(10_999), ms(10)),
+    ] {
+        let call = Scope::with_timeout(left);
+        let egress = EgressPolicy::new().transport_pad(pad);
+        match egress.outgoing(&call) {
+            Err(err) => assert!(err.is_budget_exhausted(), "{left:?}: {err}"),
+            Ok(out) => panic!(
+                "{left:?} left, {pad:?} pad: sent {:?} and {:?}, which the callee refuses: {:?}",
+                out.grpc_timeout(),
+                out.service_budget().map(ServiceBudget::to_header_value),
+                admitted(&out).map(|_| ()),
+            ),
+        }
+    }
+    // A whole millisecond after the pad is sent, and admitted.
+    let call = Scope::with_timeout(ms(11));
+    let out = EgressPolicy::new()
+        .transport_pad(ms(10))
+        .outgoing(&call)
+        .unwrap();
+    assert_eq!(out.service_budget().unwrap().remaining(), ms(1));
+    assert_eq!(admitted(&out).unwrap().1.initial_remaining(), ms(1));
+}
+
 #[tokio::test(start_paused = true)]
 async fn egress_caps_and_reserves() {
     let request = Scope::with_timeout(ms(1000));

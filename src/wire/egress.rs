@@ -9,9 +9,9 @@
 //! ```
 //!
 //! so that the callee gives up (and answers) before the caller's own timer fires and the
-//! answer is lost on the way back. If what is left is below the minimum useful budget the call
-//! fails fast and nothing is sent: a request that is bound to time out only loads the
-//! dependency.
+//! answer is lost on the way back. If what is left is below the minimum useful budget (and in
+//! any case below 1 ms, which `service-budget` would carry as a spent `rem=0`) the call fails
+//! fast and nothing is sent: a request that is bound to time out only loads the dependency.
 
 use std::time::{Duration, SystemTime};
 
@@ -285,7 +285,8 @@ impl EgressPolicy {
     /// # Errors
     ///
     /// [`Error::is_cancelled`] if `call` is cancelled; [`Error::is_budget_exhausted`] if less
-    /// than the minimum useful budget is left after the pad. Either way: send nothing.
+    /// than the minimum useful budget, or less than 1 ms (what `service-budget` would carry as
+    /// `rem=0`, a spent budget), is left after the pad. Either way: send nothing.
     ///
     /// # Examples
     ///
@@ -315,9 +316,11 @@ impl EgressPolicy {
                 budget: None,
             });
         };
+        // `service-budget` carries whole milliseconds, and a callee reads `rem=0` as a budget
+        // already spent (it refuses the request): less than 1 ms is as useless as nothing.
         let remaining = ChildBudget::new()
             .reserve(self.pad)
-            .min_useful(self.min_useful)
+            .min_useful(self.min_useful.max(MIN_ON_THE_WIRE))
             .compute(Some(left))
             .map_err(Error::exhausted)?
             .unwrap_or(Duration::ZERO);
@@ -327,6 +330,9 @@ impl EgressPolicy {
         })
     }
 }
+
+/// The least budget a callee can be told: `service-budget` counts whole milliseconds.
+const MIN_ON_THE_WIRE: Duration = Duration::from_millis(1);
 
 /// The `service-budget` header of a call with `remaining` left, made in `call`.
 fn service_budget(call: &Scope, remaining: Duration) -> ServiceBudget {
