@@ -1,14 +1,22 @@
 //! Overhead of a single successful attempt through the retry ledger, side by side with calling
 //! the future directly and with a bare `tokio::time::timeout` (the anchor: target <= 1.5x).
+//! The sides are measured in the same iterations (`support/paired.rs`), and the group ends
+//! with a `RATIO` line per side.
 //!
 //! `cargo bench --bench retry`
 
-use std::time::Duration;
+use std::future::Future;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use cancel_scope::budget::Split;
 use cancel_scope::retry::{Decision, Retry};
 use cancel_scope::{ChildSpec, Scope};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
+
+#[path = "support/paired.rs"]
+mod paired;
+use paired::Paired;
 
 /// The dependency call: awaits once (so that a timer would really be armed), then succeeds.
 async fn call() -> Result<u64, ()> {
@@ -28,45 +36,61 @@ fn single_attempt(c: &mut Criterion) {
     // Greedy without cap or reserve: the attempt keeps the request's deadline (no own timer).
     let greedy = Retry::new(|_: &()| Decision::Backoff).split(Split::Greedy { cap: None });
 
-    let mut g = c.benchmark_group("single_successful_attempt");
-    g.bench_function(BenchmarkId::new("direct", ""), |b| {
-        b.to_async(&rt).iter(|| async { call().await.unwrap() })
-    });
-    g.bench_function(BenchmarkId::new("tokio_timeout", ""), |b| {
-        b.to_async(&rt).iter(|| async {
-            tokio::time::timeout(Duration::from_secs(1), call())
-                .await
-                .unwrap()
-                .unwrap()
+    Paired::new("single_successful_attempt", 128)
+        .side("tokio_timeout", |n| {
+            timed(&rt, n, || async {
+                tokio::time::timeout(Duration::from_secs(1), call())
+                    .await
+                    .unwrap()
+                    .unwrap()
+            })
         })
-    });
-    // The floor the core sets: one child scope that is also the attempt's ticket in the
-    // request (as the retry's attempts are: `Scope::__child_dispatched` is the step
-    // `Call::start` takes), the call run in it on the ticket's handle, one receipt — what
-    // every attempt must cost, without the ledger. (`child` is the handle an attempt gives
-    // its operation.)
-    g.bench_function(BenchmarkId::new("child_ticket_floor", ""), |b| {
-        b.to_async(&rt).iter(|| async {
-            let (child, own) = request.__child_dispatched(&spec).unwrap();
-            let (out, own) = own.run(call()).await;
-            own.succeed();
-            drop(child);
-            out.unwrap().unwrap()
+        .side("direct", |n| {
+            timed(&rt, n, || async { call().await.unwrap() })
         })
-    });
-    g.bench_function(BenchmarkId::new("retry_even_split", ""), |b| {
-        b.to_async(&rt)
-            .iter(|| async { even.run(&request, spec.clone(), |_| call()).await.unwrap() })
-    });
-    g.bench_function(BenchmarkId::new("retry_greedy", ""), |b| {
-        b.to_async(&rt).iter(|| async {
-            greedy
-                .run(&request, spec.clone(), |_| call())
-                .await
-                .unwrap()
+        // The floor the core sets: one child scope that is also the attempt's ticket in the
+        // request (as the retry's attempts are: `Scope::__child_dispatched` is the step
+        // `Call::start` takes), the call run in it on the ticket's handle, one receipt — what
+        // every attempt must cost, without the ledger. (`child` is the handle an attempt
+        // gives its operation.)
+        .side("child_ticket_floor", |n| {
+            timed(&rt, n, || async {
+                let (child, own) = request.__child_dispatched(&spec).unwrap();
+                let (out, own) = own.run(call()).await;
+                own.succeed();
+                drop(child);
+                out.unwrap().unwrap()
+            })
         })
-    });
-    g.finish();
+        .side("retry_even_split", |n| {
+            timed(&rt, n, || async {
+                even.run(&request, spec.clone(), |_| call()).await.unwrap()
+            })
+        })
+        .side("retry_greedy", |n| {
+            timed(&rt, n, || async {
+                greedy
+                    .run(&request, spec.clone(), |_| call())
+                    .await
+                    .unwrap()
+            })
+        })
+        .run(c.benchmark_group("single_successful_attempt"));
+}
+
+/// `n` calls of one side, one after another in one `block_on`, and how long they took.
+fn timed<F: Future<Output = u64>>(
+    rt: &tokio::runtime::Runtime,
+    n: u64,
+    side: impl Fn() -> F,
+) -> Duration {
+    rt.block_on(async {
+        let t = Instant::now();
+        for _ in 0..n {
+            black_box(side().await);
+        }
+        t.elapsed()
+    })
 }
 
 criterion_group!(benches, single_attempt);

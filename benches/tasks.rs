@@ -1,12 +1,21 @@
 //! Spawning into a scope against tokio's `spawn`, tokio-util's `TaskTracker` and `JoinSet`,
-//! side by side in one group each.
+//! side by side in one group each. The sides of a group are measured in the same iterations
+//! (`support/paired.rs`), and the group ends with a `RATIO` line per side.
 //!
 //! `cargo bench --bench tasks`
+
+use std::future::Future;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use cancel_scope::Scope;
 use criterion::{criterion_group, criterion_main, Criterion};
 use tokio::task::JoinSet;
 use tokio_util::task::TaskTracker;
+
+#[path = "support/paired.rs"]
+mod paired;
+use paired::Paired;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -20,17 +29,27 @@ fn spawn_join(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let mut g = c.benchmark_group("spawn_join");
     let scope = Scope::new();
-    g.bench_function("cancel_scope", |b| {
-        b.to_async(&rt)
-            .iter(|| async { scope.spawn(async { 1u64 }).unwrap().await.unwrap() })
-    });
-    g.bench_function("tokio_spawn", |b| {
-        b.to_async(&rt)
-            .iter(|| async { tokio::spawn(async { 1u64 }).await.unwrap() })
-    });
-    g.finish();
+    Paired::new("spawn_join", 128)
+        .side("tokio_spawn", |n| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..n {
+                    black_box(tokio::spawn(async { 1u64 }).await.unwrap());
+                }
+                t.elapsed()
+            })
+        })
+        .side("cancel_scope", |n| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..n {
+                    black_box(scope.spawn(async { 1u64 }).unwrap().await.unwrap());
+                }
+                t.elapsed()
+            })
+        })
+        .run(c.benchmark_group("spawn_join"));
 }
 
 const TASKS: usize = 10_000;
@@ -77,34 +96,35 @@ fn spawn_many_then_wait(c: &mut Criterion, group: &str, in_a_worker: bool) {
     let rt = runtime();
     let mut g = c.benchmark_group(group);
     g.sample_size(20);
-    g.bench_function("cancel_scope_quiesce", |b| {
-        b.to_async(&rt).iter(|| async {
-            if in_a_worker {
-                tokio::spawn(scope_quiesce()).await.unwrap()
-            } else {
-                scope_quiesce().await
-            }
+    Paired::new(group, 1)
+        .side("task_tracker", |n| {
+            rounds(&rt, n, in_a_worker, task_tracker)
         })
-    });
-    g.bench_function("task_tracker", |b| {
-        b.to_async(&rt).iter(|| async {
-            if in_a_worker {
-                tokio::spawn(task_tracker()).await.unwrap()
-            } else {
-                task_tracker().await
-            }
+        .side("cancel_scope_quiesce", |n| {
+            rounds(&rt, n, in_a_worker, || async {
+                black_box(scope_quiesce().await);
+            })
         })
-    });
-    g.bench_function("join_set", |b| {
-        b.to_async(&rt).iter(|| async {
+        .side("join_set", |n| rounds(&rt, n, in_a_worker, join_set))
+        .run(g);
+}
+
+/// `n` rounds of one side, from `block_on` or in a worker task, and how long they took.
+fn rounds<F>(rt: &tokio::runtime::Runtime, n: u64, in_a_worker: bool, side: fn() -> F) -> Duration
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    rt.block_on(async {
+        let t = Instant::now();
+        for _ in 0..n {
             if in_a_worker {
-                tokio::spawn(join_set()).await.unwrap()
+                tokio::spawn(side()).await.unwrap();
             } else {
-                join_set().await
+                side().await;
             }
-        })
-    });
-    g.finish();
+        }
+        t.elapsed()
+    })
 }
 
 fn spawn_many_then_quiesce(c: &mut Criterion) {
