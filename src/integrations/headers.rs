@@ -14,9 +14,9 @@ pub(crate) const SERVICE_BUDGET: HeaderName = HeaderName::from_static(service_bu
 /// caller's own bound: tonic's `Request::set_timeout` writes `grpc-timeout`), or `None`.
 ///
 /// Each line counts on its own: the shortest of them can only shorten the call, so a line
-/// that repeats or contradicts another is no risk here (unlike at ingress, where several
-/// `service-budget` lines are joined so that a repeated member is caught). A malformed line
-/// is ignored: [`insert`] replaces it with the call's budget (if the call has one).
+/// that repeats or contradicts another is no risk here (unlike at ingress, where a budget
+/// header sent on more than one line is refused as ambiguous). A malformed line is ignored:
+/// [`insert`] replaces it with the call's budget (if the call has one).
 pub(crate) fn preset(headers: &HeaderMap) -> Option<Duration> {
     let grpc = headers
         .get_all(GRPC_TIMEOUT)
