@@ -279,6 +279,33 @@ async fn propagate_rewrites_cancelled_at_the_truncated_budget_it_told() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn propagate_does_not_forward_an_incoming_envoy_timeout() {
+    let transport = Fn_(|req: Request<()>| async move {
+        let mut res = Response::new(Frames::<false>(VecDeque::new()));
+        let envoy = req.headers().get_all("x-envoy-expected-rq-timeout-ms");
+        res.headers_mut().insert(
+            "x-envoy-lines",
+            envoy.iter().count().to_string().parse().unwrap(),
+        );
+        res.headers_mut()
+            .insert("x-grpc-timeout", req.headers()["grpc-timeout"].clone());
+        Ok::<_, Infallible>(res)
+    });
+    let mut client = PropagateLayer::new().layer(transport);
+    // A handler that copied its incoming headers: a caller's Envoy value (here a forged,
+    // malformed one, which a trusted callee would answer with 400) must not go on.
+    let mut req = grpc_request();
+    req.headers_mut()
+        .append("x-envoy-expected-rq-timeout-ms", "99999x".parse().unwrap());
+    req.headers_mut()
+        .append("x-envoy-expected-rq-timeout-ms", "5".parse().unwrap());
+    let scope = Scope::with_timeout(ms(1_000));
+    let res = call_in(&scope, &mut client, req).await;
+    assert_eq!(res.headers()["x-envoy-lines"], "0");
+    assert_eq!(res.headers()["x-grpc-timeout"], "1000000u");
+}
+
+#[tokio::test(start_paused = true)]
 async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
     let complete = Fn_(|req: Request<()>| async move {
         let mut trailers = HeaderMap::new();

@@ -16,7 +16,8 @@
 //!    header already on the request is the caller's own bound for this call (tonic's
 //!    `Request::set_timeout` writes `grpc-timeout`): the shortest valid one caps the child
 //!    (its deadline and what the callee is told shrink together, never grow), and a malformed
-//!    one is replaced by the child's budget;
+//!    one is replaced by the child's budget. Envoy's `x-envoy-expected-rq-timeout-ms` is
+//!    removed (Envoy sets it per hop; a service does not forward it);
 //! 4. the call — and its response body — is stopped when the child's deadline passes or its
 //!    scope is cancelled, and its receipt records how it ended.
 //!
