@@ -108,6 +108,13 @@ async fn admit_rejects_bad_or_useless_budgets_without_calling_the_handler() {
     assert_eq!(res.status(), 504);
     let res = svc.call(with("grpc-timeout", "50m", true)).await.unwrap();
     assert_eq!(res.headers()["grpc-status"], "4");
+    // A media type is case-insensitive: still a gRPC call, answered as one.
+    let mut req = with("grpc-timeout", "50m", false);
+    req.headers_mut()
+        .insert("content-type", "Application/GRPC+proto".parse().unwrap());
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "4");
     assert!(!ran.load(Ordering::SeqCst));
 }
 

@@ -23,9 +23,13 @@ pub(crate) enum GrpcCode {
 
 /// Whether a request or response speaks gRPC (`application/grpc`, `+proto`, `-web`...).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    const GRPC: &[u8] = b"application/grpc";
+    // A media type's type and subtype are case-insensitive (RFC 9110, 8.3.1).
+    headers.get(CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .get(..GRPC.len())
+            .is_some_and(|t| t.eq_ignore_ascii_case(GRPC))
+    })
 }
 
 /// The budget headers of a request, every line of each.
