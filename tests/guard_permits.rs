@@ -98,3 +98,40 @@ async fn a_closed_semaphore_is_an_error_not_a_hang() {
     s.close();
     assert_eq!(s.quiesce().await.total(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_permit_is_granted_once_the_deadline_passed_before_its_timer_ran() {
+    // Woken at the deadline by a sleep of our own, in the same tick as the scope's timer,
+    // whose task has not run yet: the budget is spent, so queueing has nothing left to pay.
+    let pool = Arc::new(Semaphore::new(1));
+    let s = Scope::with_timeout(Duration::from_millis(100));
+    tokio::time::sleep_until(s.deadline().unwrap()).await;
+    assert_eq!(s.remaining(), Some(Duration::ZERO));
+    let err = s.acquire(&pool).await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(s.is_cancelled(), "the passed deadline counts as the cancel");
+    assert_eq!(pool.available_permits(), 1, "no permit was kept");
+    let report = s.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permit_freed_at_the_deadline_is_not_granted() {
+    // The waiter is queued; the holder lets go in the very tick of the deadline and the
+    // waiter runs before the scope's timer task: it must not get the permit with nothing
+    // left of its budget.
+    let pool = Arc::new(Semaphore::new(1));
+    let held = pool.clone().acquire_owned().await.unwrap();
+    let s = Scope::with_timeout(Duration::from_millis(100));
+    let mut waiter = std::pin::pin!(s.acquire(&pool));
+    assert!(futures::poll!(&mut waiter).is_pending());
+    tokio::time::sleep_until(s.deadline().unwrap()).await;
+    drop(held);
+    let err = waiter.await.map(drop).unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert_eq!(
+        pool.available_permits(),
+        1,
+        "the permit went back to the pool"
+    );
+}

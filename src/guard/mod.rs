@@ -145,7 +145,9 @@ impl Scope {
     /// # Errors
     ///
     /// * [`Error::is_cancelled`] (also [`Error::is_deadline_exceeded`]) if the scope is
-    ///   cancelled or runs out of time while waiting, or already was;
+    ///   cancelled or runs out of time while waiting, or already was — a deadline that has
+    ///   passed counts even before its timer has fired, so no permit is granted at or after
+    ///   it (one that came free too late goes back to the semaphore);
     /// * [`Error::is_closed`] if the scope's watermark is closed or the semaphore was closed.
     ///
     /// # Cancel safety
@@ -167,15 +169,30 @@ impl Scope {
     /// # }
     /// ```
     pub async fn acquire(&self, semaphore: &std::sync::Arc<Semaphore>) -> Result<Permit, Error> {
+        // A deadline that has passed is a cancel whose timer task has not run yet (as in
+        // `Ticket::dispatch`): made the cancel now, it refuses the unit below.
+        self.expire_if_passed();
         let unit = Unit::take(self)?;
-        tokio::select! {
+        let permit = tokio::select! {
             biased;
-            cause = self.cancelled_cause() => Err(Error::cancelled(cause)),
-            permit = semaphore.clone().acquire_owned() => match permit {
-                Ok(permit) => Ok(Permit { permit, _unit: unit }),
-                Err(_) => Err(Error::closed()),
-            },
+            cause = self.cancelled_cause() => return Err(Error::cancelled(cause)),
+            permit = semaphore.clone().acquire_owned() => permit.map_err(|_| Error::closed())?,
+        };
+        // Granted at or after the deadline, before its timer ran: the wait used up the whole
+        // budget, so the permit goes back (dropped here) and the deadline is the cancel.
+        if self.expire_if_passed() {
+            return Err(Error::cancelled(self.cause_or_cancelled()));
         }
+        Ok(Permit {
+            permit,
+            _unit: unit,
+        })
+    }
+
+    /// [`expire_if_due`](Scope::expire_if_due) now, reading the clock only for a scope with a
+    /// deadline.
+    fn expire_if_passed(&self) -> bool {
+        self.deadline().is_some() && self.expire_if_due(tokio::time::Instant::now())
     }
 
     /// Counts `resource` against this scope until it is dropped.
