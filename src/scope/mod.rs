@@ -865,10 +865,13 @@ impl fmt::Debug for Scope {
     }
 }
 
-/// `now + timeout`, saturating far in the future instead of overflowing.
+/// Thirty years: as good as no deadline, and far enough from the end of what an `Instant` can
+/// hold for tokio's timer arithmetic.
+pub(crate) const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `now + timeout`, saturating at [`FAR`] from now instead of overflowing.
 pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Instant {
-    now.checked_add(timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+    now.checked_add(timeout).unwrap_or_else(|| now + FAR)
 }
 
 static STAMP_BASE: OnceLock<std::time::Instant> = OnceLock::new();

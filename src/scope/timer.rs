@@ -44,7 +44,7 @@
 
 use tokio::time::Instant;
 
-use super::{stamp_of, Core};
+use super::{deadline_after, stamp_of, Core, FAR};
 use crate::cause::Cause;
 use crate::sync::{downgrade, Arc, AtomicUsize, Mutex, Ordering, Weak};
 use crate::tree;
@@ -444,7 +444,10 @@ async fn drive(timers: Arc<Timers>) {
         let Some(next) = next else {
             return;
         };
-        sleep.as_mut().reset(next);
+        // Not past `FAR` from now: tokio rounds a sleep's deadline up to its next millisecond,
+        // which overflows for a deadline a caller put at the end of what an `Instant` holds.
+        // The driver wakes then, finds nothing due, and sleeps on.
+        sleep.as_mut().reset(next.min(deadline_after(now, FAR)));
         loop {
             tokio::select! {
                 biased;
