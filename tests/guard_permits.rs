@@ -116,6 +116,16 @@ async fn no_permit_is_granted_once_the_deadline_passed_before_its_timer_ran() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn nothing_is_tethered_once_the_deadline_passed_before_its_timer_ran() {
+    let s = Scope::with_timeout(Duration::from_millis(100));
+    tokio::time::sleep_until(s.deadline().unwrap()).await;
+    let err = s.tether("conn").unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(s.is_cancelled(), "the passed deadline counts as the cancel");
+    assert_eq!(s.quiesce().await.state(), Lifecycle::CancelledStable);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_permit_freed_at_the_deadline_is_not_granted() {
     // The waiter is queued; the holder lets go in the very tick of the deadline and the
     // waiter runs before the scope's timer task: it must not get the permit with nothing

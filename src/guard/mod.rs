@@ -199,7 +199,9 @@ impl Scope {
     ///
     /// # Errors
     ///
-    /// [`Error::is_cancelled`] / [`Error::is_closed`]: the scope accepts no new work.
+    /// [`Error::is_cancelled`] / [`Error::is_closed`]: the scope accepts no new work (a
+    /// deadline that has passed counts even before its timer has fired, as for
+    /// [`acquire`](Scope::acquire)).
     ///
     /// # Examples
     ///
@@ -210,6 +212,7 @@ impl Scope {
     /// assert!(s.tether(()).unwrap_err().is_cancelled());
     /// ```
     pub fn tether<T>(&self, resource: T) -> Result<Tethered<T>, Error> {
+        self.expire_if_passed();
         Ok(Tethered {
             value: resource,
             _unit: Unit::take(self)?,
