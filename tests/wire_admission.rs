@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use cancel_scope::wire::{
-    BudgetSource, EgressPolicy, EndpointPolicy, Incoming, OnBadInput, OverCap, PrioritySource,
-    ServiceBudget, Trust,
+    service_budget, BudgetSource, EgressPolicy, EndpointPolicy, Incoming, OnBadInput, OverCap,
+    PrioritySource, ServiceBudget, Trust,
 };
 use cancel_scope::{Cause, Scope};
 use proptest::prelude::*;
@@ -298,6 +298,22 @@ async fn the_root_scope_ends_at_the_admitted_deadline() {
     child.cancelled().await;
     assert_eq!(Instant::now() - a.admitted_at(), ms(150));
     assert_eq!(scope.cause(), Some(Cause::DeadlineExceeded));
+}
+
+#[tokio::test(start_paused = true)]
+async fn egress_audit_deadline_is_the_budget_the_header_carries() {
+    // 48 h left: `rem` says the most a header can carry (24 h), and so does the audit
+    // deadline, not the 48 h the callee is never told.
+    let call = Scope::with_timeout(Duration::from_secs(48 * 3600));
+    let out = EgressPolicy::new().outgoing(&call).unwrap();
+    let sent = out.service_budget().unwrap();
+    assert_eq!(sent.remaining(), service_budget::MAX_REMAINING);
+    let unix_ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    };
+    let told = unix_ms(std::time::SystemTime::now() + service_budget::MAX_REMAINING);
+    let dl = sent.audit_deadline_unix_ms().unwrap();
+    assert!(dl.abs_diff(told) < 60_000, "dl {dl}, told {told}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -344,8 +344,9 @@ fn service_budget(call: &Scope, remaining: Duration) -> ServiceBudget {
         b = b.clone().with_priority(op.priority()).unwrap_or(b);
         b = b.clone().with_generation(op.generation()).unwrap_or(b);
     }
+    // The budget the header carries (`rem` is capped at 24 h), not what the call has beyond it.
     let audit = SystemTime::now()
-        .checked_add(remaining)
+        .checked_add(b.remaining())
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .and_then(|d| u64::try_from(d.as_millis()).ok());
     if let Some(ms) = audit {
