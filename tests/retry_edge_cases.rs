@@ -11,6 +11,9 @@ use cancel_scope::retry::{Decision, HedgeDelay, Retry, RetryBudget, Stop};
 use cancel_scope::{ChildSpec, Scope};
 use tokio::time::Instant;
 
+mod support;
+use support::latest_instant;
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -30,6 +33,43 @@ async fn a_huge_hedge_delay_does_not_panic() {
         })
         .await;
     assert_eq!(out.unwrap(), 7);
+}
+
+/// A hedge delay that lands at the very end of what an `Instant` holds (a computed value)
+/// does not panic the call either: too far to sleep until is never.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_delay_to_the_end_of_time_does_not_panic() {
+    let request = Scope::with_timeout(ms(1000));
+    let now = Instant::now();
+    let hedge = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(latest_instant(now) - now));
+    let out = hedge
+        .run(&request, ChildSpec::read_only("search"), |_| async {
+            tokio::time::sleep(ms(10)).await;
+            Ok::<_, ()>(7)
+        })
+        .await;
+    assert_eq!(out.unwrap(), 7);
+}
+
+/// A dependency's pushback that lands at the very end of what an `Instant` holds, in a scope
+/// without deadline, is too long (it would never be slept to its end), not a panic.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_to_the_end_of_time_is_too_long() {
+    let request = Scope::new();
+    let hint = latest_instant(Instant::now()) - Instant::now();
+    let retry = Retry::new(move |_: &()| Decision::RetryAfter(hint)).max_attempts(2);
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.stop(), Stop::RetryAfterTooLong(d) if *d == hint),
+        "{err:?}"
+    );
 }
 
 /// With the process-wide retry budget empty, the call stops with `RetryBudget` before the

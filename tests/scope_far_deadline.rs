@@ -1,28 +1,17 @@
-//! A deadline at the far end of what an `Instant` can hold (a caller's computed value) does
-//! not make the deadline timer task panic: tokio rounds a sleep's deadline up to the next
+//! A deadline or a grace period at the far end of what an `Instant` can hold (a caller's
+//! computed value) panics nothing: tokio rounds a sleep's deadline up to the next
 //! millisecond, which overflows there. Its own binary: it counts every panic of the process.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::Scope;
+use cancel_scope::{ChildSpec, Scope};
+use futures::FutureExt;
 use tokio::time::Instant;
 
-/// The latest instant after `now` that can be represented, to the nanosecond.
-fn latest_instant(now: Instant) -> Instant {
-    let (mut ok, mut step) = (Duration::ZERO, Duration::MAX);
-    while step > Duration::ZERO {
-        if let Some(d) = ok
-            .checked_add(step)
-            .filter(|d| now.checked_add(*d).is_some())
-        {
-            ok = d;
-        }
-        step /= 2;
-    }
-    now + ok
-}
+mod support;
+use support::latest_instant;
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_at_the_end_of_time_does_not_panic_the_timer_task() {
@@ -44,4 +33,26 @@ async fn a_deadline_at_the_end_of_time_does_not_panic_the_timer_task() {
     next.cancelled().await;
     assert_eq!(panics.load(Ordering::SeqCst), 0);
     let _ = std::panic::take_hook();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grace_period_to_the_end_of_time_is_never_over() {
+    let now = Instant::now();
+    let s = Scope::new()
+        .child()
+        .grace(latest_instant(now) - now)
+        .build()
+        .unwrap();
+    let stuck = s
+        .register(ChildSpec::read_only("stuck"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    s.cancel();
+    // Too far to sleep until: the stuck child is never quarantined, and waiting panics nothing.
+    let mut quiet = Box::pin(s.quiesce());
+    let waited = tokio::time::timeout(Duration::from_secs(3600), &mut quiet).await;
+    assert!(waited.is_err(), "quarantined at the end of time?");
+    stuck.succeed();
+    assert!(quiet.now_or_never().is_some());
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::child::{ChildSpec, EffectRecord};
-use crate::scope::{instant_of, nanos, now_stamp, Core, Note, Scope};
+use crate::scope::{instant_of, nanos, now_stamp, sleepable_after, Core, Note, Scope};
 use crate::sync::{downgrade, Arc, Weak};
 use crate::tree::{self, Kind, Wait, WaiterKey};
 
@@ -615,7 +615,7 @@ fn poll_grace(
 
 /// When the grace period after the cancel of `node` ends (`None`: too far to represent).
 fn grace_end(node: &crate::scope::Core) -> Option<tokio::time::Instant> {
-    instant_of(node.cancelled_at()).checked_add(node.ext.grace())
+    sleepable_after(instant_of(node.cancelled_at()), node.ext.grace())
 }
 
 impl Drop for Quiesce {

@@ -19,7 +19,7 @@ use crate::cause::Cause;
 use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
-use crate::scope::{ChildBuilder, Note, OwnRun, Scope};
+use crate::scope::{sleepable_after, ChildBuilder, Note, OwnRun, Scope};
 use crate::tree::Caught;
 
 /// What an attempt knows about itself; passed to the operation for every attempt.
@@ -449,7 +449,7 @@ impl<'s> Call<'s> {
         match self.check_after(hint) {
             Err(Stop::ReserveReached | Stop::BelowMinUseful) => Err(too_long),
             Err(stop) => Err(stop),
-            Ok(()) => Instant::now().checked_add(hint).ok_or(too_long),
+            Ok(()) => sleepable_after(Instant::now(), hint).ok_or(too_long),
         }
     }
 

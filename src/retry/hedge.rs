@@ -16,7 +16,7 @@ use super::spawn::{Finished, InFlight};
 use super::{Attempt, Retry};
 use crate::budget::Split;
 use crate::child::ChildSpec;
-use crate::scope::Scope;
+use crate::scope::{sleepable_after, Scope};
 use crate::sync::Mutex;
 use crate::tree::Caught;
 
@@ -391,8 +391,7 @@ impl<C, B> Hedge<C, B> {
                             inflight.spawn(index, dispatched, fut);
                             // A delay too long to represent never hedges.
                             next_hedge = if call.attempts_left() > 0 {
-                                Instant::now()
-                                    .checked_add(self.delay.delay())
+                                sleepable_after(Instant::now(), self.delay.delay())
                                     .map(|at| not_before.map_or(at, |nb| at.max(nb)))
                             } else {
                                 None

@@ -869,6 +869,15 @@ impl fmt::Debug for Scope {
 /// hold for tokio's timer arithmetic.
 pub(crate) const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
 
+/// `t + d`, if a tokio sleep can be set for it: `None` if it is past what an `Instant` holds,
+/// or so close to that end that tokio's rounding of a sleep's deadline up to the next
+/// millisecond would overflow (a panic in the task that sleeps). For waits that may simply
+/// never end (a hedge, a pushback, a grace period): too far to represent is never.
+pub(crate) fn sleepable_after(t: Instant, d: Duration) -> Option<Instant> {
+    t.checked_add(d)
+        .filter(|at| at.checked_add(Duration::from_millis(1)).is_some())
+}
+
 /// `now + timeout`, saturating at [`FAR`] from now instead of overflowing.
 pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Instant {
     now.checked_add(timeout).unwrap_or_else(|| now + FAR)
