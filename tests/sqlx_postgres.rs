@@ -275,7 +275,8 @@ async fn cancel_before_dispatch_sends_nothing() {
     );
 
     // Everything that backend logged since the cancel (quiesce waited for the release): only
-    // the release's reset of statement_timeout.
+    // the release's reset of statement_timeout (which also asks whether a transaction block
+    // is open, to roll it back).
     let log = pg.log();
     let after: Vec<&str> = log
         .lines()
@@ -284,7 +285,10 @@ async fn cancel_before_dispatch_sends_nothing() {
         .collect();
     assert_eq!(after.len(), 1, "{after:#?}");
     assert!(
-        after[0].ends_with("statement: RESET statement_timeout"),
+        after[0].ends_with(
+            "statement: SELECT statement_timestamp() <> transaction_timestamp(); \
+             RESET statement_timeout"
+        ),
         "{after:#?}"
     );
 
@@ -444,5 +448,67 @@ async fn server_stops_on_its_own_when_the_client_forgets_the_statement() {
     eprintln!(
         "forgotten statement stopped by the server {:?} after the deadline",
         stopped - deadline
+    );
+}
+
+/// A transaction block the scope opened and never committed (here: the scope was cancelled
+/// before its `COMMIT`, which was refused) is rolled back when the connection is released. Not
+/// returned to the pool open, where the next user's statements would run inside it and their
+/// `COMMIT` would commit the cancelled scope's write after `quiesce` reported it stable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_user() {
+    let Some(pg) = PgCluster::start("open_transaction_rolled_back_on_release") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+
+    let scope = Scope::new();
+    let mut conn = db.acquire(&scope).await.unwrap();
+    conn.execute(ChildSpec::read_only("begin"), sqlx::query("BEGIN"))
+        .await
+        .unwrap();
+    conn.execute(
+        ChildSpec::side_effecting("insert", "o-1"),
+        sqlx::query("INSERT INTO orders VALUES ('o-1')"),
+    )
+    .await
+    .unwrap();
+    scope.cancel();
+    let err = conn
+        .execute(
+            ChildSpec::side_effecting("commit", "o-1"),
+            sqlx::query("COMMIT"),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_cancelled(), "{err:?}");
+    drop(conn);
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+
+    // The next user of the pool's only connection runs a transaction of its own.
+    let next = Scope::with_timeout(Duration::from_secs(5));
+    let mut conn = db.acquire(&next).await.unwrap();
+    for (name, sql) in [
+        ("begin", "BEGIN"),
+        ("insert", "INSERT INTO orders VALUES ('o-2')"),
+        ("commit", "COMMIT"),
+    ] {
+        conn.execute(ChildSpec::idempotent(name, "o-2"), sqlx::query(sql))
+            .await
+            .unwrap();
+    }
+    conn.release().await;
+
+    let mut obs = observer(&pg).await;
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
+        .fetch_all(&mut obs)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids,
+        ["o-2"],
+        "the cancelled scope's uncommitted INSERT was committed by the next user"
     );
 }

@@ -20,7 +20,8 @@ use crate::{ChildSpec, Receipt, Scope, Tethered};
 /// off by a cancel is reported as an unknown effect, never as "no effect").
 ///
 /// Dropping it returns the connection to the pool — on PostgreSQL after
-/// `RESET statement_timeout`, done by a short clean-up child of the scope.
+/// `RESET statement_timeout` and the rollback of a transaction block left open (a raw `BEGIN`
+/// whose `COMMIT` never ran), done by a short clean-up child of the scope.
 ///
 /// # Examples
 ///
@@ -342,8 +343,9 @@ impl<DB: Backend> GuardedConnection<DB> {
     }
 
     /// Releases the connection now, waiting for its reset (PostgreSQL:
-    /// `RESET statement_timeout`), and gives back the scope's guard. Dropping the connection
-    /// does the same in a background clean-up child of the scope.
+    /// `RESET statement_timeout`, and `ROLLBACK` of a transaction block left open), and gives
+    /// back the scope's guard. Dropping the connection does the same in a background clean-up
+    /// child of the scope.
     ///
     /// # Cancel safety
     ///

@@ -242,23 +242,38 @@ async fn drain(conn: &mut PgConnection) -> bool {
     false
 }
 
-/// Puts the session default of `statement_timeout` back, ending a transaction that the
-/// cancelled statement left failed. Returns whether the connection is clean.
+/// Puts the session default of `statement_timeout` back and rolls back a transaction block
+/// that the scope's statements left open (a raw `BEGIN` whose `COMMIT` was refused after a
+/// cancel, never sent, or cut off) or that the cancel left failed. Returns whether the
+/// connection is clean.
+///
+/// An open block must not go back to the pool: the next user's statements would run inside it,
+/// and their `COMMIT` would commit this scope's writes after its `quiesce` (invariant 6).
 async fn reset(conn: &mut PgConnection) -> bool {
-    const RESET: &str = "RESET statement_timeout";
-    match conn.execute(::sqlx::raw_sql(RESET)).await {
-        Ok(_) => true,
+    // One round trip when no block is open. A simple-protocol query string has one statement
+    // timestamp; outside a block, the transaction it starts began at that same timestamp
+    // (PostgreSQL copies it), while a block began at an earlier statement. In a block the
+    // rollback undoes the `RESET` too, so it is repeated after it.
+    const RESET: &str = "SELECT statement_timestamp() <> transaction_timestamp(); \
+                         RESET statement_timeout";
+    const ROLLBACK: &str = "ROLLBACK; RESET statement_timeout";
+    let in_block = match conn
+        .fetch_one(::sqlx::raw_sql(RESET))
+        .await
+        .and_then(|row| row.try_get::<bool, _>(0))
+    {
+        Ok(in_block) => in_block,
         // 25P02 in_failed_sql_transaction: the cancel aborted a transaction block.
         Err(e)
             if e.as_database_error()
                 .and_then(|d| d.code())
                 .is_some_and(|c| c == "25P02") =>
         {
-            conn.execute(::sqlx::raw_sql("ROLLBACK")).await.is_ok()
-                && conn.execute(::sqlx::raw_sql(RESET)).await.is_ok()
+            true
         }
-        Err(_) => false,
-    }
+        Err(_) => return false,
+    };
+    !in_block || conn.execute(::sqlx::raw_sql(ROLLBACK)).await.is_ok()
 }
 
 #[cfg(test)]
