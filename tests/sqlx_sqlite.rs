@@ -342,3 +342,61 @@ async fn guarded_types_are_send_and_calls_can_be_spawned() {
     });
     assert_eq!(task.await.unwrap().unwrap(), 1);
 }
+
+/// A transaction block the scope opened and never committed (here: the scope was cancelled
+/// before its `COMMIT`, which was refused) is rolled back when the connection is released. Not
+/// returned to the pool open, where the next user's statements would run inside it and a
+/// `COMMIT` would commit the cancelled scope's write after `quiesce` reported it stable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_user() {
+    let db = one_connection().await;
+    let scope = Scope::new();
+    let mut conn = db.acquire(&scope).await.unwrap();
+    conn.execute(ChildSpec::read_only("begin"), sqlx::query("BEGIN"))
+        .await
+        .unwrap();
+    conn.execute(
+        ChildSpec::side_effecting("insert", "o-1"),
+        sqlx::query("INSERT INTO orders VALUES ('o-1')"),
+    )
+    .await
+    .unwrap();
+    scope.cancel();
+    let err = conn
+        .execute(
+            ChildSpec::side_effecting("commit", "o-1"),
+            sqlx::query("COMMIT"),
+        )
+        .await
+        .err()
+        .expect("the call fails");
+    assert!(err.is_cancelled(), "{err:?}");
+    drop(conn);
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+
+    // The next user of the pool's only connection: a write and a commit of its own.
+    let next = Scope::with_timeout(Duration::from_secs(5));
+    let mut conn = db.acquire(&next).await.unwrap();
+    conn.execute(
+        ChildSpec::idempotent("insert", "o-2"),
+        sqlx::query("INSERT INTO orders VALUES ('o-2')"),
+    )
+    .await
+    .unwrap();
+    // (Fails with "no transaction is active" once the scope's transaction was rolled back.)
+    let _ = conn
+        .execute(ChildSpec::read_only("commit"), sqlx::query("COMMIT"))
+        .await;
+    conn.release().await;
+
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        ids,
+        ["o-2"],
+        "the cancelled scope's uncommitted INSERT was committed by the next user"
+    );
+}

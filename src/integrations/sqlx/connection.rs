@@ -19,9 +19,9 @@ use crate::{ChildSpec, Receipt, Scope, Tethered};
 /// [`ChildSpec::side_effecting`] or [`ChildSpec::idempotent`] for writes (so that a write cut
 /// off by a cancel is reported as an unknown effect, never as "no effect").
 ///
-/// Dropping it returns the connection to the pool — on PostgreSQL after
-/// `RESET statement_timeout` and the rollback of a transaction block left open (a raw `BEGIN`
-/// whose `COMMIT` never ran), done by a short clean-up child of the scope.
+/// Dropping it returns the connection to the pool — after statements, once a transaction
+/// block they left open (a raw `BEGIN` whose `COMMIT` never ran) is rolled back and, on
+/// PostgreSQL, `RESET statement_timeout` ran, done by a short clean-up child of the scope.
 ///
 /// # Examples
 ///
@@ -40,7 +40,7 @@ use crate::{ChildSpec, Receipt, Scope, Tethered};
 /// assert_eq!(scope.lifecycle(), Lifecycle::Running); // the connection is a guard
 /// drop(conn);
 /// scope.close();
-/// assert_eq!(scope.quiesce().await.succeeded(), 1);
+/// assert_eq!(scope.quiesce().await.succeeded(), 1 + 1); // + the clean-up child
 /// # }
 /// # }
 /// ```
@@ -342,9 +342,8 @@ impl<DB: Backend> GuardedConnection<DB> {
         self.guarded::<E, FetchOptional>(spec, query).await
     }
 
-    /// Releases the connection now, waiting for its reset (PostgreSQL:
-    /// `RESET statement_timeout`, and `ROLLBACK` of a transaction block left open), and gives
-    /// back the scope's guard. Dropping the connection does the same in a background clean-up
+    /// Releases the connection now, waiting for its reset (`ROLLBACK` of a transaction block
+    /// left open; PostgreSQL: `RESET statement_timeout`), and gives back the scope's guard. Dropping the connection does the same in a background clean-up
     /// child of the scope.
     ///
     /// # Cancel safety

@@ -73,7 +73,10 @@
 //! instructions; when the scope is cancelled the handler tells SQLite to stop, the statement
 //! fails with `SQLITE_INTERRUPT` (rolling back its changes) and the connection stays usable.
 //! The handler is removed by the clean-up child once the interrupted statement has ended; on
-//! a normal release it stays installed, inert. Installing it costs one round trip to the
+//! a normal release it stays installed, inert. A release after statements rolls back a
+//! transaction block they left open (a raw `BEGIN` whose `COMMIT` never ran; an interrupted
+//! read does not end its block), one more round trip to the worker thread, so that the pool's
+//! next user cannot commit it. Installing it costs one round trip to the
 //! connection's worker thread per acquisition, the same as sqlx's own test-before-acquire
 //! ping: pools used only through [`GuardedPool`] can turn that ping off with
 //! `SqlitePoolOptions::test_before_acquire(false)`.

@@ -24,6 +24,9 @@ pub struct SqlitePoolState(());
 pub struct SqliteConnState {
     /// Set (Release) by `interrupt`; read (Acquire) by the handler on the worker thread.
     interrupt: Arc<AtomicBool>,
+    /// Whether a statement was sent in this acquisition (then the release rolls back a
+    /// transaction block it may have left open).
+    used: bool,
 }
 
 impl fmt::Debug for SqliteConnState {
@@ -52,15 +55,19 @@ impl Backend for Sqlite {
         // drops the previous acquisition's closure.
         let mut handle = conn.lock_handle().await?;
         handle.set_progress_handler(PROGRESS_OPS, move || !flag.load(Ordering::Acquire));
-        Ok(SqliteConnState { interrupt })
+        Ok(SqliteConnState {
+            interrupt,
+            used: false,
+        })
     }
 
     fn arm<'a>(
         _conn: &'a mut SqliteConnection,
-        _state: &'a mut SqliteConnState,
+        state: &'a mut SqliteConnState,
         _budget: Option<Duration>,
     ) -> impl Future<Output = Result<(), ::sqlx::Error>> + Send + 'a {
         // No server to tell: the deadline is this process's, and the handler enforces it.
+        state.used = true;
         std::future::ready(Ok(()))
     }
 
@@ -80,26 +87,35 @@ impl Backend for Sqlite {
     fn release(
         _pool: &Arc<SqlitePoolState>,
         conn: PoolConnection<Self>,
-        _state: SqliteConnState,
+        state: SqliteConnState,
         abandoned: bool,
     ) -> Release<Self> {
-        if !abandoned {
+        if !abandoned && !state.used {
             // The handler stays installed with its flag down: inert.
             return Release::Return(conn);
         }
         let mut conn = CloseOnDrop::new(conn);
         Release::CleanUp(Box::pin(async move {
-            // `lock_handle` queues behind the interrupted statement on the worker thread, so
-            // when it returns the statement has ended; then the raised flag is removed with
-            // its handler before anyone else gets the connection.
-            let clean = match conn.conn().lock_handle().await {
-                Ok(mut handle) => {
-                    handle.remove_progress_handler();
-                    true
+            if abandoned {
+                // `lock_handle` queues behind the interrupted statement on the worker thread,
+                // so when it returns the statement has ended; then the raised flag is removed
+                // with its handler before anyone else gets the connection.
+                match conn.conn().lock_handle().await {
+                    Ok(mut handle) => handle.remove_progress_handler(),
+                    Err(_) => return,
                 }
-                Err(_) => false,
-            };
-            if clean {
+            }
+            // A transaction block the scope left open (a raw `BEGIN` whose `COMMIT` never
+            // ran; an interrupted read does not end its block) must not reach the pool's next
+            // user, whose `COMMIT` would commit this scope's writes after its `quiesce`
+            // (invariant 6). SQLite cannot be asked without `unsafe`, so: `SAVEPOINT` opens
+            // a block if none is open, and `ROLLBACK` then always has one to end.
+            const ROLLBACK: &str = "SAVEPOINT cancel_scope_release; ROLLBACK";
+            if (&mut **conn.conn())
+                .execute(::sqlx::raw_sql(ROLLBACK))
+                .await
+                .is_ok()
+            {
                 conn.release();
             }
         }))
