@@ -512,3 +512,52 @@ async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_us
         "the cancelled scope's uncommitted INSERT was committed by the next user"
     );
 }
+
+/// After a statement fails inside a transaction block, the block is in the failed state and
+/// the server accepts only its end: the `ROLLBACK` sent through the guard reaches the server
+/// and succeeds (the guard's `statement_timeout` arming, refused in that state, does not stop
+/// it), and the connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_after_an_error_in_a_transaction_block_reaches_the_server() {
+    let Some(pg) = PgCluster::start("rollback_after_an_error_in_a_block") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+
+    let scope = Scope::with_timeout(Duration::from_secs(5));
+    let mut conn = db.acquire(&scope).await.unwrap();
+    conn.execute(ChildSpec::read_only("begin"), sqlx::query("BEGIN"))
+        .await
+        .unwrap();
+    conn.execute(
+        ChildSpec::idempotent("insert", "o-1"),
+        sqlx::query("INSERT INTO orders VALUES ('o-1')"),
+    )
+    .await
+    .unwrap();
+    let err = conn
+        .execute(
+            ChildSpec::idempotent("insert-bad", "o-2"),
+            sqlx::query("INSERT INTO no_such_table VALUES ('o-2')"),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_database(), "{err:?}");
+    conn.execute(ChildSpec::read_only("rollback"), sqlx::query("ROLLBACK"))
+        .await
+        .expect("ROLLBACK of a failed block");
+    let one: i32 = conn
+        .fetch_one(ChildSpec::read_only("after"), sqlx::query("SELECT 1"))
+        .await
+        .expect("the connection serves after the rollback")
+        .get(0);
+    assert_eq!(one, 1);
+    conn.release().await;
+    assert_eq!(count_orders(&db).await, 0, "rolled back");
+
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    assert_eq!((report.succeeded(), report.failed()), (4, 1), "{report}");
+}

@@ -122,9 +122,17 @@ impl Backend for Postgres {
     ) -> Result<(), ::sqlx::Error> {
         let ms = budget.map(timeout_ms);
         state.armed = true;
-        let row = conn.fetch_one(::sqlx::query(ARM).bind(ms)).await?;
-        state.pid = Some(row.try_get::<i32, _>(0)?);
-        Ok(())
+        match conn.fetch_one(::sqlx::query(ARM).bind(ms)).await {
+            Ok(row) => {
+                state.pid = Some(row.try_get::<i32, _>(0)?);
+                Ok(())
+            }
+            // A failed transaction block refuses every statement but its end (`ROLLBACK`,
+            // `COMMIT`, `ROLLBACK TO SAVEPOINT`), which it runs at once: send the statement
+            // unarmed, or the caller could never end the block.
+            Err(e) if in_failed_block(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn interrupt(_state: &PgConnState) {
@@ -263,17 +271,19 @@ async fn reset(conn: &mut PgConnection) -> bool {
         .and_then(|row| row.try_get::<bool, _>(0))
     {
         Ok(in_block) => in_block,
-        // 25P02 in_failed_sql_transaction: the cancel aborted a transaction block.
-        Err(e)
-            if e.as_database_error()
-                .and_then(|d| d.code())
-                .is_some_and(|c| c == "25P02") =>
-        {
-            true
-        }
+        // The cancel (or an error) aborted a transaction block.
+        Err(e) if in_failed_block(&e) => true,
         Err(_) => return false,
     };
     !in_block || conn.execute(::sqlx::raw_sql(ROLLBACK)).await.is_ok()
+}
+
+/// Whether `err` is 25P02 in_failed_sql_transaction: the statement was refused because the
+/// transaction block had failed.
+fn in_failed_block(err: &::sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "25P02")
 }
 
 #[cfg(test)]
