@@ -561,3 +561,24 @@ async fn rollback_after_an_error_in_a_transaction_block_reaches_the_server() {
     assert_eq!(report.state(), Lifecycle::Completed, "{report}");
     assert_eq!((report.succeeded(), report.failed()), (4, 1), "{report}");
 }
+
+/// A budget longer than PostgreSQL's largest `statement_timeout` (`INT_MAX` ms, about 24.8
+/// days) is capped there, not sent as is: statements under a long-lived scope run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_beyond_the_largest_statement_timeout_is_capped() {
+    let Some(pg) = PgCluster::start("budget_beyond_the_largest_statement_timeout") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    let scope = Scope::with_timeout(Duration::from_secs(40 * 24 * 3600));
+    let ms: i64 = db
+        .fetch_one(
+            &scope,
+            ChildSpec::read_only("show"),
+            sqlx::query("SELECT setting::int8 FROM pg_settings WHERE name = 'statement_timeout'"),
+        )
+        .await
+        .expect("a statement under a 40-day budget")
+        .get(0);
+    assert_eq!(ms, i64::from(i32::MAX));
+}

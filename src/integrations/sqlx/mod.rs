@@ -40,13 +40,13 @@
 //! * **`statement_timeout` from the budget.** Right before each statement the connection runs
 //!   one small statement that sets the session's `statement_timeout` to the scope's remaining
 //!   budget (rounded up to a whole millisecond, never above the session's own default when
-//!   that is set) and reads the backend pid. So the *server* stops the statement at the
-//!   deadline on its own, even if this process dies or hangs. (In a failed transaction block,
-//!   which refuses it and runs nothing but the block's end, the statement goes unarmed.)
-//!   When the connection is released `RESET statement_timeout` puts the session default
-//!   back before it returns to the pool, and a transaction block that the scope's statements
-//!   left open (a raw `BEGIN` whose `COMMIT` never ran) is rolled back: the pool's next user
-//!   must not commit it.
+//!   that is set nor above the server's largest, about 24.8 days) and reads the backend pid.
+//!   So the *server* stops the statement at the deadline on its own, even if this process
+//!   dies or hangs. (In a failed transaction block, which refuses it and runs nothing but the
+//!   block's end, the statement goes unarmed.) When the connection is released
+//!   `RESET statement_timeout` puts the session default back before it returns to the pool,
+//!   and a transaction block that the scope's statements left open (a raw `BEGIN` whose
+//!   `COMMIT` never ran) is rolled back: the pool's next user must not commit it.
 //!
 //!   Why a session-level `SET` per statement, and not `SET LOCAL` in a transaction?
 //!   `SET LOCAL` only lasts inside a transaction block, so every statement would have to be

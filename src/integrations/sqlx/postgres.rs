@@ -207,11 +207,15 @@ impl Backend for Postgres {
     }
 }
 
-/// A budget as `statement_timeout` milliseconds: rounded up, and at least 1 (0 would mean
-/// "no timeout").
+/// The largest `statement_timeout` the server accepts (`INT_MAX` ms, about 24.8 days).
+const MAX_TIMEOUT_MS: i64 = i32::MAX as i64;
+
+/// A budget as `statement_timeout` milliseconds: rounded up, at least 1 (0 would mean "no
+/// timeout"), and at most [`MAX_TIMEOUT_MS`] (a longer budget would be refused by the server,
+/// and with it every statement; the cap stays within the budget).
 fn timeout_ms(budget: Duration) -> i64 {
     let ms = budget.as_nanos().div_ceil(1_000_000).max(1);
-    i64::try_from(ms).unwrap_or(i64::MAX)
+    i64::try_from(ms).map_or(MAX_TIMEOUT_MS, |ms| ms.min(MAX_TIMEOUT_MS))
 }
 
 /// Stops the statement that was cut off on `conn` and drains the connection to
@@ -292,11 +296,19 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn timeout_rounds_up_and_is_never_zero() {
+    fn timeout_rounds_up_is_never_zero_and_fits_the_server() {
         assert_eq!(timeout_ms(Duration::from_millis(200)), 200);
         assert_eq!(timeout_ms(Duration::from_micros(199_001)), 200);
         assert_eq!(timeout_ms(Duration::from_nanos(1)), 1);
         assert_eq!(timeout_ms(Duration::ZERO), 1);
-        assert_eq!(timeout_ms(Duration::MAX), i64::MAX);
+        assert_eq!(
+            timeout_ms(Duration::from_millis(2_147_483_647)),
+            2_147_483_647
+        );
+        assert_eq!(
+            timeout_ms(Duration::from_millis(2_147_483_648)),
+            2_147_483_647
+        );
+        assert_eq!(timeout_ms(Duration::MAX), 2_147_483_647);
     }
 }
