@@ -582,3 +582,55 @@ async fn budget_beyond_the_largest_statement_timeout_is_capped() {
         .get(0);
     assert_eq!(ms, i64::from(i32::MAX));
 }
+
+/// Resumes a stopped process when dropped (also when the test panics).
+struct Stopped(i32);
+
+impl Stopped {
+    fn stop(pid: i32) -> Stopped {
+        signal_process("-STOP", pid);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal_process("-CONT", self.0);
+    }
+}
+
+fn signal_process(signal: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// `release` waits at most the clean-up budget for the connection's reset: a server that
+/// stops answering (here its backend is stopped with SIGSTOP) costs the caller that budget,
+/// and the connection is closed instead of returned to the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_waits_at_most_the_cleanup_budget() {
+    let Some(pg) = PgCluster::start("release_waits_at_most_the_cleanup_budget") else {
+        return;
+    };
+    const BUDGET: Duration = Duration::from_millis(300);
+    let db = guarded(&pg, 1).await.cleanup_budget(BUDGET);
+
+    let scope = Scope::with_timeout(Duration::from_secs(30));
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let pid = pid_of(&mut conn).await;
+    let stopped = Stopped::stop(pid);
+    let start = Instant::now();
+    let released = tokio::time::timeout(Duration::from_secs(5), conn.release()).await;
+    let took = start.elapsed();
+    drop(stopped);
+    assert!(released.is_ok(), "release still waiting after 5 s");
+    assert!(took <= BUDGET + SLACK, "release took {took:?}");
+    assert_eq!(db.pool().size(), 0, "closed, not returned to the pool");
+
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+}

@@ -343,8 +343,10 @@ impl<DB: Backend> GuardedConnection<DB> {
     }
 
     /// Releases the connection now, waiting for its reset (`ROLLBACK` of a transaction block
-    /// left open; PostgreSQL: `RESET statement_timeout`), and gives back the scope's guard. Dropping the connection does the same in a background clean-up
-    /// child of the scope.
+    /// left open; PostgreSQL: `RESET statement_timeout`), and gives back the scope's guard.
+    /// Dropping the connection does the same in a background clean-up child of the scope.
+    /// Either waits at most the pool's [`cleanup_budget`](super::GuardedPool::cleanup_budget):
+    /// a reset not done by then closes the connection instead of returning it to the pool.
     ///
     /// # Cancel safety
     ///
@@ -374,7 +376,12 @@ impl<DB: Backend> GuardedConnection<DB> {
         let Held { conn, state, unit } = held;
         match DB::release(&self.shared.state, conn, state, false) {
             Release::Return(conn) => drop(conn),
-            Release::CleanUp(fut) => fut.await,
+            // Bounded like the clean-up child of a drop: a server that stops answering costs
+            // the caller (and the scope's `quiesce`, for this guard) the clean-up budget, not
+            // forever. Cut short, the clean-up closes the connection.
+            Release::CleanUp(fut) => {
+                let _ = tokio::time::timeout(self.shared.cleanup_budget, fut).await;
+            }
         }
         drop(unit);
     }
