@@ -634,3 +634,52 @@ async fn release_waits_at_most_the_cleanup_budget() {
     let report = scope.quiesce().await;
     assert_eq!(report.state(), Lifecycle::Completed, "{report}");
 }
+
+/// A write whose scope is cancelled while the guard is still arming `statement_timeout` (here
+/// the arming statement waits for a lock on `pg_settings`) was never sent: its receipt is
+/// `Cancelled`, not `EffectUnknown`, and the report asks for no reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_cancelled_while_arming_was_never_sent_and_is_cancelled() {
+    let Some(pg) = PgCluster::start("write_cancelled_while_arming") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+
+    let scope = Scope::new();
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let pid = pid_of(&mut conn).await;
+
+    let mut locker = observer(&pg).await;
+    sqlx::raw_sql("BEGIN; LOCK TABLE pg_catalog.pg_settings IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let canceller = tokio::spawn({
+        let scope = scope.clone();
+        let mut obs = observer(&pg).await;
+        async move {
+            wait_active(&mut obs, pid, "set_config").await; // arming, blocked by the lock
+            scope.cancel();
+        }
+    });
+    let err = conn
+        .execute(
+            ChildSpec::side_effecting("insert", "o-1"),
+            sqlx::query("INSERT INTO orders VALUES ('o-1')"),
+        )
+        .await
+        .unwrap_err();
+    canceller.await.unwrap();
+    assert!(err.is_cancelled(), "{err:?}");
+    drop(conn);
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+
+    let report = scope.quiesce().await;
+    assert_eq!(report.effect_unknown(), 0, "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert_eq!(count_orders(&db).await, 0);
+}

@@ -226,7 +226,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     ///
     /// Receipts: `Succeeded`; `Failed` for a database error; `Cancelled` when the statement was
     /// refused, or stopped while read-only, or stopped by the server's timeout;
-    /// `EffectUnknown` when a statement that may have an effect was cut off by the cancel.
+    /// `EffectUnknown` when a statement that may have an effect was cut off by the cancel after
+    /// it was sent (cut off while the guard was still arming it, it is `Cancelled`).
     ///
     /// # Errors
     ///
@@ -403,6 +404,8 @@ impl<DB: Backend> GuardedConnection<DB> {
         // scope; if the scope was cancelled first it fails and nothing is sent.
         let mut dispatched = ticket.dispatch()?;
         let scope = self.scope.clone();
+        // Whether the statement itself may have been sent (not just the arming before it).
+        let mut sent = false;
         let flight = InFlight {
             conn: self,
             landed: false,
@@ -413,12 +416,15 @@ impl<DB: Backend> GuardedConnection<DB> {
                 return Err(Error::abandoned());
             };
             let dispatched = &mut dispatched;
+            let sent = &mut sent;
             let work = async {
                 // The budget as of now, after queueing: what the server may still spend.
                 DB::arm(&mut **conn, state, scope.remaining()).await?;
                 if let Some(handle) = DB::provider_handle(state) {
                     dispatched.set_provider_handle(handle);
                 }
+                // From here on the statement may reach the database.
+                *sent = true;
                 O::call(&mut **conn, query).await
             };
             tokio::select! {
@@ -447,11 +453,11 @@ impl<DB: Backend> GuardedConnection<DB> {
             }
             Outcome::Cancelled => {
                 // Interrupt and hand the connection to clean-up first (while the ticket still
-                // holds the scope open), then record what we know: a read was stopped; a
-                // write's outcome is unknown, since it may have committed before the cancel
-                // reached the server.
+                // holds the scope open), then record what we know: a read, or a write cut off
+                // while arming (never sent), was stopped; a sent write's outcome is unknown,
+                // since it may have committed before the cancel reached the server.
                 drop(flight);
-                let receipt = cut_off_receipt(dispatched.spec());
+                let receipt = cut_off_receipt(dispatched.spec(), sent);
                 dispatched.finish(receipt);
                 Err(cancelled(&scope))
             }
@@ -516,10 +522,11 @@ fn deadline(scope: &Scope) -> Error {
     }
 }
 
-/// The receipt of a statement cut off after dispatch.
-fn cut_off_receipt(spec: &ChildSpec) -> Receipt {
+/// The receipt of a statement cut off after dispatch; `sent`: the statement itself may have
+/// reached the database (it was not cut off while arming).
+fn cut_off_receipt(spec: &ChildSpec, sent: bool) -> Receipt {
     match spec.effect_record() {
-        Some(rec) if spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
+        Some(rec) if sent && spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
         _ => Receipt::Cancelled,
     }
 }

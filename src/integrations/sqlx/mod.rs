@@ -28,7 +28,8 @@
 //!   [`Report`](crate::Report) lists it in
 //!   [`pending_effects`](crate::Report::pending_effects) for reconciliation. The call returns
 //!   at the cancel without waiting to learn whether the statement committed; read-only
-//!   statements end `Cancelled`.
+//!   statements end `Cancelled`, and so does a write cut off while the guard was still
+//!   arming it (on PostgreSQL, setting `statement_timeout`): it was never sent.
 //! * **The server stops too.** When the scope is cancelled while a statement runs, the call
 //!   returns at once and a clean-up child ([`Scope::shield`], counted in the scope, bounded by
 //!   [`GuardedPool::cleanup_budget`]) stops the statement and then returns the connection to
