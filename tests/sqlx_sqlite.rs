@@ -400,3 +400,65 @@ async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_us
         "the cancelled scope's uncommitted INSERT was committed by the next user"
     );
 }
+
+/// A write that the progress handler cannot reach — a short `INSERT` sleeping in SQLite's busy
+/// handler for a lock another connection holds — cannot commit once its scope is cancelled:
+/// not even after the clean-up gave up on it (its budget ran out, the connection was closed)
+/// and `quiesce` returned, when the lock comes free and the statement goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_waiting_for_a_lock_cannot_commit_after_the_cancel() {
+    use sqlx::sqlite::SqliteConnectOptions;
+    use sqlx::{Connection, SqliteConnection};
+
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteConnectOptions::new()
+        .filename(dir.path().join("orders.db"))
+        .create_if_missing(true)
+        .busy_timeout(Duration::from_secs(10));
+    let mut holder = SqliteConnection::connect_with(&options).await.unwrap();
+    sqlx::query("CREATE TABLE orders (id TEXT)")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let db = GuardedPool::new(pool).cleanup_budget(Duration::from_millis(200));
+    sqlx::raw_sql("BEGIN IMMEDIATE") // the write lock
+        .execute(&mut holder)
+        .await
+        .unwrap();
+
+    let scope = Scope::new();
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let canceller = cancel_after(&scope, Duration::from_millis(100));
+    let err = conn
+        .execute(
+            ChildSpec::side_effecting("insert", "o-1"),
+            sqlx::query("INSERT INTO orders VALUES ('o-1')"),
+        )
+        .await
+        .err()
+        .expect("the call fails");
+    canceller.await.unwrap();
+    assert!(err.is_cancelled(), "{err:?}");
+    drop(conn);
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+
+    // The lock comes free: the INSERT, still waiting in the busy handler, goes on. It must not
+    // commit. (Its own retries come within 100 ms; 2 s bounds the look for a row that must
+    // never appear.)
+    sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(&mut holder)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "the cancelled INSERT committed after quiesce");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

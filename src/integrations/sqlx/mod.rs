@@ -75,14 +75,19 @@
 //! `SqliteConnection::lock_handle`) that SQLite calls every 1000 virtual-machine
 //! instructions; when the scope is cancelled the handler tells SQLite to stop, the statement
 //! fails with `SQLITE_INTERRUPT` (rolling back its changes) and the connection stays usable.
-//! The handler is removed by the clean-up child once the interrupted statement has ended; on
-//! a normal release it stays installed, inert. A release after statements rolls back a
-//! transaction block they left open (a raw `BEGIN` whose `COMMIT` never ran; an interrupted
-//! read does not end its block), one more round trip to the worker thread, so that the pool's
-//! next user cannot commit it. Installing it costs one round trip to the
-//! connection's worker thread per acquisition, the same as sqlx's own test-before-acquire
-//! ping: pools used only through [`GuardedPool`] can turn that ping off with
-//! `SqlitePoolOptions::test_before_acquire(false)`.
+//! A commit hook installed with it turns every commit after the cancel into a rollback, for
+//! the statements the handler cannot reach (a short write sleeping in SQLite's busy handler
+//! for another connection's lock): nothing of the scope commits after its cancel. (They
+//! replace a progress handler or commit hook the pool's connections had of their own.)
+//! Installing them costs one round trip to the connection's worker thread per acquisition,
+//! the same as sqlx's own test-before-acquire ping: pools used only through [`GuardedPool`]
+//! can turn that ping off with `SqlitePoolOptions::test_before_acquire(false)`.
+//!
+//! The handler and hook are removed by the clean-up child once the interrupted statement has
+//! ended; on a normal release they stay installed, inert. A release after statements rolls
+//! back a transaction block they left open (a raw `BEGIN` whose `COMMIT` never ran; an
+//! interrupted read does not end its block), one more round trip to the worker thread, so
+//! that the pool's next user cannot commit it.
 //!
 //! # Examples
 //!

@@ -20,7 +20,7 @@ const PROGRESS_OPS: i32 = 1000;
 #[derive(Debug)]
 pub struct SqlitePoolState(());
 
-/// The interrupt flag read by the connection's progress handler.
+/// The interrupt flag read by the connection's progress handler and commit hook.
 pub struct SqliteConnState {
     /// Set (Release) by `interrupt`; read (Acquire) by the handler on the worker thread.
     interrupt: Arc<AtomicBool>,
@@ -55,6 +55,14 @@ impl Backend for Sqlite {
         // drops the previous acquisition's closure.
         let mut handle = conn.lock_handle().await?;
         handle.set_progress_handler(PROGRESS_OPS, move || !flag.load(Ordering::Acquire));
+        // The progress handler stops running statements, but not one that runs fewer
+        // instructions than PROGRESS_OPS after the flag is raised, e.g. a short write that
+        // was sleeping in the busy handler for another connection's lock: once the flag is
+        // raised the commit hook turns its commit (any commit) into a rollback, so nothing of
+        // the scope commits after the cancel, even when the clean-up gives up on the
+        // statement and `quiesce` returns first (invariant 6).
+        let veto = interrupt.clone();
+        handle.set_commit_hook(move || !veto.load(Ordering::Acquire));
         Ok(SqliteConnState {
             interrupt,
             used: false,
@@ -91,7 +99,7 @@ impl Backend for Sqlite {
         abandoned: bool,
     ) -> Release<Self> {
         if !abandoned && !state.used {
-            // The handler stays installed with its flag down: inert.
+            // The handler and hook stay installed with their flag down: inert.
             return Release::Return(conn);
         }
         let mut conn = CloseOnDrop::new(conn);
@@ -99,9 +107,12 @@ impl Backend for Sqlite {
             if abandoned {
                 // `lock_handle` queues behind the interrupted statement on the worker thread,
                 // so when it returns the statement has ended; then the raised flag is removed
-                // with its handler before anyone else gets the connection.
+                // with its handler and hook before anyone else gets the connection.
                 match conn.conn().lock_handle().await {
-                    Ok(mut handle) => handle.remove_progress_handler(),
+                    Ok(mut handle) => {
+                        handle.remove_progress_handler();
+                        handle.remove_commit_hook();
+                    }
                     Err(_) => return,
                 }
             }
