@@ -683,3 +683,47 @@ async fn write_cancelled_while_arming_was_never_sent_and_is_cancelled() {
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
     assert_eq!(count_orders(&db).await, 0);
 }
+
+/// A write whose session dies mid-flight (here an administrator terminates its backend after
+/// the first statement of the string has committed) ends `EffectUnknown`, not `Failed`: the
+/// client cannot know what the server did before the connection went, and here it did commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_whose_session_dies_mid_flight_is_effect_unknown() {
+    let Some(pg) = PgCluster::start("write_whose_session_dies_mid_flight") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+
+    let scope = Scope::with_timeout(Duration::from_secs(30));
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let pid = pid_of(&mut conn).await;
+    let terminator = tokio::spawn({
+        let mut obs = observer(&pg).await;
+        async move {
+            wait_active(&mut obs, pid, "pg_sleep(10)").await;
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&mut obs)
+                .await
+                .unwrap();
+        }
+    });
+    let err = conn
+        .execute(
+            ChildSpec::side_effecting("insert", "o-1"),
+            sqlx::raw_sql("BEGIN; INSERT INTO orders VALUES ('o-1'); COMMIT; SELECT pg_sleep(10)"),
+        )
+        .await
+        .unwrap_err();
+    terminator.await.unwrap();
+    assert!(err.is_database(), "{err:?}");
+    drop(conn);
+
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(count_orders(&db).await, 1, "the INSERT committed");
+    assert_eq!(report.failed(), 0, "{report}");
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+}

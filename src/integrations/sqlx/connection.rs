@@ -226,8 +226,9 @@ impl<DB: Backend> GuardedConnection<DB> {
     ///
     /// Receipts: `Succeeded`; `Failed` for a database error; `Cancelled` when the statement was
     /// refused, or stopped while read-only, or stopped by the server's timeout;
-    /// `EffectUnknown` when a statement that may have an effect was cut off by the cancel after
-    /// it was sent (cut off while the guard was still arming it, it is `Cancelled`).
+    /// `EffectUnknown` when a statement that may have an effect was sent and then cut off by
+    /// the cancel (cut off while the guard was still arming it, it is `Cancelled`), or lost
+    /// with its session or connection (I/O error, PostgreSQL FATAL): it may have committed.
     ///
     /// # Errors
     ///
@@ -446,6 +447,13 @@ impl<DB: Backend> GuardedConnection<DB> {
                     // timer): confirmed stopped, nothing committed.
                     dispatched.finish(Receipt::Cancelled);
                     Err(deadline(&scope))
+                } else if let Some(unknown) =
+                    effect_unknown(dispatched.spec()).filter(|_| sent && DB::is_session_lost(&e))
+                {
+                    // A write sent, and then its session or connection failed under it: it
+                    // may have committed before that.
+                    dispatched.finish(unknown);
+                    Err(Error::database(e))
                 } else {
                     dispatched.fail();
                     Err(Error::database(e))
@@ -525,8 +533,15 @@ fn deadline(scope: &Scope) -> Error {
 /// The receipt of a statement cut off after dispatch; `sent`: the statement itself may have
 /// reached the database (it was not cut off while arming).
 fn cut_off_receipt(spec: &ChildSpec, sent: bool) -> Receipt {
+    effect_unknown(spec)
+        .filter(|_| sent)
+        .unwrap_or(Receipt::Cancelled)
+}
+
+/// `EffectUnknown` for a statement that may have an effect, `None` for a read.
+fn effect_unknown(spec: &ChildSpec) -> Option<Receipt> {
     match spec.effect_record() {
-        Some(rec) if sent && spec.effect().may_have_effect() => Receipt::EffectUnknown(rec.clone()),
-        _ => Receipt::Cancelled,
+        Some(rec) if spec.effect().may_have_effect() => Some(Receipt::EffectUnknown(rec.clone())),
+        _ => None,
     }
 }

@@ -29,7 +29,9 @@
 //!   [`pending_effects`](crate::Report::pending_effects) for reconciliation. The call returns
 //!   at the cancel without waiting to learn whether the statement committed; read-only
 //!   statements end `Cancelled`, and so does a write cut off while the guard was still
-//!   arming it (on PostgreSQL, setting `statement_timeout`): it was never sent.
+//!   arming it (on PostgreSQL, setting `statement_timeout`): it was never sent. A write whose
+//!   session or connection fails under it (an I/O error, a PostgreSQL FATAL) is
+//!   `EffectUnknown` too, not `Failed`: it may have committed first.
 //! * **The server stops too.** When the scope is cancelled while a statement runs, the call
 //!   returns at once and a clean-up child ([`Scope::shield`], counted in the scope, bounded by
 //!   [`GuardedPool::cleanup_budget`]) stops the statement and then returns the connection to
@@ -218,6 +220,11 @@ pub trait Backend: Database + sealed::Sealed {
     /// Whether `err` says the server stopped the statement because of its timeout or a cancel.
     #[doc(hidden)]
     fn is_query_canceled(err: &::sqlx::Error) -> bool;
+
+    /// Whether `err` says the session or the connection failed under a statement (after which
+    /// a write's outcome is unknown), rather than that the statement failed or was refused.
+    #[doc(hidden)]
+    fn is_session_lost(err: &::sqlx::Error) -> bool;
 
     /// What to do with the connection when it leaves the guard: `None` to drop it into the
     /// pool as it is; otherwise a clean-up that returns it to the pool only when clean.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::pool::PoolConnection;
-use ::sqlx::postgres::{PgConnectOptions, PgQueryResult, PgRow};
+use ::sqlx::postgres::{PgConnectOptions, PgDatabaseError, PgQueryResult, PgRow, PgSeverity};
 use ::sqlx::{Connection, Execute, Executor, PgConnection, Pool, Postgres, Row};
 
 use super::{sealed, Backend, BoxFuture, CloseOnDrop, Release};
@@ -148,6 +148,19 @@ impl Backend for Postgres {
         err.as_database_error()
             .and_then(|e| e.code())
             .is_some_and(|code| code == "57014")
+    }
+
+    fn is_session_lost(err: &::sqlx::Error) -> bool {
+        use ::sqlx::Error as E;
+        match err {
+            E::Io(_) | E::Tls(_) | E::Protocol(_) => true,
+            // ERROR aborts the statement (and its transaction); FATAL and PANIC end the
+            // session, possibly after a commit the client never heard of.
+            E::Database(e) => e
+                .try_downcast_ref::<PgDatabaseError>()
+                .is_some_and(|e| matches!(e.severity(), PgSeverity::Fatal | PgSeverity::Panic)),
+            _ => false,
+        }
     }
 
     fn release(

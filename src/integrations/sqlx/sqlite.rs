@@ -92,6 +92,15 @@ impl Backend for Sqlite {
         false
     }
 
+    fn is_session_lost(err: &::sqlx::Error) -> bool {
+        // The worker thread died under the statement (its database errors are the
+        // statement's own).
+        matches!(
+            err,
+            ::sqlx::Error::WorkerCrashed | ::sqlx::Error::Io(_) | ::sqlx::Error::Protocol(_)
+        )
+    }
+
     fn release(
         _pool: &Arc<SqlitePoolState>,
         conn: PoolConnection<Self>,
