@@ -40,7 +40,7 @@ use crate::{ChildSpec, Receipt, Scope, Tethered};
 /// assert_eq!(scope.lifecycle(), Lifecycle::Running); // the connection is a guard
 /// drop(conn);
 /// scope.close();
-/// assert_eq!(scope.quiesce().await.succeeded(), 1 + 1); // + the clean-up child
+/// assert_eq!(scope.quiesce().await.succeeded(), 1);
 /// # }
 /// # }
 /// ```
@@ -425,6 +425,7 @@ impl<DB: Backend> GuardedConnection<DB> {
                     dispatched.set_provider_handle(handle);
                 }
                 // From here on the statement may reach the database.
+                DB::note_statement(state, query.sql());
                 *sent = true;
                 O::call(&mut **conn, query).await
             };

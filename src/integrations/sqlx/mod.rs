@@ -86,10 +86,11 @@
 //! can turn that ping off with `SqlitePoolOptions::test_before_acquire(false)`.
 //!
 //! The handler and hook are removed by the clean-up child once the interrupted statement has
-//! ended; on a normal release they stay installed, inert. A release after statements rolls
-//! back a transaction block they left open (a raw `BEGIN` whose `COMMIT` never ran; an
-//! interrupted read does not end its block), one more round trip to the worker thread, so
-//! that the pool's next user cannot commit it.
+//! ended; on a normal release they stay installed, inert. A release after a statement that
+//! may have opened a transaction block (its text has `BEGIN` or `SAVEPOINT`, in any case)
+//! rolls back a block left open (a raw `BEGIN` whose `COMMIT` never ran; an interrupted read
+//! does not end its block), one more round trip to the worker thread, so that the pool's
+//! next user cannot commit it.
 //!
 //! # Examples
 //!
@@ -208,6 +209,11 @@ pub trait Backend: Database + sealed::Sealed {
         state: &'a mut Self::ConnState,
         budget: Option<Duration>,
     ) -> impl Future<Output = Result<(), ::sqlx::Error>> + Send + 'a;
+
+    /// Sees the text of each statement right before it is sent (SQLite: notes whether it may
+    /// open a transaction block, which the release then rolls back).
+    #[doc(hidden)]
+    fn note_statement(_state: &mut Self::ConnState, _sql: &str) {}
 
     /// Asks a running statement to stop, synchronously (SQLite: sets the interrupt flag).
     #[doc(hidden)]

@@ -24,9 +24,9 @@ pub struct SqlitePoolState(());
 pub struct SqliteConnState {
     /// Set (Release) by `interrupt`; read (Acquire) by the handler on the worker thread.
     interrupt: Arc<AtomicBool>,
-    /// Whether a statement was sent in this acquisition (then the release rolls back a
-    /// transaction block it may have left open).
-    used: bool,
+    /// Whether a statement of this acquisition may have opened a transaction block (then the
+    /// release rolls back a block left open).
+    may_open_block: bool,
 }
 
 impl fmt::Debug for SqliteConnState {
@@ -65,18 +65,21 @@ impl Backend for Sqlite {
         handle.set_commit_hook(move || !veto.load(Ordering::Acquire));
         Ok(SqliteConnState {
             interrupt,
-            used: false,
+            may_open_block: false,
         })
     }
 
     fn arm<'a>(
         _conn: &'a mut SqliteConnection,
-        state: &'a mut SqliteConnState,
+        _state: &'a mut SqliteConnState,
         _budget: Option<Duration>,
     ) -> impl Future<Output = Result<(), ::sqlx::Error>> + Send + 'a {
         // No server to tell: the deadline is this process's, and the handler enforces it.
-        state.used = true;
         std::future::ready(Ok(()))
+    }
+
+    fn note_statement(state: &mut SqliteConnState, sql: &str) {
+        state.may_open_block |= may_open_block(sql);
     }
 
     fn interrupt(state: &SqliteConnState) {
@@ -107,7 +110,7 @@ impl Backend for Sqlite {
         state: SqliteConnState,
         abandoned: bool,
     ) -> Release<Self> {
-        if !abandoned && !state.used {
+        if !abandoned && !state.may_open_block {
             // The handler and hook stay installed with their flag down: inert.
             return Release::Return(conn);
         }
@@ -131,10 +134,11 @@ impl Backend for Sqlite {
             // (invariant 6). SQLite cannot be asked without `unsafe`, so: `SAVEPOINT` opens
             // a block if none is open, and `ROLLBACK` then always has one to end.
             const ROLLBACK: &str = "SAVEPOINT cancel_scope_release; ROLLBACK";
-            if (&mut **conn.conn())
-                .execute(::sqlx::raw_sql(ROLLBACK))
-                .await
-                .is_ok()
+            if !state.may_open_block
+                || (&mut **conn.conn())
+                    .execute(::sqlx::raw_sql(ROLLBACK))
+                    .await
+                    .is_ok()
             {
                 conn.release();
             }
@@ -167,5 +171,44 @@ impl Backend for Sqlite {
         query: E,
     ) -> BoxFuture<'e, Result<Option<::sqlx::sqlite::SqliteRow>, ::sqlx::Error>> {
         conn.fetch_optional(query)
+    }
+}
+
+/// Whether `sql` may open a transaction block: only `BEGIN` and `SAVEPOINT` (outside a block)
+/// do in SQLite. Conservative — the words anywhere, in any case — since a false alarm costs
+/// only the release's rollback round trip, and a miss would hand an open block to the pool.
+fn may_open_block(sql: &str) -> bool {
+    let has = |word: &[u8]| {
+        sql.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    };
+    has(b"begin") || has(b"savepoint")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_open_block;
+
+    #[test]
+    fn statements_that_may_open_a_block_are_noticed() {
+        for sql in [
+            "BEGIN",
+            "begin immediate",
+            "  BeGiN TRANSACTION;",
+            "SAVEPOINT sp1",
+            "INSERT INTO t VALUES (1); begin; UPDATE t SET v = 2",
+        ] {
+            assert!(may_open_block(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "INSERT INTO t VALUES (1)",
+            "COMMIT",
+            "ROLLBACK",
+            "",
+        ] {
+            assert!(!may_open_block(sql), "{sql}");
+        }
     }
 }
