@@ -13,8 +13,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -131,6 +132,7 @@ async fn serve(svc: Service, servers: &mut Vec<JoinHandle<()>>) -> io::Result<St
         };
         // Once a request's scope is quiet (its handler answered or was stopped, and all its
         // work has a receipt), the layer hands over the report.
+        let rec = rec.clone();
         app = app.layer(AdmitLayer::new(policy).on_report(move |admission, report| {
             let id = rec.request_of(admission.operation_id());
             rec.record(
@@ -142,6 +144,10 @@ async fn serve(svc: Service, servers: &mut Vec<JoinHandle<()>>) -> io::Result<St
             );
         }));
     }
+    // Outermost: what reached this server at all, admitted or not, and when it was done with
+    // it. The run waits on these, not only on the handlers, because a server on a loaded
+    // machine can read a request after its caller has given up.
+    app = app.layer(middleware::from_fn_with_state((hop, rec), arrival));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/", listener.local_addr()?);
     servers.push(tokio::spawn(async move {
@@ -150,6 +156,40 @@ async fn serve(svc: Service, servers: &mut Vec<JoinHandle<()>>) -> io::Result<St
         }
     }));
     Ok(url)
+}
+
+/// Records that a request reached `hop`'s server, then that the server is done with it.
+async fn arrival(
+    State((hop, rec)): State<(Hop, Recorder)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let id: Arc<str> = request_id(request.headers()).into();
+    rec.record(hop, &id, What::Received);
+    let mut left = Left {
+        hop,
+        rec,
+        id,
+        status: None,
+    };
+    let response = next.run(request).await;
+    left.status = Some(response.status().as_u16());
+    response
+}
+
+/// Records [`What::Left`] when the server is done with a request, answered or dropped.
+struct Left {
+    hop: Hop,
+    rec: Recorder,
+    id: Arc<str>,
+    status: Option<u16>,
+}
+
+impl Drop for Left {
+    fn drop(&mut self) {
+        let status = self.status;
+        self.rec.record(self.hop, &self.id, What::Left { status });
+    }
 }
 
 /// The edge: passes the client's request on to orders.

@@ -54,6 +54,11 @@ impl fmt::Display for Hop {
 /// One thing a service did for a request.
 #[derive(Clone, Debug)]
 pub(crate) enum What {
+    /// The hop's server read the request (before admission: also a request it refuses).
+    Received,
+    /// The hop's server is done with the request: it answered `status`, or (none) the
+    /// connection went away first.
+    Left { status: Option<u16> },
     /// The handler started; the budget and deadline of its scope (none in per-hop mode).
     Started {
         budget: Option<Duration>,
@@ -169,6 +174,15 @@ impl Recorder {
 fn trace(hop: Hop, id: &str, what: &What) {
     let hop = hop.name();
     match what {
+        What::Received => tracing::debug!(%hop, request_id = %id, "request received"),
+        What::Left {
+            status: Some(status),
+        } => {
+            tracing::debug!(%hop, request_id = %id, status, "response sent")
+        }
+        What::Left { status: None } => {
+            tracing::debug!(%hop, request_id = %id, "request dropped: the connection went away")
+        }
         What::Started {
             budget: Some(b), ..
         } => {

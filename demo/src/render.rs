@@ -87,7 +87,12 @@ fn request(s: &mut String, r: &RequestRun) {
         }
     }
     if !Hop::ALL.iter().any(|&h| r.saw(h)) {
-        let _ = writeln!(s, "  {:<15} no handler ran for this request id", "");
+        let why = if r.received(Hop::Frontend) {
+            "no handler ran for this request id: the edge refused it"
+        } else {
+            "no handler ran for this request id: it never reached the edge"
+        };
+        let _ = writeln!(s, "  {:<15} {why}", "");
     }
     if !r.saw(Hop::External) {
         let _ = writeln!(s, "  {:<15} never saw the request id", Hop::External.name());
@@ -264,7 +269,7 @@ fn quiescence_cell(r: &ModeRun, hop: Hop, cell: impl Fn(&Report) -> String) -> S
     match r.failure().report(hop) {
         Some(rep) => cell(rep),
         None if r.mode == Mode::PerHop => "none (no scope)".to_owned(),
-        None if hop == Hop::Frontend && !r.failure().saw(hop) => {
+        None if hop == Hop::Frontend && r.failure().received(hop) && !r.failure().saw(hop) => {
             "none: refused at admission".to_owned()
         }
         None if !r.failure().saw(hop) => "-".to_owned(),

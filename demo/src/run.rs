@@ -17,6 +17,12 @@ use crate::record::{Event, Hop, Recorder, What};
 /// request before it calls that a failure (a bound on waiting for events, never a sleep).
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// How long the run waits, after the client's call, for a request on its way to a hop to
+/// reach that hop's server. On a loaded machine a server can read a request well after its
+/// caller gave up; but a caller that gave up before its connection wrote the request (while
+/// connecting, say) sent nothing, and no event tells the two apart.
+pub(crate) const ARRIVAL: Duration = Duration::from_secs(1);
+
 /// The two requests of a mode (the seed's groups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Group {
@@ -119,6 +125,8 @@ pub struct RequestRun {
     pub(crate) client: ClientOutcome,
     /// Whether every service that saw the request was done with it in time.
     pub(crate) settled: bool,
+    /// How long the run waited for that after the client's call.
+    pub(crate) patience: Duration,
     pub(crate) events: Vec<Event>,
 }
 
@@ -162,6 +170,11 @@ impl RequestRun {
     /// waiting.
     pub fn settled(&self) -> bool {
         self.settled
+    }
+
+    /// Whether `hop`'s server ever read this request (admitted or refused).
+    pub fn received(&self, hop: Hop) -> bool {
+        self.of(hop).any(|e| matches!(e.what, What::Received))
     }
 
     /// Whether `hop`'s handler ever ran for this request.
@@ -389,9 +402,15 @@ impl Bench {
         let sent = Instant::now();
         let client = call(&self.client, &self.url, &id, budget).await;
         let elapsed = sent.elapsed();
-        let settled = rec
-            .wait_until(self.patience, |events| settled(events, &id, mode))
-            .await;
+        // First every request on its way arrives (or, after a while, is taken never to have
+        // been sent), then every service that read it is done with it.
+        let arrived = |events: &[Event]| settled(events, &id, mode, &client, true);
+        let settled = rec.wait_until(ARRIVAL, arrived).await
+            || rec
+                .wait_until(self.patience, |events| {
+                    settled(events, &id, mode, &client, false)
+                })
+                .await;
         RequestRun {
             mode,
             group,
@@ -402,6 +421,7 @@ impl Bench {
             elapsed,
             client,
             settled,
+            patience: self.patience,
         }
     }
 }
@@ -435,14 +455,37 @@ async fn call(client: &reqwest::Client, url: &str, id: &str, budget: Duration) -
     }
 }
 
-/// Whether every service that saw request `id` is done with it: its handler answered or was
-/// dropped, inventory's quote ended, and (scoped) its request scope reported quiescence.
-fn settled(events: &[Event], id: &str, mode: Mode) -> bool {
+/// Whether every service is done with request `id`: every server that read it is done with
+/// it, every handler answered or was dropped, inventory's quote ended, and (scoped) every
+/// request scope that ran a handler reported quiescence. With `arrivals`, also every request
+/// on its way to a hop (the client's to frontend, a call a hop made and did not see end)
+/// reached that hop's server.
+///
+/// A hop whose server has not read a request sent to it is not done with it: on a loaded
+/// machine a server can read a request after its caller gave up, and its handler then runs.
+fn settled(events: &[Event], id: &str, mode: Mode, client: &ClientOutcome, arrivals: bool) -> bool {
+    let of = |hop: Hop| events.iter().filter(move |e| e.hop == hop && &*e.id == id);
+    // Whether a request is on its way to `to` (unless it has arrived).
+    let sent_to = |to: Hop| match to {
+        // Unless the client could not send it at all (a refused connection, say).
+        Hop::Frontend => !matches!(client, ClientOutcome::Failed(_)),
+        // A call that ended has its answer, or failed (and then whether the request went out
+        // is not known here); a call that did not end was dropped with its caller after the
+        // request went out, or is still waiting for its answer.
+        to => Hop::ALL.iter().any(|&from| {
+            let calling = of(from).filter(|e| matches!(e.what, What::Calling { to: t } if t == to));
+            let ended =
+                of(from).filter(|e| matches!(e.what, What::CallEnded { to: t, .. } if t == to));
+            calling.count() > ended.count()
+        }),
+    };
     Hop::ALL.iter().all(|&hop| {
-        let mut mine = events.iter().filter(|e| e.hop == hop && &*e.id == id);
+        let (mut received, mut left) = (false, false);
         let (mut started, mut ended, mut quiet, mut working) = (false, false, false, false);
-        for e in &mut mine {
+        for e in of(hop) {
             match e.what {
+                What::Received => received = true,
+                What::Left { .. } => left = true,
                 What::Started { .. } => started = true,
                 What::Answered { .. } | What::Dropped { .. } => ended = true,
                 What::Quiet { .. } => quiet = true,
@@ -451,7 +494,9 @@ fn settled(events: &[Event], id: &str, mode: Mode) -> bool {
                 _ => {}
             }
         }
-        !started || (ended && !working && (quiet || mode == Mode::PerHop))
+        (received || !arrivals || !sent_to(hop))
+            && (!received || left)
+            && (!started || (ended && !working && (quiet || mode == Mode::PerHop)))
     })
 }
 
@@ -474,7 +519,7 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
                 r,
                 "every service was done with the request".to_owned(),
                 false,
-                format!("still busy after waiting {} s", PATIENCE.as_secs()),
+                format!("still busy after waiting {:.1} s", r.patience.as_secs_f64()),
             ));
         }
     }
@@ -569,7 +614,10 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
                     _ if !passed => format!("no report from {}", missing.join(", ")),
                     Some(rep) => format!("edge: {:?}", rep.state()),
                     // Refused at admission: no scope was made, nothing ran.
-                    None => "no handler ran: the edge refused the request".to_owned(),
+                    None if r.received(Hop::Frontend) => {
+                        "no handler ran: the edge refused the request".to_owned()
+                    }
+                    None => "no handler ran: the request never reached the edge".to_owned(),
                 };
                 out.push(check(
                     r,
@@ -624,5 +672,60 @@ pub(crate) fn describe_work(w: &Work, r: &RequestRun) -> String {
                 after(*at)
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(hop: Hop, what: What) -> Event {
+        Event {
+            at: Instant::now(),
+            hop,
+            id: "per-hop/failure".into(),
+            what,
+        }
+    }
+
+    /// On a loaded machine a hop's server can read a request after its caller gave up: the
+    /// run must not take its snapshot before that hop's events are in.
+    #[test]
+    fn a_request_on_its_way_to_a_hop_is_not_settled() {
+        let id = "per-hop/failure";
+        // The client gave up before frontend's server read the request.
+        let gave_up = ClientOutcome::TimedOut;
+        assert!(!settled(&[], id, Mode::PerHop, &gave_up, true));
+        // Frontend called orders and was dropped before orders' server read the call.
+        let events = [
+            event(
+                Hop::Frontend,
+                What::Started {
+                    budget: None,
+                    deadline: None,
+                },
+            ),
+            event(Hop::Frontend, What::Calling { to: Hop::Orders }),
+            event(Hop::Frontend, What::Dropped { cause: None }),
+        ];
+        assert!(!settled(&events, id, Mode::PerHop, &gave_up, true));
+        // Unless it was never sent: after a while the run stops waiting for it to arrive.
+        assert!(settled(&events, id, Mode::PerHop, &gave_up, false));
+        // Once orders' server read the call and is done with it, and no hop is busy, it is.
+        let events = [
+            &events[..],
+            &[
+                event(Hop::Frontend, What::Received),
+                event(Hop::Frontend, What::Left { status: None }),
+                event(Hop::Orders, What::Received),
+                event(Hop::Orders, What::Left { status: None }),
+            ],
+        ]
+        .concat();
+        assert!(settled(&events, id, Mode::PerHop, &gave_up, true));
+        // A server that read the request is busy with it until it is done (a handler may be
+        // about to start, or admission about to refuse).
+        let events = [event(Hop::Frontend, What::Received)];
+        assert!(!settled(&events, id, Mode::PerHop, &gave_up, false));
     }
 }
