@@ -161,9 +161,15 @@ impl RequestRun {
         self.sent
     }
 
-    /// When the client's budget ran out (it had given up by then at the latest).
+    /// When the client's budget ran out. Its timer can fire later than that on a loaded
+    /// machine: [`client_done`](Self::client_done) is when it stopped waiting.
     pub fn client_deadline(&self) -> Instant {
         self.sent + self.budget
+    }
+
+    /// When the client stopped waiting: it had its answer, or it gave up.
+    pub fn client_done(&self) -> Instant {
+        self.sent + self.elapsed
     }
 
     /// Whether every service that saw the request was done with it before the run stopped
@@ -571,14 +577,22 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
 
     let work = ms(options.inventory_work);
     match mode {
-        // The seed's observation: the quote ran on after the client had left.
+        // The seed's observation: the quote ran on after the client had left (when it did,
+        // not when its budget said it would: its timer can fire late).
         Mode::PerHop => {
             let (passed, detail) = match failure.inventory_work() {
-                Work::Finished { at, .. } if at > failure.client_deadline() => (
+                Work::Finished { at, .. } if at > failure.client_done() => (
                     true,
                     format!(
-                        "finished {:.1} ms after the client's budget ran out",
-                        millis(at.saturating_duration_since(failure.client_deadline()))
+                        "finished {:.1} ms after the client gave up",
+                        millis(at - failure.client_done())
+                    ),
+                ),
+                Work::Finished { at, .. } => (
+                    false,
+                    format!(
+                        "finished {:.1} ms before the client gave up",
+                        millis(failure.client_done() - at)
                     ),
                 ),
                 w => (false, describe_work(&w, failure)),
@@ -727,5 +741,79 @@ mod tests {
         // about to start, or admission about to refuse).
         let events = [event(Hop::Frontend, What::Received)];
         assert!(!settled(&events, id, Mode::PerHop, &gave_up, false));
+    }
+
+    /// A request run: the client sent it at `sent`, waited `elapsed` and got `client`.
+    fn request(
+        group: Group,
+        sent: Instant,
+        elapsed: Duration,
+        client: ClientOutcome,
+        events: Vec<Event>,
+    ) -> RequestRun {
+        RequestRun {
+            mode: Mode::PerHop,
+            group,
+            id: "per-hop/failure".into(),
+            budget: Duration::from_millis(100),
+            sent,
+            elapsed,
+            client,
+            settled: true,
+            patience: PATIENCE,
+            events,
+        }
+    }
+
+    /// The seed's claim is about when the client gave up, not about when its budget ran
+    /// out: a client whose timer fired late (a loaded machine) was still waiting when the
+    /// quote finished, and the claim does not hold.
+    #[test]
+    fn the_quote_is_compared_with_when_the_client_gave_up() {
+        let sent = Instant::now();
+        let ms = Duration::from_millis;
+        let work = |started: u64, finished: u64| {
+            vec![
+                Event {
+                    at: sent + ms(started),
+                    ..event(Hop::Inventory, What::WorkStarted { planned: ms(350) })
+                },
+                Event {
+                    at: sent + ms(finished),
+                    ..event(Hop::Inventory, What::WorkFinished { worked: ms(395) })
+                },
+            ]
+        };
+        let claim = |elapsed: u64| {
+            let success = request(
+                Group::Success,
+                sent,
+                ms(360),
+                ClientOutcome::TimedOut,
+                vec![],
+            );
+            let failure = request(
+                Group::Failure,
+                sent,
+                ms(elapsed),
+                ClientOutcome::TimedOut,
+                work(3, 398),
+            );
+            checks(Mode::PerHop, &Options::default(), &success, &failure)
+                .into_iter()
+                .find(|c| c.claim.starts_with("inventory still finished"))
+                .unwrap()
+        };
+        // The client gave up at 630 ms (its 100 ms timer fired late): the quote had ended.
+        let late = claim(630);
+        assert!(!late.passed, "{}", late.detail);
+        // It gave up at 101 ms: the quote ended 297 ms later.
+        let on_time = claim(101);
+        assert!(on_time.passed, "{}", on_time.detail);
+        assert!(
+            on_time.detail.contains("after the client gave up"),
+            "{}",
+            on_time.detail
+        );
     }
 }

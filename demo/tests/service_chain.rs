@@ -43,7 +43,7 @@ async fn per_hop_timeouts_let_inventory_work_on_after_the_client_left() {
     // ... but inventory's quote ran to its end after the client had given up (the seed).
     match failed.inventory_work() {
         Work::Finished { at, worked } => {
-            assert!(at > failed.client_deadline(), "{}", run.render());
+            assert!(at > failed.client_done(), "{}", run.render());
             assert!(worked >= options.inventory_work);
         }
         w => panic!("{w:?}\n{}", run.render()),
