@@ -26,7 +26,7 @@
 //!   in a scope and passes on what is left with
 //!   [`send_scoped`](cancel_scope::integrations::reqwest::RequestBuilderExt::send_scoped), and
 //!   inventory runs the same quote with [`Scope::spawn`](cancel_scope::Scope::spawn). The
-//!   innermost deadline fires first; inventory stops within a fraction of a millisecond,
+//!   innermost deadline fires first; inventory stops within milliseconds of it,
 //!   external-stub never sees the request, and every hop reports stable quiescence.
 //!
 //! The services are in `chain.rs`; what differs between the modes is a few marked lines.
