@@ -61,8 +61,18 @@
 //!   `pg_cancel_backend(pid)` — repeated every 100 ms until the backend answers, because a
 //!   cancel that arrives before the statement started is ignored by the server — then drains
 //!   the connection to `ReadyForQuery`, rolls back a failed transaction, resets the timeout
-//!   and returns the connection to the pool. If that does not work within the clean-up budget
-//!   it calls `pg_terminate_backend(pid)` and closes the connection.
+//!   and returns the connection to the pool. If the drain or the reset fails, it calls
+//!   `pg_terminate_backend(pid)` and closes the connection. If the backend has not answered
+//!   when the clean-up budget runs out, the connection is closed without a terminate: the
+//!   cancels already sent stop the statement when the backend gets to them, but a backend
+//!   that cannot be reached at all may still finish it (its receipt, for a write, is
+//!   `EffectUnknown`: listed for reconciliation).
+//!
+//!   The pid and the session's `statement_timeout` belong to the server connection the guard
+//!   talks to, so the guard needs session pooling: behind a proxy that pools by transaction
+//!   or by statement (PgBouncer's `transaction` or `statement` mode) a cancel could reach
+//!   another client's statement. Connect it to the server directly or through session
+//!   pooling.
 //!
 //!   The cancel goes through one dedicated control connection per [`GuardedPool`], opened
 //!   with the pool's connect options on first use and kept: not through the pool, because a
