@@ -254,3 +254,33 @@ async fn finishing_one_branch_gives_no_time_to_the_others() {
     let mut out = fan.join().await.unwrap();
     assert_eq!(out.required(slow), Some(ms(450)));
 }
+
+/// A fan-out of optional branches whose response reserve leaves no budget: the branches are
+/// absent (as a queued optional branch past its cut-off is), not an error for the whole
+/// fan-out (found by review: `join` failed with "fan-out not started: budget exhausted",
+/// which a caller's `?` turned into a failed request over optional enrichments).
+#[tokio::test(start_paused = true)]
+async fn optional_branches_without_budget_for_the_fan_out_are_absent() {
+    let request = Scope::with_timeout(ms(100));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut fan = FanOut::new(&request).reserve(ms(150));
+    let r = ran.clone();
+    let recs = fan.optional("recommendations", move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        answer(ms(1), ())
+    });
+    let mut out = fan
+        .join()
+        .await
+        .expect("optional branches are absent, not an error");
+    assert_eq!(out.optional(recs), None);
+    assert_eq!(out.absent().collect::<Vec<_>>(), ["recommendations"]);
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "a branch ran with no budget");
+    assert_eq!(request.remaining(), Some(ms(100)));
+
+    // A required branch in the same position still fails the fan-out.
+    let mut fan = FanOut::new(&request).reserve(ms(150));
+    let _ = fan.required("price", |_| answer(ms(1), ()));
+    let _ = fan.optional("reviews", |_| answer(ms(1), ()));
+    assert!(fan.join().await.unwrap_err().is_deadline_exceeded());
+}

@@ -277,7 +277,9 @@ impl<'s> FanOut<'s> {
     /// # Errors
     ///
     /// [`FanOutError`]: a required branch failed, ran out of time, panicked or could not start
-    /// (its siblings were cancelled and have their receipts), or the scope was cancelled.
+    /// (its siblings were cancelled and have their receipts), or the scope was cancelled. An
+    /// optional branch left without budget is absent, not an error, also when the
+    /// [`reserve`](Self::reserve) leaves none for the whole fan-out.
     ///
     /// # Cancel safety
     ///
@@ -297,13 +299,25 @@ impl<'s> FanOut<'s> {
     /// See the [module docs](self).
     pub async fn join(mut self) -> Result<Joined, FanOutError> {
         let scope = self.scope;
-        let fan_scope = scope
-            .child()
-            .name("fan-out")
-            .reserve(self.reserve)
-            .build()
-            .map_err(|e| FanOutError::not_started(None, e))?;
         let mut values: Vec<Option<Value>> = (0..self.branches.len()).map(|_| None).collect();
+        let fan_scope = match scope.child().name("fan-out").reserve(self.reserve).build() {
+            Ok(fan_scope) => fan_scope,
+            // The reserve leaves no budget (the scope itself has some: it has not run out of
+            // time): every branch would fail to start, and optional ones are then absent, as
+            // when they are queued past their cut-off. Nothing was registered.
+            Err(e)
+                if e.is_budget_exhausted()
+                    && scope.remaining().is_none_or(|r| !r.is_zero())
+                    && self.branches.iter().all(|b| !b.required) =>
+            {
+                return Ok(Joined {
+                    fan: self.id,
+                    values,
+                    absent: self.branches.iter().map(|b| b.name.clone()).collect(),
+                });
+            }
+            Err(e) => return Err(FanOutError::not_started(None, e)),
+        };
         let mut absent = Vec::new();
         let mut queue: VecDeque<usize> = (0..self.branches.len()).collect();
         let mut inflight: InFlight<usize, Result<Value, BoxError>> = InFlight::new();
