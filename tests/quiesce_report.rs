@@ -149,6 +149,47 @@ async fn orphan_work_and_cancel_to_quiet_are_measured_from_the_cancel() {
     assert_eq!(r.cancel_to_quiet(), Some(Duration::from_millis(30)));
 }
 
+/// Orphan work counts how long a child ran after the cancel: a shielded cleanup started 100 ms
+/// after the cancel that runs 10 ms adds 10 ms, not 110 ms (found by review: a child started
+/// after the cancel was counted from the cancel, not from its start).
+#[tokio::test(start_paused = true)]
+async fn orphan_work_of_a_shield_started_after_the_cancel_counts_from_its_start() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cleanup = s
+        .shield(Duration::from_millis(50), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        })
+        .unwrap();
+    cleanup.await.unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.succeeded(), 1);
+    assert_eq!(r.orphan_work(), Duration::from_millis(10), "{r}");
+    assert_eq!(r.cancel_to_quiet(), Some(Duration::from_millis(110)));
+}
+
+/// The same for a shield that the grace period after the cancel quarantines: it ran from its
+/// start to the quarantine.
+#[tokio::test(start_paused = true)]
+async fn orphan_work_of_a_quarantined_shield_counts_from_its_start() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let cleanup = s
+        .shield(Duration::from_secs(10), std::future::pending::<()>())
+        .unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.quarantined(), 1);
+    assert!(cleanup.await.unwrap_err().is_cancelled());
+    let ran = r.cancel_to_quiet().unwrap() - Duration::from_millis(400);
+    assert_eq!(r.orphan_work(), ran, "{r}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn shielded_cleanup_runs_after_cancel_within_its_own_budget() {
     let s = Scope::new();

@@ -139,8 +139,10 @@ impl Scope {
     /// Registers the child of a shielded cleanup: allowed while the scope is not yet quiet,
     /// even after a cancel (the one exception to the watermark, see [`Scope::shield`]).
     pub(crate) fn register_shielded(&self, spec: ChildSpec) -> Result<Dispatched, Error> {
+        // It may start after the cancel: its orphan work counts from its start.
+        let started = now_stamp();
         let cell = tree::register_shielded(&self.node, |key, generation| {
-            TicketCell::new(key, generation, spec.clone())
+            TicketCell::new(key, generation, spec.clone()).started_at(started)
         })?;
         cell.mark_dispatched();
         Ok(Dispatched {

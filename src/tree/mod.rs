@@ -1383,7 +1383,7 @@ pub(crate) fn record_task_receipt<X, R: Clone>(
 ) -> bool {
     let listed = node.in_flight.get().is_some_and(|f| f.unlist_task(task));
     if listed {
-        count_receipt(node, kind, None, ran, &clock);
+        count_receipt(node, kind, None, ran.then_some(0), &clock);
         release_unit(node);
     }
     listed
@@ -1483,6 +1483,7 @@ pub(crate) fn record_receipt<X, R: Clone>(
     ran: bool,
     clock: impl Fn() -> u64,
 ) {
+    let ran = ran.then(|| cell.started());
     count_receipt(node, kind, record.as_ref(), ran, &clock);
     if let Some(in_flight) = node.in_flight.get() {
         in_flight.unlist_ticket(cell.key());
@@ -1531,7 +1532,7 @@ fn end_own<X, R: Clone>(
     let Some(parent) = node.parent_node() else {
         unreachable!("a node that is a ticket has a parent");
     };
-    count_receipt(parent, kind, record, true, clock);
+    count_receipt(parent, kind, record, Some(0), clock);
     if node.state().is_cancelled() {
         node.counts
             .get_or_init()
@@ -1557,12 +1558,15 @@ pub(crate) fn own_info<X, R>(node: &Node<X, R>) -> Option<&R> {
 
 /// Counts a receipt in `node` and its ancestors. The clock is read only if one of them is
 /// cancelled: the stamps serve "time from cancel to quiet" and orphan work, which only
-/// receipts after a cancel contribute to.
+/// receipts after a cancel contribute to. `ran`: `None` if the child never ran (it was not
+/// dispatched), else the stamp it started at if that may be after a cancel (a shielded
+/// cleanup), 0 if not: its orphan work in a cancelled node runs from the later of that and
+/// the node's cancel to the receipt.
 fn count_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
     record: Option<&R>,
-    ran: bool,
+    ran: Option<u64>,
     clock: &dyn Fn() -> u64,
 ) {
     let mut stamp = None;
@@ -1574,9 +1578,10 @@ fn count_receipt<X, R: Clone>(
         if cur.state().is_cancelled() {
             let stamp = *stamp.get_or_insert_with(clock);
             counts.last_stamp.fetch_max(stamp, Ordering::AcqRel);
-            if ran {
-                // Orphan work: only a child that was dispatched can have run on.
-                let at = cur.cancelled_at();
+            if let Some(started) = ran {
+                // Orphan work: only a child that was dispatched can have run on, and only from
+                // the cancel or its start, whichever came later.
+                let at = cur.cancelled_at().max(started);
                 counts
                     .orphan_nanos
                     .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
@@ -1701,6 +1706,7 @@ fn quarantine_in_flight<X, R: Clone>(
     for cell in cells {
         if let Some(was) = cell.finish_as(TicketState::Quarantined) {
             let ran = was == TicketState::Dispatched;
+            let ran = ran.then(|| cell.started());
             count_receipt(n, Kind::Quarantined, Some(&cell.info()), ran, &|| stamp);
             // An owner that waits for it is told (with no lock held) before its unit goes
             // back, which may make the node quiet: a shield's waker cancels the shield's own
@@ -1717,7 +1723,7 @@ fn quarantine_in_flight<X, R: Clone>(
     // Tasks taken out of the list or the unlisted count are decided: their late receipts (and
     // listings) find nothing (invariant 5).
     for _ in 0..tasks {
-        count_receipt(n, Kind::Quarantined, Some(task_info), true, &|| stamp);
+        count_receipt(n, Kind::Quarantined, Some(task_info), Some(0), &|| stamp);
         release_unit_caught(n, caught);
         count += 1;
     }

@@ -49,6 +49,10 @@ pub(crate) struct TicketCell<R> {
     state: AtomicU8,
     key: usize,
     generation: u64,
+    /// Stamp of when the child started, if that may be after a cancel of its node (a shielded
+    /// cleanup; see [`started_at`](Self::started_at)); 0 otherwise. Orphan work counts from
+    /// the later of this and the cancel.
+    started: u64,
     /// What the child is; its owner may add to it after dispatch (a provider handle), so
     /// that a quarantine reports what the owner knew.
     info: Mutex<R>,
@@ -62,9 +66,22 @@ impl<R> TicketCell<R> {
             state: AtomicU8::new(TicketState::Prepared as u8),
             key,
             generation,
+            started: 0,
             info: Mutex::new(info),
             quarantine_waker: Mutex::new(None),
         }
+    }
+
+    /// Notes that the child starts at `stamp`, which may be after a cancel of its node (a
+    /// shielded cleanup): its orphan work is counted from then, not from the cancel.
+    pub(crate) fn started_at(mut self, stamp: u64) -> Self {
+        self.started = stamp;
+        self
+    }
+
+    /// See [`started_at`](Self::started_at).
+    pub(crate) fn started(&self) -> u64 {
+        self.started
     }
 
     pub(crate) fn key(&self) -> usize {
