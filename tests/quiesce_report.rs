@@ -190,6 +190,59 @@ async fn orphan_work_of_a_quarantined_shield_counts_from_its_start() {
     assert_eq!(r.orphan_work(), ran, "{r}");
 }
 
+/// A shielded cleanup that dispatched a side effect and ran out of its budget left that
+/// effect unknown: the scope it cleans up for reports it (`NeedsReconciliation`, the record
+/// listed), never `CancelledStable` with no unknown effect (found by review: the cleanup runs
+/// under a root scope of its own, and the effect was recorded only there, out of the report).
+#[tokio::test(start_paused = true)]
+async fn an_effect_left_unknown_by_a_shield_is_in_the_scopes_report() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let cleanup = s
+        .shield(Duration::from_millis(50), async {
+            let refund = Scope::current()
+                .register(ChildSpec::side_effecting("refund", "refund-7"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            // The provider does not answer within the shield's budget.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            refund.succeed();
+        })
+        .unwrap();
+    assert!(cleanup.await.unwrap_err().is_deadline_exceeded());
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
+    assert_eq!(r.effect_unknown(), 1, "{r}");
+    let ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
+    assert_eq!(ids, ["refund-7"]);
+}
+
+/// A shield whose cleanup had no unknown effect keeps its own receipt.
+#[tokio::test(start_paused = true)]
+async fn a_shield_whose_effects_are_known_keeps_its_receipt() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let cleanup = s
+        .shield(Duration::from_millis(50), async {
+            let release = Scope::current()
+                .register(ChildSpec::side_effecting("release", "lease-3"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            release.succeed();
+        })
+        .unwrap();
+    cleanup.await.unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.state(), Lifecycle::CancelledStable, "{r}");
+    assert_eq!((r.succeeded(), r.effect_unknown()), (1, 0), "{r}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn shielded_cleanup_runs_after_cancel_within_its_own_budget() {
     let s = Scope::new();

@@ -105,6 +105,13 @@ impl TaskReceipt {
             d.finish(receipt);
         }
     }
+
+    /// See [`Dispatched::finish_unknown`].
+    fn finish_unknown(&mut self, effects: &[ChildSpec]) {
+        if let Some(d) = self.0.take() {
+            d.finish_unknown(effects);
+        }
+    }
 }
 
 pin_project! {
@@ -322,10 +329,17 @@ where
         };
         let out = std::task::ready!(run.poll(cx));
         this.run.set(None);
-        this.receipt.finish(match &out {
-            Ok(_) => Receipt::Succeeded,
-            Err(_) => Receipt::Failed,
-        });
+        // The cleanup ran under its own root scope: an effect it left unknown there (a call
+        // cut off by the shield's budget) is this child's, and never counts as none.
+        let unknown = this.stop.root.unknown_effects();
+        if unknown.is_empty() {
+            this.receipt.finish(match &out {
+                Ok(_) => Receipt::Succeeded,
+                Err(_) => Receipt::Failed,
+            });
+        } else {
+            this.receipt.finish_unknown(&unknown);
+        }
         Poll::Ready(out)
     }
 }
@@ -463,7 +477,9 @@ impl Scope {
     /// after a cancel as long as the scope is not yet quiet (and its grace period has not
     /// ended). Keep `budget` within the scope's grace period: a cleanup still running when the
     /// grace period after the cancel ends is quarantined like any other child, and stopped
-    /// (after `quiesce` nothing of the scope may commit).
+    /// (after `quiesce` nothing of the scope may commit). A cleanup that ends with effects
+    /// left unknown in its own scope (a call cut off by `budget`) ends
+    /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects.
     ///
     /// # Errors
     ///

@@ -7,7 +7,7 @@ use super::receipt::{ChildSpec, Receipt};
 use crate::error::Error;
 use crate::scope::{now_stamp, OwnRun, Scope};
 use crate::sync::Arc;
-use crate::tree::{self, TicketCell, TicketState};
+use crate::tree::{self, Kind, TicketCell, TicketState};
 
 /// A registered child that has not been dispatched yet (state PREPARED).
 ///
@@ -63,19 +63,18 @@ struct Inner {
 impl Inner {
     /// Records `receipt` unless quarantine got there first (invariant 5).
     fn finish(&mut self, receipt: Receipt) {
+        let record = self.spec.listed_by(&receipt);
+        self.record(receipt.kind(), record.as_slice());
+    }
+
+    /// Records a receipt of `kind` that lists `records`, unless quarantine got there first
+    /// (invariant 5).
+    fn record(&mut self, kind: Kind, records: &[ChildSpec]) {
         let Some(was) = self.cell.finish_as(TicketState::Done) else {
             return;
         };
-        let record = self.spec.listed_by(&receipt);
         let ran = was == TicketState::Dispatched;
-        tree::record_receipt(
-            &self.scope.node,
-            &self.cell,
-            receipt.kind(),
-            record,
-            ran,
-            now_stamp,
-        );
+        tree::record_receipt(&self.scope.node, &self.cell, kind, records, ran, now_stamp);
     }
 }
 
@@ -275,6 +274,13 @@ impl Dispatched {
     /// ```
     pub fn fail(self) {
         self.finish(Receipt::Failed);
+    }
+
+    /// Records [`Receipt::EffectUnknown`] for work whose unknown effects are `effects` (the
+    /// children of another scope that ended so: a shielded cleanup's own scope), each listed
+    /// as a pending effect of this scope.
+    pub(crate) fn finish_unknown(mut self, effects: &[ChildSpec]) {
+        self.inner.record(Kind::EffectUnknown, effects);
     }
 
     /// Records any receipt. A [`Receipt::Quarantined`] given here is recorded as such.

@@ -727,6 +727,23 @@ impl Scope {
         tree::quarantine_subtree(&self.node, &crate::child::task_spec(), now_stamp())
     }
 
+    /// The children of this scope's subtree whose effect is unknown so far: `EffectUnknown`
+    /// receipts and quarantined children that may have had an effect (what makes a quiet
+    /// scope `NeedsReconciliation`).
+    pub(crate) fn unknown_effects(&self) -> Vec<ChildSpec> {
+        self.node.with_records(|r| {
+            r.effects
+                .iter()
+                .chain(
+                    r.quarantined
+                        .iter()
+                        .filter(|c| c.effect().may_have_effect()),
+                )
+                .cloned()
+                .collect()
+        })
+    }
+
     /// Builds the report (meaningful once quiet: then nothing in it can change).
     pub(crate) fn report(&self) -> Report {
         let node = &self.node;

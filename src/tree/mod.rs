@@ -1383,7 +1383,7 @@ pub(crate) fn record_task_receipt<X, R: Clone>(
 ) -> bool {
     let listed = node.in_flight.get().is_some_and(|f| f.unlist_task(task));
     if listed {
-        count_receipt(node, kind, None, ran.then_some(0), &clock);
+        count_receipt(node, kind, &[], ran.then_some(0), &clock);
         release_unit(node);
     }
     listed
@@ -1475,16 +1475,18 @@ pub(crate) fn take_unit_while_busy<X, R>(
 
 /// Records the receipt of a ticket of `node` (only the winner of the ticket's state CAS calls
 /// this), counting it in `node` and every ancestor before releasing the unit (invariant 5, 6).
+/// `records`: what the receipt lists (an unknown effect; the unknown effects of a shielded
+/// cleanup's own scope).
 pub(crate) fn record_receipt<X, R: Clone>(
     node: &Node<X, R>,
     cell: &TicketCell<R>,
     kind: Kind,
-    record: Option<R>,
+    records: &[R],
     ran: bool,
     clock: impl Fn() -> u64,
 ) {
     let ran = ran.then(|| cell.started());
-    count_receipt(node, kind, record.as_ref(), ran, &clock);
+    count_receipt(node, kind, records, ran, &clock);
     if let Some(in_flight) = node.in_flight.get() {
         in_flight.unlist_ticket(cell.key());
     }
@@ -1532,7 +1534,8 @@ fn end_own<X, R: Clone>(
     let Some(parent) = node.parent_node() else {
         unreachable!("a node that is a ticket has a parent");
     };
-    count_receipt(parent, kind, record, Some(0), clock);
+    let records = record.map_or(&[][..], std::slice::from_ref);
+    count_receipt(parent, kind, records, Some(0), clock);
     if node.state().is_cancelled() {
         node.counts
             .get_or_init()
@@ -1565,7 +1568,7 @@ pub(crate) fn own_info<X, R>(node: &Node<X, R>) -> Option<&R> {
 fn count_receipt<X, R: Clone>(
     node: &Node<X, R>,
     kind: Kind,
-    record: Option<&R>,
+    records: &[R],
     ran: Option<u64>,
     clock: &dyn Fn() -> u64,
 ) {
@@ -1587,11 +1590,11 @@ fn count_receipt<X, R: Clone>(
                     .fetch_add(stamp.saturating_sub(at), Ordering::AcqRel);
             }
         }
-        if let Some(r) = record {
+        if !records.is_empty() {
             let mut recs = cur.records.get_or_init().lock();
             match kind {
-                Kind::EffectUnknown => recs.effects.push(R::clone(r)),
-                Kind::Quarantined => recs.quarantined.push(R::clone(r)),
+                Kind::EffectUnknown => recs.effects.extend_from_slice(records),
+                Kind::Quarantined => recs.quarantined.extend_from_slice(records),
                 _ => {}
             }
         }
@@ -1707,7 +1710,8 @@ fn quarantine_in_flight<X, R: Clone>(
         if let Some(was) = cell.finish_as(TicketState::Quarantined) {
             let ran = was == TicketState::Dispatched;
             let ran = ran.then(|| cell.started());
-            count_receipt(n, Kind::Quarantined, Some(&cell.info()), ran, &|| stamp);
+            let info = [cell.info()];
+            count_receipt(n, Kind::Quarantined, &info, ran, &|| stamp);
             // An owner that waits for it is told (with no lock held) before its unit goes
             // back, which may make the node quiet: a shield's waker cancels the shield's own
             // scope right here, so that nothing it started is still open once `quiesce()`
@@ -1723,7 +1727,8 @@ fn quarantine_in_flight<X, R: Clone>(
     // Tasks taken out of the list or the unlisted count are decided: their late receipts (and
     // listings) find nothing (invariant 5).
     for _ in 0..tasks {
-        count_receipt(n, Kind::Quarantined, Some(task_info), Some(0), &|| stamp);
+        let info = std::slice::from_ref(task_info);
+        count_receipt(n, Kind::Quarantined, info, Some(0), &|| stamp);
         release_unit_caught(n, caught);
         count += 1;
     }
