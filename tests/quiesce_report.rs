@@ -243,6 +243,41 @@ async fn a_shield_whose_effects_are_known_keeps_its_receipt() {
     assert_eq!((r.succeeded(), r.effect_unknown()), (1, 0), "{r}");
 }
 
+/// Work a shielded cleanup started in its own scope and left running when it returned is
+/// part of the cleanup: `quiesce()` of the scope waits for it, and nothing of it commits
+/// afterwards (invariant 6; found by review: the shield's receipt was recorded as soon as
+/// the cleanup's future returned, and a task it had spawned committed after `quiesce()`).
+#[tokio::test(start_paused = true)]
+async fn work_a_shield_left_running_is_waited_for_by_quiesce() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let committed = Arc::new(AtomicUsize::new(0));
+    let c = committed.clone();
+    let cleanup = s
+        .shield(Duration::from_millis(50), async move {
+            // Not awaited: left running when the cleanup returns.
+            let _left = Scope::current()
+                .spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    c.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+        })
+        .unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    let at_quiet = committed.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        (at_quiet, committed.load(Ordering::SeqCst)),
+        (1, 1),
+        "the shield's work committed after quiesce: {r}"
+    );
+    assert_eq!(r.cancel_to_quiet(), Some(Duration::from_millis(30)), "{r}");
+    cleanup.await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn shielded_cleanup_runs_after_cancel_within_its_own_budget() {
     let s = Scope::new();

@@ -292,9 +292,14 @@ pin_project! {
     /// once `quiesce()` resolved, the cleanup is not polled again, nor is anything it
     /// started; a poll already under way on another thread may still finish, as for any
     /// quarantined child).
-    struct Shielded<F> {
+    struct Shielded<F: Future> {
         #[pin]
         run: Option<F>,
+        // The cleanup's outcome once it returned, kept while the work it started in its own
+        // scope (closed then) is waited for: that work is part of the cleanup (invariant 6).
+        out: Option<F::Output>,
+        // The quiescence of the cleanup's own scope, once the cleanup returned.
+        quiet: Option<crate::quiesce::Quiesce>,
         // What the quarantine wakes: it cancels the cleanup's own root scope at once, so that
         // work the cleanup started there (what `Scope::current()` is inside it) stops too,
         // and then wakes this task.
@@ -321,14 +326,31 @@ where
             // Stopped (its root was cancelled by the quarantine); the quarantine recorded the
             // receipt (the late one is ignored).
             this.run.set(None);
+            *this.out = None;
+            *this.quiet = None;
             this.receipt.0 = None;
             return Poll::Ready(Err(err));
         }
-        let Some(run) = this.run.as_mut().as_pin_mut() else {
-            unreachable!("the cleanup goes with the receipt");
+        if this.out.is_none() {
+            let Some(run) = this.run.as_mut().as_pin_mut() else {
+                unreachable!("the cleanup goes with the receipt");
+            };
+            let out = std::task::ready!(run.poll(cx));
+            this.run.set(None);
+            *this.out = Some(out);
+            // Work the cleanup started in its own scope and left running is still the
+            // cleanup's: the receipt waits until that scope is quiet (its budget bounds it).
+            this.stop.root.close();
+            *this.quiet = Some(this.stop.root.quiesce());
+        }
+        let Some(quiet) = this.quiet.as_mut() else {
+            unreachable!("the cleanup's scope is waited for once it returned");
         };
-        let out = std::task::ready!(run.poll(cx));
-        this.run.set(None);
+        std::task::ready!(Pin::new(quiet).poll(cx));
+        *this.quiet = None;
+        let Some(out) = this.out.take() else {
+            unreachable!("the cleanup's outcome is kept until its scope is quiet");
+        };
         // The cleanup ran under its own root scope: an effect it left unknown there (a call
         // cut off by the shield's budget) is this child's, and never counts as none.
         let unknown = this.stop.root.unknown_effects();
@@ -479,7 +501,9 @@ impl Scope {
     /// grace period after the cancel ends is quarantined like any other child, and stopped
     /// (after `quiesce` nothing of the scope may commit). A cleanup that ends with effects
     /// left unknown in its own scope (a call cut off by `budget`) ends
-    /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects.
+    /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects. Work
+    /// the cleanup started in its own scope is part of it: the cleanup ends (its handle
+    /// resolves, its receipt is recorded) once that work has ended too.
     ///
     /// # Errors
     ///
@@ -523,6 +547,8 @@ impl Scope {
         });
         let inner = tokio::spawn(Shielded {
             run: Some(run),
+            out: None,
+            quiet: None,
             stop_waker: Waker::from(stop.clone()),
             stop,
             receipt: TaskReceipt(Some(dispatched)),
