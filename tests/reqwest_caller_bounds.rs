@@ -15,7 +15,7 @@ use reqwest::RequestBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
+use tokio::time::{timeout, Instant};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -171,4 +171,30 @@ async fn the_clients_shorter_timeout_is_kept() {
         took < ms(1_000),
         "the client's 50 ms timeout was replaced by the scope's budget: gave up after {took:?}"
     );
+}
+
+/// A timer of the client's own transport (`ClientBuilder::read_timeout(50 ms)`) that fires
+/// while the call still has most of its 2 s budget is a transport failure, receipted `Failed`:
+/// not the call's deadline (which would tell a handler to answer 504, and a retry policy that
+/// the budget is gone, with 1.9 s left), and not `Cancelled` (nothing cancelled the call).
+#[tokio::test]
+async fn a_transport_timeout_with_budget_left_is_a_failure_not_the_deadline() {
+    let (url, _head) = one_shot_server(false).await;
+    let client = reqwest::Client::builder()
+        .read_timeout(ms(50))
+        .build()
+        .unwrap();
+    let scope = Scope::with_timeout(ms(2_000));
+    let err = scope
+        .run(async { client.get(&url).scoped().send().await })
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(err.is_transport(), "{err}");
+    assert!(!err.is_deadline_exceeded(), "{err}");
+    assert!(!scope.is_cancelled());
+    scope.close();
+    let report = timeout(ms(1_000), scope.quiesce()).await.unwrap();
+    assert_eq!(report.failed(), 1, "{report}");
+    assert_eq!(report.cancelled(), 0, "{report}");
 }

@@ -311,13 +311,20 @@ impl Call {
         CallError::cancelled(self.scope.cause_or_cancelled())
     }
 
-    /// The transport failed, or reqwest's own timer (the call's budget) fired.
+    /// The transport failed, or a timer fired: reqwest's own timeout on the request (no later
+    /// than the call's deadline, and never set later than it) or a timer of the client's.
+    ///
+    /// Only the time itself says whether it was the call's deadline: a client's timer
+    /// (`ClientBuilder::timeout`, `read_timeout`, `connect_timeout`) that fires while the call
+    /// still has budget left is a transport failure (`e.is_timeout()` says "some timer").
     fn failed(&mut self, e: reqwest::Error) -> CallError {
         if self.scope.is_cancelled() {
             return self.stopped();
         }
-        let expired = self.announced.is_some_and(|a| Instant::now() >= a);
-        if e.is_timeout() || expired {
+        let now = Instant::now();
+        let expired = self.announced.is_some_and(|a| now >= a)
+            || self.scope.deadline().is_some_and(|d| now >= d);
+        if expired {
             // Stopped by the deadline, not failed: the receipt is left to `Dispatched`'s
             // drop (`Cancelled`, or `EffectUnknown` for effectful calls).
             self.dispatched = None;
