@@ -617,3 +617,32 @@ async fn a_client_that_stops_reading_does_not_keep_the_request_from_its_report()
         .expect("the body was not dropped")
         .unwrap();
 }
+
+/// A call that its scope stops mid-body (`chunk()` fails) lets go of its connection then,
+/// not when the caller gets round to dropping the response: once the caller's scope reports
+/// quiet, nothing of the call is left open (invariant 6), and the server sees its client go.
+#[tokio::test]
+async fn a_call_stopped_mid_body_closes_its_connection_while_the_response_is_held() {
+    let (layer, mut reports) = admit(EndpointPolicy::new(ms(60_000), ms(60_000)));
+    let url = serve(Router::new().route("/", get(trickle)).layer(layer)).await;
+    let caller = Scope::with_timeout(ms(60_000));
+    let mut res = reqwest::Client::new()
+        .get(url)
+        .scoped_in(&caller)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.chunk().await.unwrap().unwrap(), "first chunk");
+    caller.cancel_with("user pressed stop");
+    let err = res.chunk().await.unwrap_err();
+    assert!(err.is_cancelled(), "{err}");
+    // Stopped reads stay stopped.
+    assert!(res.chunk().await.unwrap_err().is_cancelled());
+    let report = timeout(PATIENCE, caller.quiesce()).await.unwrap();
+    assert_eq!(report.cancelled(), 1, "{report}");
+    // `res` is still held: the connection must be gone all the same.
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+    assert_eq!(res.status(), 200);
+    drop(res);
+}

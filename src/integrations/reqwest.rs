@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::header::HeaderMap;
-use reqwest::{RequestBuilder, Response, StatusCode};
+use reqwest::{RequestBuilder, Response, ResponseBuilderExt as _, StatusCode};
 use tokio::time::Instant;
 
 use super::{call, CallError};
@@ -485,6 +485,10 @@ impl ScopedResponse {
 
     /// Reads the next chunk of the body (`None` at its end).
     ///
+    /// When the call's deadline passes or its scope is cancelled, the body is let go at once
+    /// (its connection closed, or its HTTP/2 stream reset), although the response itself is
+    /// still held: its status and headers stay readable, and every later read fails.
+    ///
     /// # Errors
     ///
     /// As [`bytes`](Self::bytes).
@@ -506,7 +510,12 @@ impl ScopedResponse {
     pub async fn chunk(&mut self) -> Result<Option<Bytes>, CallError> {
         let res = tokio::select! {
             biased;
-            () = self.call.scope.cancelled() => return Err(self.call.stopped()),
+            () = self.call.scope.cancelled() => {
+                // The body goes first, then the receipt: once the scope is quiet, nothing of
+                // the call is left open (invariant 6), even while the caller holds `self`.
+                self.drop_body();
+                return Err(self.call.stopped());
+            }
             res = self.inner.chunk() => res,
         };
         match res {
@@ -517,6 +526,15 @@ impl ScopedResponse {
             Ok(Some(chunk)) => Ok(Some(chunk)),
             Err(e) => Err(self.call.failed(e)),
         }
+    }
+
+    /// Lets go of the body, and so of the connection (HTTP/1) or stream (HTTP/2) it is read
+    /// from; the head (status, headers, URL, extensions) stays readable.
+    fn drop_body(&mut self) {
+        let empty = || reqwest::Body::from(Bytes::new());
+        let placeholder = Response::from(http::Response::new(empty()));
+        let res = std::mem::replace(&mut self.inner, placeholder);
+        self.inner = map_body(res, |_| empty());
     }
 
     /// The plain reqwest response, for reading it some other way. The call's receipt is
@@ -535,6 +553,18 @@ impl ScopedResponse {
         self.call.succeed();
         self.inner
     }
+}
+
+/// `res` with its body replaced by `f(body)`: status, headers, URL and extensions kept.
+fn map_body(res: Response, f: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Response {
+    let url = res.url().clone();
+    let (mut parts, body) = http::Response::<reqwest::Body>::from(res).into_parts();
+    // The URL is kept in an extension only reqwest's builder extension can write, and its
+    // conversion to `http::Response` leaves it out.
+    if let Ok(tagged) = http::Response::builder().url(url).body(()) {
+        parts.extensions.extend(tagged.into_parts().0.extensions);
+    }
+    Response::from(http::Response::from_parts(parts, f(body)))
 }
 
 impl fmt::Debug for ScopedResponse {
