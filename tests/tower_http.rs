@@ -646,3 +646,30 @@ async fn a_call_stopped_mid_body_closes_its_connection_while_the_response_is_hel
     assert_eq!(res.status(), 200);
     drop(res);
 }
+
+/// `into_inner` hands the body over to plain reqwest, which still stops reading it at the
+/// call's deadline (the docs say so): a body that trickles on is not read past it.
+#[tokio::test]
+async fn a_body_taken_out_with_into_inner_is_still_cut_at_the_deadline() {
+    let url = serve(Router::new().route("/", get(trickle))).await;
+    let scope = Scope::with_timeout(ms(400));
+    let started = Instant::now();
+    let res = reqwest::Client::new()
+        .get(&url)
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    let mut res = res.into_inner();
+    assert_eq!(res.url().as_str(), url);
+    assert_eq!(res.chunk().await.unwrap().unwrap(), "first chunk");
+    let err = timeout(PATIENCE, res.chunk())
+        .await
+        .expect("the body was read on past the call's deadline")
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(started.elapsed() >= ms(400));
+    // The call itself was receipted when the body was handed over.
+    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+    assert_eq!(report.succeeded(), 1, "{report}");
+}

@@ -13,10 +13,11 @@
 //!    [`Operation`](crate::wire::Operation)); too little budget fails fast and nothing is sent;
 //! 2. the call is registered as a child of it and dispatched right before it is sent, so that
 //!    it is never sent after a cancel;
-//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and
-//!    reqwest's own timeout is set to the child's budget. The caller's own bounds on the
-//!    request — a `RequestBuilder::timeout`, a budget header set on it — bound the child
-//!    too, so a shorter one is kept (on the wire and as the call's deadline) and a longer one
+//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and a
+//!    timeout the request has (reqwest's own) is shortened to the child's budget (none is
+//!    set otherwise: the client's `ClientBuilder::timeout` applies). The caller's own bounds
+//!    on the request — a `RequestBuilder::timeout`, a budget header set on it — bound the
+//!    child too, so a shorter one is kept (on the wire and as the call's deadline) and a longer one
 //!    gives nothing more; a malformed budget header is replaced, and Envoy's
 //!    `x-envoy-expected-rq-timeout-ms` is removed (Envoy sets it per hop);
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
@@ -49,17 +50,22 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, Response, ResponseBuilderExt as _, StatusCode};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::{call, CallError};
 use crate::scope::deadline_after;
 use crate::wire::EgressPolicy;
-use crate::{ChildSpec, Dispatched, Scope};
+use crate::{Cause, ChildSpec, Dispatched, Scope};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 mod sealed {
     pub trait Sealed {}
@@ -538,8 +544,9 @@ impl ScopedResponse {
     }
 
     /// The plain reqwest response, for reading it some other way. The call's receipt is
-    /// recorded as `Succeeded` now; the body is still bounded by reqwest's timeout (the
-    /// call's budget), but no longer by a cancel of the scope.
+    /// recorded as `Succeeded` now; the body is still cut at the call's deadline (reading it
+    /// then fails with an error whose `is_timeout()` is true), but no longer by a cancel of
+    /// the scope.
     ///
     /// # Examples
     ///
@@ -551,7 +558,62 @@ impl ScopedResponse {
     /// ```
     pub fn into_inner(mut self) -> Response {
         self.call.succeed();
-        self.inner
+        match self.call.scope.deadline() {
+            // Not the request's reqwest timeout: `send` leaves a request without one as it is
+            // (the client's own timeout applies then), so only this bounds the body.
+            Some(deadline) => map_body(self.inner, |body| {
+                reqwest::Body::wrap(UntilDeadline {
+                    body: Some(body),
+                    deadline: Box::pin(tokio::time::sleep_until(deadline)),
+                })
+            }),
+            None => self.inner,
+        }
+    }
+}
+
+/// A response body handed over by [`ScopedResponse::into_inner`]: ends with a timeout error
+/// at the call's deadline.
+struct UntilDeadline {
+    body: Option<reqwest::Body>,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl http_body::Body for UntilDeadline {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if body.is_end_stream() {
+            return Poll::Ready(None);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            // Let go of the connection now; the reader sees a timeout, as from reqwest's own.
+            this.body = None;
+            let passed = CallError::cancelled(Cause::DeadlineExceeded);
+            let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, passed);
+            return Poll::Ready(Some(Err(timed_out.into())));
+        }
+        Pin::new(body).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), http_body::Body::size_hint)
     }
 }
 
