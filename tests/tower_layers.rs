@@ -265,6 +265,62 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
     assert_eq!(res.headers()["grpc-status"], "1");
 }
 
+/// A response body that sends one data frame, then fails (as a stream reset does) at `reset`.
+struct ResetAt {
+    sent: bool,
+    reset: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Body for ResetAt {
+    type Data = &'static [u8];
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<&'static [u8]>, std::io::Error>>> {
+        if !self.sent {
+            self.sent = true;
+            return Poll::Ready(Some(Ok(Frame::data(&b"first"[..]))));
+        }
+        self.reset.as_mut().poll(cx).map(|()| {
+            let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "stream reset");
+            Some(Err(reset))
+        })
+    }
+}
+
+/// A callee (or a proxy: Envoy resets a stream whose route timeout fires after the response
+/// started) that gives up mid-body when the budget it was told runs out resets the stream.
+/// After that budget that is our deadline, mid-body as at the head: a gRPC body ends with
+/// `DEADLINE_EXCEEDED` trailers (a tonic client reports `Code::DeadlineExceeded`), not with an
+/// error that tonic would report as CANCELLED or UNKNOWN.
+#[tokio::test(start_paused = true)]
+async fn propagate_reports_a_reset_after_the_budget_ran_out_as_deadline_exceeded_mid_body() {
+    let transport = Fn_(|req: Request<()>| async move {
+        let told = grpc_timeout::decode_bytes(req.headers()["grpc-timeout"].as_bytes()).unwrap();
+        let reset = Box::pin(tokio::time::sleep(told));
+        Ok::<_, Infallible>(Response::new(ResetAt { sent: false, reset }))
+    });
+    let mut client = PropagateLayer::new()
+        .egress(EgressPolicy::new().transport_pad(ms(20)))
+        .layer(transport);
+    let scope = Scope::with_timeout(ms(300));
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    let mut body = Box::pin(res.into_body());
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    let end = next_frame(&mut body).await.unwrap();
+    // Reset when the 280 ms it was told ran out, before our own deadline fired.
+    assert!(!scope.is_cancelled());
+    let trailers = end.expect("the reset came out as an error, not as DEADLINE_EXCEEDED");
+    assert_eq!(trailers.trailers_ref().unwrap()["grpc-status"], "4");
+    assert!(next_frame(&mut body).await.is_none());
+    drop(body);
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.cancelled(), 1, "{report}");
+}
+
 /// `grpc-timeout` truncates a budget of 100 s or more to whole milliseconds (8 digits), so
 /// the callee is told a little less than the call has: its own timeout on the header fires
 /// first. The CANCELLED it answers then is still our deadline, not a cancel.

@@ -98,9 +98,11 @@ pin_project! {
     ///
     /// When the call's deadline passes (or its scope is cancelled) mid-body, a gRPC body ends
     /// with `grpc-status` trailers (`DEADLINE_EXCEEDED` / `CANCELLED`), any other body with a
-    /// [`CallError`]. The call's receipt is recorded when the body has been read to its end
-    /// (`Succeeded`), when it fails, or when it is dropped before its end (`Cancelled`, or
-    /// `EffectUnknown` for effectful calls).
+    /// [`CallError`]. A gRPC body that fails after the budget the callee was told has run out
+    /// (a callee or proxy that resets the stream at that deadline) ends with
+    /// `DEADLINE_EXCEEDED` trailers too. The call's receipt is recorded when the body has been
+    /// read to its end (`Succeeded`), when it fails, or when it is dropped before its end
+    /// (`Cancelled`, or `EffectUnknown` for effectful calls).
     ///
     /// # Examples
     ///
@@ -222,10 +224,20 @@ where
             }
             Poll::Ready(Some(Err(e))) => {
                 this.inner.set(None);
-                Poll::Ready(Some(Err(match this.tracking.take() {
-                    Some(mut t) => t.transport_error(e),
-                    None => CallError::transport(e),
-                })))
+                Poll::Ready(Some(match this.tracking.take() {
+                    // A callee or proxy that resets the stream when the budget it was told
+                    // runs out: our deadline, mid-body as at the head (`ResponseFuture`).
+                    // Receipt by the drop.
+                    Some(t) if t.grpc() && t.expired() => {
+                        let deadline = crate::Cause::DeadlineExceeded;
+                        Ok(Frame::trailers(headers::grpc_status_headers(
+                            headers::client_grpc_code_of(&deadline),
+                            &deadline.to_string(),
+                        )))
+                    }
+                    Some(mut t) => Err(t.transport_error(e)),
+                    None => Err(CallError::transport(e)),
+                }))
             }
         }
     }
