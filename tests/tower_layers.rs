@@ -404,6 +404,31 @@ async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
 }
 
+/// A reader that stops at `is_end_stream` (hyper's server does, forwarding a proxied body:
+/// after the last data frame it ends the message and drops the body unpolled) has read the
+/// whole exchange: `Succeeded`, not the `EffectUnknown` (or `Cancelled`) of a body dropped
+/// before its end.
+#[tokio::test(start_paused = true)]
+async fn propagate_completes_a_body_read_to_its_end_stream_and_dropped_unpolled() {
+    let sized = Fn_(|_: Request<()>| async {
+        let frames = VecDeque::from([Frame::data(&b"all of it"[..])]);
+        Ok::<_, Infallible>(Response::new(Frames::<true>(frames)))
+    });
+    let mut client = PropagateLayer::new()
+        .spec(ChildSpec::side_effecting("pay", "p-2"))
+        .layer(sized);
+    let scope = Scope::with_timeout(ms(1_000));
+    let res = call_in(&scope, &mut client, Request::new(())).await;
+    let mut body = Box::pin(res.into_body());
+    assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
+    assert!(body.is_end_stream());
+    drop(body);
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.succeeded(), 1, "{report}");
+    assert_eq!(report.effect_unknown(), 0, "{report}");
+}
+
 #[test]
 fn auto_traits() {
     use cancel_scope::integrations::tower::{admit, propagate, Admit, Propagate};

@@ -219,6 +219,18 @@ where
                         t.fix_status(trailers);
                         t.succeed();
                     }
+                } else if this
+                    .inner
+                    .as_ref()
+                    .as_pin_ref()
+                    .is_none_or(|b| b.is_end_stream())
+                {
+                    // A body that says it has ended may never be polled again (hyper's server,
+                    // forwarding it, drops it here): the exchange is complete.
+                    this.inner.set(None);
+                    if let Some(mut t) = this.tracking.take() {
+                        t.succeed();
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -243,7 +255,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.trailers.is_none() && self.inner.as_ref().is_none_or(B::is_end_stream)
+        self.trailers.is_none() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
