@@ -17,8 +17,8 @@
 //!    timeout the request has (reqwest's own) is shortened to the child's budget (none is
 //!    set otherwise: the client's `ClientBuilder::timeout` applies). The caller's own bounds
 //!    on the request — a `RequestBuilder::timeout`, a budget header set on it — bound the
-//!    child too, so a shorter one is kept (on the wire and as the call's deadline) and a longer one
-//!    gives nothing more; a malformed budget header is replaced, and Envoy's
+//!    child too, so a shorter one is kept (on the wire and as the call's deadline) and a
+//!    longer one gives nothing more; a malformed budget header is replaced, and Envoy's
 //!    `x-envoy-expected-rq-timeout-ms` is removed (Envoy sets it per hop);
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
 //!    deadline passes or its scope is cancelled, with a [`CallError`].
