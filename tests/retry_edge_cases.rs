@@ -18,39 +18,31 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A hedge delay too long to represent (`Duration::MAX`: "never hedge") never hedges; it
-/// does not overflow `Instant + Duration`.
+/// A hedge delay too long to represent (`Duration::MAX`: "never hedge"), or one that lands at
+/// the very end of what an `Instant` holds (a computed value, where tokio's rounding of a
+/// sleep's deadline would overflow), never hedges, and panics nothing.
 #[tokio::test(start_paused = true)]
 async fn a_huge_hedge_delay_does_not_panic() {
-    let request = Scope::with_timeout(ms(1000));
-    let hedge = Retry::new(|_: &()| Decision::Backoff)
-        .max_attempts(2)
-        .hedge(HedgeDelay::Fixed(Duration::MAX));
-    let out = hedge
-        .run(&request, ChildSpec::read_only("search"), |_| async {
-            tokio::time::sleep(ms(10)).await;
-            Ok::<_, ()>(7)
-        })
-        .await;
-    assert_eq!(out.unwrap(), 7);
-}
-
-/// A hedge delay that lands at the very end of what an `Instant` holds (a computed value)
-/// does not panic the call either: too far to sleep until is never.
-#[tokio::test(start_paused = true)]
-async fn a_hedge_delay_to_the_end_of_time_does_not_panic() {
-    let request = Scope::with_timeout(ms(1000));
-    let now = Instant::now();
-    let hedge = Retry::new(|_: &()| Decision::Backoff)
-        .max_attempts(2)
-        .hedge(HedgeDelay::Fixed(latest_instant(now) - now));
-    let out = hedge
-        .run(&request, ChildSpec::read_only("search"), |_| async {
-            tokio::time::sleep(ms(10)).await;
-            Ok::<_, ()>(7)
-        })
-        .await;
-    assert_eq!(out.unwrap(), 7);
+    for at_the_end in [false, true] {
+        // Read now: the hedge's clock reading is the same virtual instant.
+        let now = Instant::now();
+        let delay = if at_the_end {
+            latest_instant(now) - now
+        } else {
+            Duration::MAX
+        };
+        let request = Scope::with_timeout(ms(1000));
+        let hedge = Retry::new(|_: &()| Decision::Backoff)
+            .max_attempts(2)
+            .hedge(HedgeDelay::Fixed(delay));
+        let out = hedge
+            .run(&request, ChildSpec::read_only("search"), |_| async {
+                tokio::time::sleep(ms(10)).await;
+                Ok::<_, ()>(7)
+            })
+            .await;
+        assert_eq!(out.unwrap(), 7, "{delay:?}");
+    }
 }
 
 /// A dependency's pushback that lands at the very end of what an `Instant` holds, in a scope

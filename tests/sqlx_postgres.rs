@@ -15,6 +15,7 @@ use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, Postgres, Row};
 use support::postgres::PgCluster;
+use support::sqlx::leave_a_block_open;
 use tokio::time::Instant;
 
 const SLACK: Duration = Duration::from_millis(500);
@@ -463,28 +464,7 @@ async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_us
     let db = guarded(&pg, 1).await;
     create_orders(&db).await;
 
-    let scope = Scope::new();
-    let mut conn = db.acquire(&scope).await.unwrap();
-    conn.execute(ChildSpec::read_only("begin"), sqlx::query("BEGIN"))
-        .await
-        .unwrap();
-    conn.execute(
-        ChildSpec::side_effecting("insert", "o-1"),
-        sqlx::query("INSERT INTO orders VALUES ('o-1')"),
-    )
-    .await
-    .unwrap();
-    scope.cancel();
-    let err = conn
-        .execute(
-            ChildSpec::side_effecting("commit", "o-1"),
-            sqlx::query("COMMIT"),
-        )
-        .await
-        .unwrap_err();
-    assert!(err.is_cancelled(), "{err:?}");
-    drop(conn);
-    let report = scope.quiesce().await;
+    let report = leave_a_block_open(&db).await;
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
 
     // The next user of the pool's only connection runs a transaction of its own.

@@ -17,6 +17,9 @@ use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Row, Sqlite};
 use tokio::time::Instant;
 
+mod support;
+use support::sqlx::leave_a_block_open;
+
 const SLACK: Duration = Duration::from_millis(500);
 
 /// Counts to two billion: minutes of work unless interrupted.
@@ -350,29 +353,7 @@ async fn guarded_types_are_send_and_calls_can_be_spawned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_user() {
     let db = one_connection().await;
-    let scope = Scope::new();
-    let mut conn = db.acquire(&scope).await.unwrap();
-    conn.execute(ChildSpec::read_only("begin"), sqlx::query("BEGIN"))
-        .await
-        .unwrap();
-    conn.execute(
-        ChildSpec::side_effecting("insert", "o-1"),
-        sqlx::query("INSERT INTO orders VALUES ('o-1')"),
-    )
-    .await
-    .unwrap();
-    scope.cancel();
-    let err = conn
-        .execute(
-            ChildSpec::side_effecting("commit", "o-1"),
-            sqlx::query("COMMIT"),
-        )
-        .await
-        .err()
-        .expect("the call fails");
-    assert!(err.is_cancelled(), "{err:?}");
-    drop(conn);
-    let report = scope.quiesce().await;
+    let report = leave_a_block_open(&db).await;
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
 
     // The next user of the pool's only connection: a write and a commit of its own.
