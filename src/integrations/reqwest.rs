@@ -23,6 +23,13 @@
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
 //!    deadline passes or its scope is cancelled, with a [`CallError`].
 //!
+//! The budget headers are written once, when the call is sent. A redirect that reqwest
+//! follows (or a request it re-sends on a refused HTTP/2 stream) carries them as they were,
+//! so the next hop is told up to that much more than is left; the call itself still stops at
+//! its deadline. A client used for calls between services is best built with
+//! `reqwest::redirect::Policy::none()`, so that a redirect is the caller's to follow, as a
+//! new call.
+//!
 //! # Examples
 //!
 //! ```no_run
