@@ -191,3 +191,30 @@ async fn a_cancel_before_the_deadline_keeps_the_explicit_cause() {
     tokio::task::yield_now().await;
     assert_eq!(s.cause(), Some(Cause::cancelled("early")));
 }
+
+/// `run` on a scope whose deadline has passed, before its timer task ran (tokio fires timers
+/// on millisecond ticks, and the task may be scheduled later still), refuses the body with
+/// the deadline, as `spawn`, `child().build()` and `dispatch` of the same scope do: nothing
+/// starts at or after its deadline with nothing left of its budget. (Found by review: the
+/// body was polled and its output returned.)
+#[tokio::test(start_paused = true)]
+async fn run_on_a_scope_whose_deadline_passed_before_its_timer_fired_refuses_the_body() {
+    use futures::FutureExt;
+    let s = Scope::with_timeout(ms(10));
+    // Move the clock past the deadline without letting the timer task run: `advance` moves
+    // the clock on its first poll, then yields (dropped here).
+    assert!(advance(ms(20)).now_or_never().is_none());
+    assert!(!s.is_cancelled(), "the timer task has not run yet");
+    let polled = std::sync::atomic::AtomicBool::new(false);
+    let out = s
+        .run(async { polled.store(true, std::sync::atomic::Ordering::SeqCst) })
+        .now_or_never()
+        .expect("a refused body is ready at once");
+    assert!(
+        !polled.load(std::sync::atomic::Ordering::SeqCst),
+        "the body ran after its deadline"
+    );
+    let err = out.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert_eq!(s.cause(), Some(Cause::DeadlineExceeded));
+}
