@@ -683,6 +683,27 @@ async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     assert!(outbox.cause().unwrap().is_deadline_exceeded());
 }
 
+/// `detach` carries the operation identity but not the cancel (issue 3): a detached scope of
+/// an admitted request keeps its operation (id, priority), so that the work it does after the
+/// response (an async message, say) still sends the request's `op` downstream. (Found by
+/// review: the detached root had no operation at all.)
+#[tokio::test(start_paused = true)]
+async fn detach_keeps_the_operation_identity_but_not_the_cancel() {
+    use cancel_scope::wire::{EndpointPolicy, Incoming};
+    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).priority(2);
+    let (request, admission) = policy
+        .admit(Incoming::new(), tokio::time::Instant::now())
+        .unwrap();
+    let handler = request.child().name("checkout").build().unwrap();
+    let outbox = handler.detach(Duration::from_secs(30));
+    let op = outbox.operation().expect("detach lost the operation");
+    assert_eq!(op.id(), admission.operation_id());
+    assert_eq!(op.priority(), 2);
+    request.cancel();
+    assert!(!outbox.is_cancelled());
+    assert_eq!(outbox.remaining(), Some(Duration::from_secs(30)));
+}
+
 /// Completed is a final state: a deadline that passes after a closed scope became quiet (or a
 /// later cancel) finds nothing to stop and changes neither its lifecycle nor its report.
 /// (Found by `tests/fault_call_trees.rs`: a request closed and quiesced before its deadline

@@ -557,8 +557,9 @@ impl Scope {
     }
 
     /// A new root for work that must outlive this scope (e.g. sending an async message after
-    /// the response): it keeps this scope's name but not its cancel, and has its own bounded
-    /// budget. This is the one explicit way out of the rule that budgets only shrink.
+    /// the response): it keeps this scope's name and the operation identity of its request
+    /// ([`Scope::operation`], if the request was admitted) but not its cancel, and has its own
+    /// bounded budget. This is the one explicit way out of the rule that budgets only shrink.
     ///
     /// # Panics
     ///
@@ -583,7 +584,7 @@ impl Scope {
             tokio::time::Instant::now(),
             timeout,
             self.shared_name(),
-            None,
+            self.context().cloned(),
         )
     }
 }
