@@ -59,19 +59,27 @@ impl Cause {
         }
     }
 
-    /// The cause where the cancel started: `self` unless this is [`Cause::ParentCancelled`].
+    /// The cause where the cancel started: `self` unless this is [`Cause::ParentCancelled`],
+    /// looking through any nesting (a `ParentCancelled` built by hand around another one, e.g.
+    /// a cause forwarded from another tree with [`Scope::cancel_because`](crate::Scope::cancel_because)).
     ///
     /// # Examples
     ///
     /// ```
+    /// use std::sync::Arc;
     /// use cancel_scope::Cause;
     /// assert_eq!(Cause::ClientGone.origin(), &Cause::ClientGone);
+    /// let nested = Cause::ParentCancelled(Arc::new(Cause::ParentCancelled(Arc::new(
+    ///     Cause::DeadlineExceeded,
+    /// ))));
+    /// assert_eq!(nested.origin(), &Cause::DeadlineExceeded);
     /// ```
     pub fn origin(&self) -> &Cause {
-        match self {
-            Cause::ParentCancelled(origin) => origin,
-            other => other,
+        let mut c = self;
+        while let Cause::ParentCancelled(origin) = c {
+            c = origin;
         }
+        c
     }
 
     /// Whether the origin of this cause is a deadline.
@@ -122,10 +130,15 @@ impl Cause {
     /// The origin cause, shared (what `ParentCancelled` holds for the children of a scope
     /// cancelled with `self`).
     pub(crate) fn origin_shared(&self) -> Arc<Cause> {
-        match self {
-            Cause::ParentCancelled(origin) => origin.clone(),
-            other => Arc::new(other.clone()),
+        let Cause::ParentCancelled(outer) = self else {
+            return Arc::new(self.clone());
+        };
+        // A `ParentCancelled` built by hand may nest: share the innermost one (see `origin`).
+        let mut origin: &Arc<Cause> = outer;
+        while let Cause::ParentCancelled(inner) = &**origin {
+            origin = inner;
         }
+        origin.clone()
     }
 }
 

@@ -240,3 +240,36 @@ fn concurrent_cancels_from_many_threads_agree_on_one_cause() {
         assert_eq!(root.generation(), 1);
     }
 }
+
+/// A cause forwarded from another tree as "my parent was cancelled" (`cancel_because` with a
+/// `ParentCancelled` wrapping a cause that is itself `ParentCancelled`, the cause of a child
+/// there) still has the origin where the cancel started: a deadline stays a deadline for the
+/// scope, its descendants and the errors they yield (a server answers 504, not 503). (Found by
+/// review: `origin()` looked through one level only, so `is_deadline_exceeded` was `false`.)
+#[test]
+fn a_forwarded_parent_cancel_keeps_its_origin_through_any_nesting() {
+    let other = Scope::new();
+    let other_child = other.child().build().unwrap();
+    let mine = Scope::new();
+    let below = mine.child().build().unwrap();
+    let bridge = {
+        let mine = mine.clone();
+        other_child.on_cancel(move |c| {
+            mine.cancel_because(Cause::ParentCancelled(Arc::new(c.clone())));
+        })
+    };
+    other.cancel_because(Cause::DeadlineExceeded);
+    assert!(!bridge.stop(), "the bridge ran");
+    let cause = mine.cause().unwrap();
+    assert_eq!(cause.origin(), &Cause::DeadlineExceeded, "{cause:?}");
+    assert!(cause.is_deadline_exceeded());
+    assert_eq!(below.cause().unwrap().origin(), &Cause::DeadlineExceeded);
+    let err = below.run(async {}).now_or_never().unwrap().unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+
+    let reason = Cause::ParentCancelled(Arc::new(Cause::ParentCancelled(Arc::new(
+        Cause::cancelled("bye"),
+    ))));
+    assert_eq!(reason.reason(), Some("bye"));
+    assert_eq!(reason.origin(), &Cause::cancelled("bye"));
+}
