@@ -218,3 +218,31 @@ async fn run_on_a_scope_whose_deadline_passed_before_its_timer_fired_refuses_the
     assert!(err.is_deadline_exceeded(), "{err:?}");
     assert_eq!(s.cause(), Some(Cause::DeadlineExceeded));
 }
+
+/// A passed deadline made the cancel before the timer task ran (here by a `spawn` in a
+/// grandchild) gives every scope the cause its timer would have given it: a child whose own,
+/// tighter deadline passed first was stopped by its deadline (`DeadlineExceeded`), not by its
+/// parent's. (Found by review: the whole path was cancelled from the topmost scope whose
+/// deadline had passed, so the child said `ParentCancelled(DeadlineExceeded)`.)
+#[tokio::test(start_paused = true)]
+async fn a_deadline_made_the_cancel_before_its_timer_fired_gives_the_timers_causes() {
+    use futures::FutureExt;
+    let parent = Scope::with_timeout(ms(100));
+    let child = parent.child().timeout(ms(50)).build().unwrap();
+    let grandchild = child.child().build().unwrap();
+    // Past both deadlines without letting the timer task run (see above).
+    assert!(advance(ms(120)).now_or_never().is_none());
+    assert!(!parent.is_cancelled(), "the timer task has not run yet");
+    assert!(grandchild
+        .spawn(async {})
+        .unwrap_err()
+        .is_deadline_exceeded());
+    assert_eq!(parent.cause(), Some(Cause::DeadlineExceeded));
+    assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
+    assert_eq!(
+        grandchild.cause(),
+        Some(Cause::ParentCancelled(std::sync::Arc::new(
+            Cause::DeadlineExceeded
+        )))
+    );
+}

@@ -358,22 +358,28 @@ impl Scope {
     /// [`Cause::DeadlineExceeded`] now rather than when its timer task gets to run, and returns
     /// `true`.
     ///
-    /// The cancel goes to the topmost scope on the way up whose deadline has passed as well
-    /// (the one whose timer would fire first), so causes are the same as the timer's. Deadlines
-    /// never grow down the tree, so the walk stops at the first ancestor still in time.
+    /// As the timers would: every scope on the way up whose deadline has passed and that has a
+    /// timer of its own (it tightened the deadline it inherited) is cancelled with
+    /// [`Cause::DeadlineExceeded`], in the order its timer would fire (deadlines never grow
+    /// down the tree: the lowest first), so every scope gets the cause its timer would have
+    /// given it. A scope that kept its parent's deadline is cancelled by its parent's cancel.
+    /// The walk stops at the first ancestor still in time.
     pub(crate) fn expire_if_due(&self, now: Instant) -> bool {
         if self.deadline().is_none_or(|d| d > now) {
             return false;
         }
-        let mut top = &self.node;
-        while let Some(p) = top.parent() {
-            if p.ext.deadline.is_none_or(|d| d > now) {
-                break;
+        let stamp = stamp_of(now);
+        let mut n = &self.node;
+        loop {
+            let parent = n.parent();
+            if parent.is_none_or(|p| ScopeExt::tightens(&p.ext, n.ext.deadline)) {
+                tree::cancel(n, Cause::DeadlineExceeded, stamp);
             }
-            top = p;
+            match parent {
+                Some(p) if p.ext.deadline.is_some_and(|d| d <= now) => n = p,
+                _ => return true,
+            }
         }
-        tree::cancel(top, Cause::DeadlineExceeded, stamp_of(now));
-        true
     }
 
     /// Starts building a child scope (see [`ChildBuilder`]).
