@@ -120,6 +120,33 @@ async fn percentile_delay_follows_observed_latency() {
     assert_eq!(latencies.percentile(1), Some(ms(2))); // 1 ms fell out, 3 ms came in
 }
 
+/// A window smaller than 10 latencies is used once it is full: the delay follows the observed
+/// percentile, not the fallback forever.
+#[tokio::test(start_paused = true)]
+async fn a_small_latency_window_is_used_once_full() {
+    let latencies = Arc::new(Latencies::new(4));
+    for n in [20, 30, 40, 50] {
+        latencies.record(ms(n));
+    }
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Percentile {
+            latencies,
+            percentile: 50,
+            fallback: ms(500),
+        });
+    let t0 = Instant::now();
+    let (winner, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("search"), |a| async move {
+            tokio::time::sleep(if a.is_hedge() { ms(3) } else { ms(900) }).await;
+            Ok::<_, SearchError>(a.is_hedge())
+        })
+        .await;
+    assert!(winner.unwrap());
+    assert_eq!(ledger.attempts()[1].started_at() - t0, ms(30));
+}
+
 /// Hedges draw from the process-wide retry budget; refused hedges are counted and the call goes
 /// on with the attempts it has.
 #[tokio::test(start_paused = true)]

@@ -43,7 +43,7 @@ pub enum HedgeDelay {
     Fixed(Duration),
     /// The dependency's observed latency percentile (successful attempts of hedge calls are
     /// recorded into `latencies`; you may record more), or `fallback` while fewer than 10 are
-    /// known.
+    /// known (or, in a window that holds fewer, until it is full).
     Percentile {
         /// The observed latencies.
         latencies: Arc<Latencies>,
@@ -63,7 +63,8 @@ impl HedgeDelay {
                 percentile,
                 fallback,
             } => {
-                if latencies.len() < 10 {
+                // A window that holds fewer than 10 is used once it is full.
+                if latencies.len() < latencies.capacity.min(10) {
                     *fallback
                 } else {
                     latencies.percentile(*percentile).unwrap_or(*fallback)
