@@ -291,6 +291,33 @@ async fn idempotent_losers_need_no_reconciliation() {
     );
 }
 
+/// An attempt that succeeded before the request's cancel reached it (its answer is in, the
+/// cancel comes before the hedged call looks) wins, as it does in a sequential retry: the
+/// call returns its value and its ledger says `Succeeded`, not `Cancelled` beside an attempt
+/// recorded succeeded.
+#[tokio::test(start_paused = true)]
+async fn a_success_collected_with_the_scope_cancel_still_wins() {
+    let request = Scope::with_timeout(ms(1000));
+    let r = request.clone();
+    let (out, ledger) = Retry::new(classify)
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(50)))
+        .run_with_ledger(&request, ChildSpec::idempotent("put", "k-1"), move |_| {
+            let r = r.clone();
+            async move {
+                tokio::time::sleep(ms(10)).await;
+                r.cancel_with("client gone"); // arrives with the answer
+                Ok::<_, SearchError>("written")
+            }
+        })
+        .await;
+    assert_eq!(out.unwrap(), "written");
+    assert_eq!(ledger.stop(), Some(&Stop::Succeeded));
+    assert_eq!(ledger.attempts()[0].end(), Some(AttemptEnd::Succeeded));
+    let report = request.quiesce().await;
+    assert_eq!((report.succeeded(), report.effect_unknown()), (1, 0));
+}
+
 /// The request's cancel stops every attempt; the call returns with the cause.
 #[tokio::test(start_paused = true)]
 async fn the_scope_cancel_stops_every_attempt() {

@@ -403,9 +403,11 @@ impl<C, B> Hedge<C, B> {
                         Err(_) => next_hedge = None,
                     }
                 }
+                // An attempt that has finished is judged before the scope's cancel is seen: one
+                // that succeeded before the cancel reached it wins, as in a sequential retry
+                // (its receipt says it succeeded; the call must not say it was cancelled).
                 tokio::select! {
                     biased;
-                    cause = scope.cancelled_cause() => break 'call Stop::Cancelled(cause),
                     (index, _, res) = inflight.next() => {
                         let Ok(Finished { dispatched, out }) = res else {
                             // Panicked (its receipt was recorded as the task unwound).
@@ -482,6 +484,7 @@ impl<C, B> Hedge<C, B> {
                             }
                         }
                     }
+                    cause = scope.cancelled_cause() => break 'call Stop::Cancelled(cause),
                     () = sleep_until(next_hedge), if next_hedge.is_some() => {
                         start_now = true;
                     }
