@@ -61,7 +61,8 @@ impl Cause {
 
     /// The cause where the cancel started: `self` unless this is [`Cause::ParentCancelled`],
     /// looking through any nesting (a `ParentCancelled` built by hand around another one, e.g.
-    /// a cause forwarded from another tree with [`Scope::cancel_because`](crate::Scope::cancel_because)).
+    /// a cause forwarded from another tree with
+    /// [`Scope::cancel_because`](crate::Scope::cancel_because)).
     ///
     /// # Examples
     ///

@@ -663,9 +663,9 @@ impl Scope {
     /// * a scope that is cancelled, or closed and quiet, when `run` is called refuses the body:
     ///   the future yields the cancel (or [`Error::is_closed`](crate::Error::is_closed))
     ///   without polling it. A deadline that has passed is the cancel, even before its timer
-    ///   has fired (as for [`spawn`](Scope::spawn)). A closed scope that still has work (a task spawned before the
-    ///   close, a body) accepts a body made by that work: it is part of work the scope
-    ///   already has;
+    ///   has fired (as for [`spawn`](Scope::spawn)). A closed scope that still has work (a
+    ///   task spawned before the close, a body) accepts a body made by that work: it is part
+    ///   of work the scope already has;
     /// * as a guard, a body is waited for, not quarantined: a `Run` kept but no longer polled
     ///   keeps its scope from quiet until it is dropped;
     /// * a body must not await its own scope's `quiesce` (it would wait for itself until a
