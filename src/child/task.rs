@@ -444,7 +444,7 @@ impl Scope {
     /// `Cancelled` receipt (registered, never run): nothing is sent at or after its deadline.
     fn register_task(&self) -> Result<TaskKey, Error> {
         let task = tree::register_task(&self.node)?;
-        if self.deadline().is_none() || !self.expire_if_due(tokio::time::Instant::now()) {
+        if !self.expire_if_passed() {
             return Ok(task);
         }
         tree::record_task_receipt(&self.node, task, Kind::Cancelled, false, now_stamp);

@@ -232,14 +232,8 @@ impl Ticket {
     /// ```
     pub fn dispatch(self) -> Result<Dispatched, Error> {
         let inner = self.inner;
-        if inner.scope.deadline().is_some() {
-            let now = tokio::time::Instant::now();
-            // A deadline that has passed is a cancel whose timer task has not run yet (tokio
-            // fires timers on millisecond ticks, and the task may be scheduled later still):
-            // make it the cancel now, so that the CAS below fails (invariant 2) and no child is
-            // sent at or after its deadline with nothing left of its budget.
-            inner.scope.expire_if_due(now);
-        }
+        // A passed deadline is made the cancel now, so that the CAS below fails.
+        inner.scope.expire_if_passed();
         tree::dispatch(&inner.scope.node, inner.cell.generation())?;
         if !inner.cell.mark_dispatched() {
             // Quarantined while prepared: it has its receipt already.

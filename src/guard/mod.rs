@@ -169,8 +169,7 @@ impl Scope {
     /// # }
     /// ```
     pub async fn acquire(&self, semaphore: &std::sync::Arc<Semaphore>) -> Result<Permit, Error> {
-        // A deadline that has passed is a cancel whose timer task has not run yet (as in
-        // `Ticket::dispatch`): made the cancel now, it refuses the unit below.
+        // A passed deadline is made the cancel now: it refuses the unit below.
         self.expire_if_passed();
         let unit = Unit::take(self)?;
         let permit = tokio::select! {
@@ -187,12 +186,6 @@ impl Scope {
             permit,
             _unit: unit,
         })
-    }
-
-    /// [`expire_if_due`](Scope::expire_if_due) now, reading the clock only for a scope with a
-    /// deadline.
-    fn expire_if_passed(&self) -> bool {
-        self.deadline().is_some() && self.expire_if_due(tokio::time::Instant::now())
     }
 
     /// Counts `resource` against this scope until it is dropped.

@@ -731,17 +731,7 @@ impl Scope {
     /// receipts and quarantined children that may have had an effect (what makes a quiet
     /// scope `NeedsReconciliation`).
     pub(crate) fn unknown_effects(&self) -> Vec<ChildSpec> {
-        self.node.with_records(|r| {
-            r.effects
-                .iter()
-                .chain(
-                    r.quarantined
-                        .iter()
-                        .filter(|c| c.effect().may_have_effect()),
-                )
-                .cloned()
-                .collect()
-        })
+        self.node.with_records(|r| unknown_in(r).cloned().collect())
     }
 
     /// Builds the report (meaningful once quiet: then nothing in it can change).
@@ -756,15 +746,7 @@ impl Scope {
         ]
         .map(|k| node.count(k));
         let (pending_effects, quarantined_children) = node.with_records(|r| {
-            let records = r
-                .effects
-                .iter()
-                .chain(
-                    r.quarantined
-                        .iter()
-                        .filter(|c| c.effect().may_have_effect()),
-                )
-                .filter_map(ChildSpec::effect_record);
+            let records = unknown_in(r).filter_map(ChildSpec::effect_record);
             (one_per_effect(records), r.quarantined.clone())
         });
         let cause = self.cause();
@@ -783,6 +765,15 @@ impl Scope {
             notes: self.notes(),
         }
     }
+}
+
+/// The children whose effect is unknown: `EffectUnknown` receipts, and quarantined children
+/// that may have had an effect.
+fn unknown_in(r: &tree::Records<ChildSpec>) -> impl Iterator<Item = &ChildSpec> {
+    let quarantined = r.quarantined.iter();
+    r.effects
+        .iter()
+        .chain(quarantined.filter(|c| c.effect().may_have_effect()))
 }
 
 /// One record per effect, in order of first appearance: a retry attempt and the transport

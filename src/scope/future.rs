@@ -134,12 +134,8 @@ impl<F: Future> Run<F> {
     /// A body of `scope`: takes a unit of it (see [`Scope::run`] for when it is refused).
     #[inline(always)]
     pub(super) fn new(scope: Scope, fut: F) -> Self {
-        // A deadline that has passed is a cancel whose timer task has not run yet (tokio fires
-        // timers on millisecond ticks): make it the cancel now, so that the body is refused
-        // as `spawn` and `dispatch` refuse their work (invariant 2).
-        if scope.deadline().is_some() {
-            scope.expire_if_due(tokio::time::Instant::now());
-        }
+        // Refused as `spawn` and `dispatch` refuse their work once the deadline has passed.
+        scope.expire_if_passed();
         let hold = match tree::take_unit_while_busy(&scope.node, true) {
             Ok(_) => Hold::Unit,
             Err(refused) => Hold::Refused(refused),

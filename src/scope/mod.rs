@@ -354,6 +354,15 @@ impl Scope {
         ext.timer.store(t | ARMED, Ordering::Relaxed);
     }
 
+    /// [`expire_if_due`](Scope::expire_if_due) now, reading the clock only for a scope with a
+    /// deadline: what every step that starts work calls first (a deadline that has passed is a
+    /// cancel whose timer task has not run yet, tokio firing timers on millisecond ticks), so
+    /// that nothing starts at or after it with nothing left of its budget (invariant 2).
+    #[inline]
+    pub(crate) fn expire_if_passed(&self) -> bool {
+        self.deadline().is_some() && self.expire_if_due(Instant::now())
+    }
+
     /// If this scope's deadline has passed at `now`, cancels it with
     /// [`Cause::DeadlineExceeded`] now rather than when its timer task gets to run, and returns
     /// `true`.
