@@ -1,5 +1,7 @@
 //! Spawning into a scope against tokio's `spawn`, tokio-util's `TaskTracker` and `JoinSet`,
-//! side by side in one group each. The sides of a group are measured in the same iterations
+//! side by side in one group each, and against the same anchors with a tokio-util
+//! `CancellationToken` that stops each task (`*_until_cancelled`: the scope's job done with
+//! tokio-util, minus receipts and the report). The sides of a group are measured in the same iterations
 //! (`support/paired.rs`), and the group ends with a `RATIO` line per side.
 //!
 //! `cargo bench --bench tasks`
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 use cancel_scope::Scope;
 use criterion::{criterion_group, criterion_main, Criterion};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 #[path = "support/paired.rs"]
@@ -30,6 +33,7 @@ fn spawn_join(c: &mut Criterion) {
         .build()
         .unwrap();
     let scope = Scope::new();
+    let token = CancellationToken::new();
     Paired::new("spawn_join", 128)
         .side("tokio_spawn", |n| {
             rt.block_on(async {
@@ -45,6 +49,17 @@ fn spawn_join(c: &mut Criterion) {
                 let t = Instant::now();
                 for _ in 0..n {
                     black_box(scope.spawn(async { 1u64 }).unwrap().await.unwrap());
+                }
+                t.elapsed()
+            })
+        })
+        // What tokio and tokio-util offer for the same job: a task that a cancel stops.
+        .side("tokio_spawn_until_cancelled", |n| {
+            rt.block_on(async {
+                let t = Instant::now();
+                for _ in 0..n {
+                    let run = token.clone().run_until_cancelled_owned(async { 1u64 });
+                    black_box(tokio::spawn(run).await.unwrap());
                 }
                 t.elapsed()
             })
@@ -79,6 +94,22 @@ async fn task_tracker() {
     tracker.wait().await;
 }
 
+/// `TaskTracker` with a `CancellationToken` that each task stops at: what tokio-util offers
+/// for the scope's job (tasks a cancel stops, and a wait for all of them), without receipts or
+/// a report.
+async fn task_tracker_until_cancelled() {
+    let tracker = TaskTracker::new();
+    let token = CancellationToken::new();
+    for _ in 0..TASKS {
+        let run = token
+            .clone()
+            .run_until_cancelled_owned(async { tokio::task::yield_now().await });
+        tracker.spawn(run);
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
 /// The same with tokio's `JoinSet`: spawn, then join every task.
 async fn join_set() {
     let mut set = JoinSet::new();
@@ -88,7 +119,7 @@ async fn join_set() {
     while set.join_next().await.is_some() {}
 }
 
-/// The three side by side, spawning from the benchmark's `block_on` thread (one task at a time
+/// The four side by side, spawning from the benchmark's `block_on` thread (one task at a time
 /// through the runtime's injection queue) or, `in_a_worker`, from inside a task on a worker,
 /// as a request handler spawns (into that worker's run queue, which moves half of itself to
 /// the injection queue, in a batch, whenever it is full).
@@ -106,6 +137,9 @@ fn spawn_many_then_wait(c: &mut Criterion, group: &str, in_a_worker: bool) {
             })
         })
         .side("join_set", |n| rounds(&rt, n, in_a_worker, join_set))
+        .side("task_tracker_until_cancelled", |n| {
+            rounds(&rt, n, in_a_worker, task_tracker_until_cancelled)
+        })
         .run(g);
 }
 

@@ -125,6 +125,32 @@ async fn a_quarantined_side_effect_needs_reconciliation() {
     assert_eq!(s.quiesce().await, report);
 }
 
+/// A side-effecting child registered but never dispatched, held past the grace period: the
+/// quarantine ends it (it can never be dispatched now), but it sent nothing, so it is
+/// `Cancelled`, not quarantined work with an unknown effect (found by review: the report was
+/// `NeedsReconciliation` for an effect that cannot have happened).
+#[tokio::test(start_paused = true)]
+async fn a_side_effect_never_dispatched_is_cancelled_not_unknown_at_the_grace_end() {
+    let s = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let held = s.register(ChildSpec::side_effecting("pay", "p-2")).unwrap();
+    s.cancel();
+    let report = s.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert_eq!(
+        (report.cancelled(), report.quarantined()),
+        (1, 0),
+        "{report}"
+    );
+    assert!(report.pending_effects().is_empty(), "{report}");
+    assert!(report.quarantined_children().is_empty(), "{report}");
+    assert!(held.dispatch().is_err(), "dispatched after quiesce");
+    assert_eq!(s.quiesce().await, report);
+}
+
 #[tokio::test(start_paused = true)]
 async fn orphan_work_and_cancel_to_quiet_are_measured_from_the_cancel() {
     let s = Scope::new();
@@ -218,6 +244,109 @@ async fn an_effect_left_unknown_by_a_shield_is_in_the_scopes_report() {
     assert_eq!(r.effect_unknown(), 1, "{r}");
     let ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
     assert_eq!(ids, ["refund-7"]);
+}
+
+/// A shield quarantined at the end of the grace period while the side effect its cleanup
+/// dispatched is still open: that effect may yet commit, so the scope's report lists it and
+/// is `NeedsReconciliation`, never `CancelledStable` with no pending effect (found by review:
+/// the shield is registered read-only, and the effect was recorded in the cleanup's own
+/// scope only after `quiesce()` had returned).
+#[tokio::test(start_paused = true)]
+async fn an_effect_open_in_a_quarantined_shield_is_in_the_scopes_report() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let cleanup = s
+        .shield(Duration::from_secs(10), async {
+            let refund = Scope::current()
+                .register(ChildSpec::side_effecting("refund", "refund-8"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            // The provider never answers: the grace period ends first.
+            std::future::pending::<()>().await;
+            refund.succeed();
+        })
+        .unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.quarantined(), 1, "{r}");
+    assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
+    assert_eq!(s.lifecycle(), Lifecycle::NeedsReconciliation);
+    let ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
+    assert_eq!(ids, ["refund-8"], "{r}");
+    assert!(cleanup.await.unwrap_err().is_cancelled());
+    // Nothing changes once quiet: the cleanup's late end adds nothing.
+    assert_eq!(s.quiesce().await.pending_effects(), r.pending_effects());
+}
+
+/// The same for an effect left unknown by work the quarantined cleanup spawned in its own
+/// scope (deeper in that scope's tree), and one already recorded unknown there.
+#[tokio::test(start_paused = true)]
+async fn effects_deep_in_a_quarantined_shield_are_in_the_scopes_report() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let cleanup = s
+        .shield(Duration::from_secs(10), async {
+            let me = Scope::current();
+            // Dropped dispatched: recorded `EffectUnknown` in the cleanup's scope at once.
+            drop(
+                me.register(ChildSpec::side_effecting("notify", "notify-1"))
+                    .unwrap()
+                    .dispatch()
+                    .unwrap(),
+            );
+            let child = me.child().build().unwrap();
+            let _left = child
+                .spawn(async {
+                    let charge = Scope::current()
+                        .register(ChildSpec::side_effecting("charge", "charge-2"))
+                        .unwrap()
+                        .dispatch()
+                        .unwrap();
+                    std::future::pending::<()>().await;
+                    charge.succeed();
+                })
+                .unwrap();
+            std::future::pending::<()>().await;
+            drop(child);
+        })
+        .unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
+    let mut ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["charge-2", "notify-1"], "{r}");
+    assert!(cleanup.await.unwrap_err().is_cancelled());
+}
+
+/// A quarantined shield whose cleanup opened no side effect leaves the report stable.
+#[tokio::test(start_paused = true)]
+async fn a_quarantined_read_only_shield_leaves_the_report_stable() {
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let cleanup = s
+        .shield(Duration::from_secs(10), async {
+            let _read = Scope::current()
+                .register(ChildSpec::read_only("lookup"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            std::future::pending::<()>().await;
+        })
+        .unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(
+        (r.quarantined(), r.state()),
+        (1, Lifecycle::CancelledStable),
+        "{r}"
+    );
+    assert!(r.pending_effects().is_empty(), "{r}");
+    assert!(cleanup.await.unwrap_err().is_cancelled());
 }
 
 /// A shield whose cleanup had no unknown effect keeps its own receipt.

@@ -55,8 +55,8 @@ fn receipt_racing_quarantine() {
 /// it before the quiesce is over), as a stuck owner would.
 ///
 /// The registration takes its unit and then lists the ticket, and the cancel and the
-/// quarantine can both fall between the two. The ticket is then quarantined (listed first)
-/// or refused (the quarantine took the list first); a quarantine that missed it would leave
+/// quarantine can both fall between the two. The ticket is then ended by the quarantine
+/// (listed first; `Cancelled`, as it was never dispatched) or refused (the quarantine took the list first); a quarantine that missed it would leave
 /// `quiesce()` waiting for the owner to drop it, a deadlock here. Invariant 6: the report
 /// read as soon as `quiesce()` resolves stays the same when the held ticket is dropped.
 #[test]
@@ -77,11 +77,12 @@ fn register_racing_cancel_and_quarantine() {
         owner.join().unwrap();
 
         let ticket = held.lock().unwrap().take();
-        // Held: it was listed before the quarantine, which quarantined it. Refused: no receipt.
+        // Held: it was listed before the quarantine, which ended it (`Cancelled`: it was never
+        // dispatched, and now never can be). Refused: no receipt.
         let expected = u64::from(ticket.is_some());
         assert_eq!(
-            (report.total(), report.quarantined()),
-            (expected, expected),
+            (report.total(), report.cancelled(), report.quarantined()),
+            (expected, expected, 0),
             "{report}"
         );
         if let Some(ticket) = ticket {
@@ -120,7 +121,7 @@ fn ran_panicking_callback(f: impl FnOnce()) -> bool {
 /// The quarantine walks the root's cancel through the subtree first (model 38), and that walk
 /// may be the one that reaches the child and runs its callback. The callback runs exactly
 /// once, and its panic comes out of whichever call ran it; a quarantine that ran it has
-/// quarantined the ticket all the same (a panic that skipped it would leave `quiesce()`
+/// ended the ticket all the same (a panic that skipped it would leave `quiesce()`
 /// waiting for the held ticket: a deadlock here).
 #[test]
 fn panicking_callback_in_the_quarantine_walk() {
@@ -146,7 +147,8 @@ fn panicking_callback_in_the_quarantine_walk() {
             quarantine_ran_it != cancel_ran_it,
             "the callback ran once: quarantine {quarantine_ran_it}, cancel {cancel_ran_it}"
         );
-        assert_eq!((report.total(), report.quarantined()), (1, 1), "{report}");
+        // The held ticket was never dispatched: the quarantine ends it `Cancelled`.
+        assert_eq!((report.total(), report.cancelled()), (1, 1), "{report}");
         drop(ticket);
         assert_eq!(loom::future::block_on(scope.quiesce()), report);
     });

@@ -253,6 +253,10 @@ const SHIELD_QUARANTINED: &str = "the shield was quarantined";
 /// The waker a shield's task leaves for the quarantine of its child (see [`Shielded`]).
 struct ShieldStop {
     root: Scope,
+    /// The scope the shield is a child of: where the effects the cleanup left open in `root`
+    /// are noted when the shield is quarantined. Weak: this waker is kept in the shield's
+    /// ticket, which that scope lists.
+    parent: crate::sync::Weak<crate::scope::Core>,
     /// The task's own waker, woken after the cancel.
     task: crate::sync::Mutex<Option<Waker>>,
 }
@@ -279,6 +283,18 @@ impl std::task::Wake for ShieldStop {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             root.cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
         }));
+        // The cleanup's work is quarantined with it: whatever in the cleanup's scope has no
+        // receipt yet is decided now. An effect left open there (a call dispatched and not
+        // answered) may still commit, so it is the parent's pending effect, in the report the
+        // quarantine is about to make final (its receipt is `Quarantined`, and the shield is
+        // read-only: without this the report would count the effect as none).
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tree::quarantine_subtree(&root.node, &task_spec(), now_stamp());
+        }));
+        let unknown = root.unknown_effects();
+        if let Some(parent) = self.parent.upgrade().filter(|_| !unknown.is_empty()) {
+            tree::note_effects(&parent, &unknown);
+        }
         let task = self.task.lock().take();
         if let Some(w) = task {
             w.wake();
@@ -501,7 +517,9 @@ impl Scope {
     /// grace period after the cancel ends is quarantined like any other child, and stopped
     /// (after `quiesce` nothing of the scope may commit). A cleanup that ends with effects
     /// left unknown in its own scope (a call cut off by `budget`) ends
-    /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects. Work
+    /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects; so are
+    /// the effects a quarantined cleanup left open (dispatched, not answered), which may still
+    /// commit (its work is quarantined with it, and the report is `NeedsReconciliation`). Work
     /// the cleanup started in its own scope is part of it: the cleanup ends (its handle
     /// resolves, its receipt is recorded) once that work has ended too.
     ///
@@ -543,6 +561,7 @@ impl Scope {
         let run = shielded.run(fut);
         let stop = std::sync::Arc::new(ShieldStop {
             root: shielded,
+            parent: crate::sync::downgrade(&self.node),
             task: crate::sync::Mutex::new(None),
         });
         let inner = tokio::spawn(Shielded {

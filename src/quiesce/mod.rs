@@ -699,10 +699,10 @@ impl Scope {
     pub fn lifecycle(&self) -> Lifecycle {
         let st = self.node.state();
         if st.is_quiet() {
+            // Effects with no receipt of their own too: those a quarantined shield left open
+            // (see `ShieldStop`).
             let needs = self.node.count(Kind::EffectUnknown) > 0
-                || self
-                    .node
-                    .with_records(|r| r.quarantined.iter().any(|c| c.effect().may_have_effect()));
+                || self.node.with_records(|r| unknown_in(r).next().is_some());
             if needs {
                 Lifecycle::NeedsReconciliation
             } else if st.is_cancelled() {

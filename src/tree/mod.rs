@@ -1602,6 +1602,21 @@ fn count_receipt<X, R: Clone>(
     }
 }
 
+/// Adds `records` to the unknown effects of `node` and of every ancestor, with no receipt of
+/// their own: the effects left open in a quarantined shield's own scope, a separate tree, by
+/// a child of `node` whose receipt is `Quarantined`. The caller does it before that child's
+/// unit is released, so before `node` can be quiet (invariant 6: nothing in the report
+/// changes after quiet).
+pub(crate) fn note_effects<X, R: Clone>(node: &Node<X, R>, records: &[R]) {
+    let mut n = Some(node);
+    while let Some(cur) = n {
+        let mut recs = cur.records.get_or_init().lock();
+        recs.effects.extend_from_slice(records);
+        drop(recs);
+        n = cur.parent_node();
+    }
+}
+
 /// Notes the release of a guard (for "time to quiet"), then releases its unit.
 pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
     let mut stamp = None;
@@ -1621,7 +1636,9 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
 
 /// Quarantines every ticket of `node`'s subtree that has no receipt yet: each gets a
 /// `Quarantined` receipt (its record lists it) and gives back its unit; the late real outcome is
-/// then ignored (invariant 5). Spawned tasks are recorded with `task_info`. Returns how many.
+/// then ignored (invariant 5). Spawned tasks are recorded with `task_info`. A ticket never
+/// dispatched gets a `Cancelled` receipt instead (it cannot be dispatched any more, so it
+/// ran nothing and no effect of it is unknown). Returns how many were quarantined.
 ///
 /// If `node` is cancelled, its cancel first reaches the whole subtree (a walk of its own, as
 /// a repeated `cancel` makes): the cancel that preceded this quarantine may still be walking
@@ -1708,10 +1725,16 @@ fn quarantine_in_flight<X, R: Clone>(
     let (cells, tasks) = in_flight.take_for_quarantine(caught);
     for cell in cells {
         if let Some(was) = cell.finish_as(TicketState::Quarantined) {
-            let ran = was == TicketState::Dispatched;
-            let ran = ran.then(|| cell.started());
-            let info = [cell.info()];
-            count_receipt(n, Kind::Quarantined, &info, ran, &|| stamp);
+            if was == TicketState::Dispatched {
+                let info = [cell.info()];
+                count_receipt(n, Kind::Quarantined, &info, Some(cell.started()), &|| stamp);
+                count += 1;
+            } else {
+                // Never dispatched, and now it never can be: it sent nothing and holds
+                // nothing of the scope's, so it is not listed as quarantined work, and a
+                // side-effecting one is no unknown effect (that was a false alarm).
+                count_receipt(n, Kind::Cancelled, &[], None, &|| stamp);
+            }
             // An owner that waits for it is told (with no lock held) before its unit goes
             // back, which may make the node quiet: a shield's waker cancels the shield's own
             // scope right here, so that nothing it started is still open once `quiesce()`
@@ -1721,7 +1744,6 @@ fn quarantine_in_flight<X, R: Clone>(
             // A `quiesce()` waker's panic (the release may make `n` quiet) is kept: the
             // quarantine goes on to its end.
             release_unit_caught(n, caught);
-            count += 1;
         }
     }
     // Tasks taken out of the list or the unlisted count are decided: their late receipts (and
