@@ -833,6 +833,44 @@ async fn detach_keeps_the_operation_identity_but_not_the_cancel() {
     assert_eq!(outbox.remaining(), Some(Duration::from_secs(30)));
 }
 
+/// A shielded cleanup runs for the same request: its scope carries the request's operation
+/// identity and priority (what its calls send downstream), as `detach` does, though not the
+/// cancel (found by review: the shield's root had no operation context).
+#[tokio::test(start_paused = true)]
+async fn a_shield_keeps_the_operation_identity_but_not_the_cancel() {
+    use cancel_scope::wire::{EndpointPolicy, Incoming};
+    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).priority(2);
+    let (request, admission) = policy
+        .admit(Incoming::new(), tokio::time::Instant::now())
+        .unwrap();
+    let handler = request.child().name("checkout").build().unwrap();
+    let work = handler.tether(()).unwrap();
+    handler.cancel();
+    let cleanup = handler
+        .shield(Duration::from_millis(50), async {
+            let me = Scope::current();
+            assert!(!me.is_cancelled());
+            me.operation().map(|op| (op.id().to_owned(), op.priority()))
+        })
+        .unwrap();
+    let op = cleanup
+        .await
+        .unwrap()
+        .expect("the shield lost the operation");
+    assert_eq!((op.0.as_str(), op.1), (admission.operation_id(), 2));
+    drop(work);
+}
+
+/// A shield asked of a cancelled scope that is already quiet (nothing of it is running) is
+/// refused at once: nothing of a quiet scope may start (invariant 6).
+#[tokio::test(start_paused = true)]
+async fn a_shield_of_a_quiet_cancelled_scope_is_refused() {
+    let s = Scope::new();
+    s.cancel();
+    let r = s.shield(Duration::from_millis(50), async {});
+    assert!(r.is_err(), "a quiet scope started a shield");
+}
+
 /// Completed is a final state: a deadline that passes after a closed scope became quiet (or a
 /// later cancel) finds nothing to stop and changes neither its lifecycle nor its report.
 /// (Found by `tests/fault_call_trees.rs`: a request closed and quiesced before its deadline

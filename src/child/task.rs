@@ -510,7 +510,9 @@ impl Scope {
     /// small `budget` (like Trio's shielded scopes or Kotlin's `NonCancellable`).
     ///
     /// `fut` runs as its own task under a fresh root scope with `budget` (that is what
-    /// [`Scope::current`] is inside it), so it goes on when the caller is stopped; it is
+    /// [`Scope::current`] is inside it; it keeps this scope's name and the operation identity
+    /// of its request, as [`detach`](Scope::detach) does), so it goes on when the caller is
+    /// stopped; it is
     /// counted in this scope, so [`quiesce`](Scope::quiesce) waits for it. It can be started
     /// after a cancel as long as the scope is not yet quiet (and its grace period has not
     /// ended). Keep `budget` within the scope's grace period: a cleanup still running when the
@@ -552,11 +554,13 @@ impl Scope {
         F::Output: Send + 'static,
     {
         let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
+        // The cleanup is still the request's: its operation identity (and priority) go with
+        // it, as with `detach`; the cancel does not.
         let shielded = Scope::root_after(
             tokio::time::Instant::now(),
             budget,
             self.shared_name(),
-            None,
+            self.context().cloned(),
         );
         let run = shielded.run(fut);
         let stop = std::sync::Arc::new(ShieldStop {
