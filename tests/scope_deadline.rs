@@ -120,6 +120,25 @@ async fn a_passed_deadline_that_has_not_fired_yet_still_refuses_children() {
     assert!(err.is_err(), "remaining budget is zero");
 }
 
+/// A child asked of a scope whose deadline passed before its timer ran is refused with the
+/// deadline (as `spawn`, `run` and `dispatch` are), and the deadline is made the scope's
+/// cancel, not reported as "budget exhausted" with the scope left running (found by review).
+#[tokio::test(start_paused = true)]
+async fn a_child_of_a_scope_whose_deadline_passed_is_refused_with_the_deadline() {
+    use futures::FutureExt;
+    let parent = Scope::with_timeout(ms(10));
+    assert!(advance(ms(20)).now_or_never().is_none());
+    assert!(!parent.is_cancelled(), "the timer task has not run yet");
+    for err in [
+        parent.child().build().unwrap_err(),
+        parent.child().timeout(ms(5)).build().unwrap_err(),
+    ] {
+        assert!(err.is_deadline_exceeded(), "{err:?}");
+        assert!(!err.is_budget_exhausted(), "{err:?}");
+    }
+    assert_eq!(parent.cause(), Some(Cause::DeadlineExceeded));
+}
+
 #[tokio::test(start_paused = true)]
 async fn unbounded_scopes_have_no_deadline_until_a_child_sets_one() {
     let root = Scope::new();

@@ -190,7 +190,9 @@ impl<'a> ChildBuilder<'a> {
     ///
     /// # Errors
     ///
-    /// * [`Error::is_cancelled`] / [`Error::is_closed`]: the parent no longer accepts children.
+    /// * [`Error::is_cancelled`] / [`Error::is_closed`]: the parent no longer accepts children
+    ///   ([`Error::is_deadline_exceeded`] too if the parent's deadline has passed, even before
+    ///   its timer ran: that is the parent's cancel).
     /// * [`Error::is_budget_exhausted`]: the child's budget would be zero or below
     ///   [`min_useful`](Self::min_useful).
     ///
@@ -271,6 +273,13 @@ impl<'a> ChildBuilder<'a> {
         let mut read_at = None;
         let deadline = if bounded {
             let now = *read_at.insert(Instant::now());
+            if pext.deadline.is_some_and(|d| d <= now) {
+                // The parent's deadline has passed and its timer has not run yet: that is its
+                // cancel now, and the refusal says so (as `spawn` and `run` do), rather than
+                // "budget exhausted" with the parent left running.
+                parent.expire_if_due(now);
+                return Err(refused(parent));
+            }
             let mut budget = ChildBudget::new().reserve(reserve).min_useful(min_useful);
             if let Some(c) = cap {
                 budget = budget.cap(c);
