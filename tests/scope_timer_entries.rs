@@ -329,3 +329,49 @@ async fn a_burst_of_deadlines_lets_other_tasks_run() {
         "{most_in_one_turn} cancels without a turn of the other task"
     );
 }
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// A runtime dropped before its timer task ever ran (a current-thread runtime runs spawned
+/// tasks only while it blocks on something that waits) must not leave its heap believing a
+/// timer task runs: a child that tightens the deadline of a root it made, in a later runtime,
+/// is cancelled at its deadline.
+#[test]
+fn a_deadline_fires_after_the_runtime_whose_timer_task_never_ran_was_dropped() {
+    let first = paused_runtime();
+    let root = first.block_on(async { Scope::with_timeout(Duration::from_secs(3600)) });
+    drop(first);
+    let second = paused_runtime();
+    second.block_on(async {
+        let start = Instant::now();
+        let child = child_within(&root, ms(10));
+        // Paused: a deadline no timer task watches ends the wait at 60 s.
+        let fired = tokio::time::timeout(Duration::from_secs(60), child.cancelled()).await;
+        assert!(fired.is_ok(), "the child's deadline never fired");
+        assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
+        assert_eq!(start.elapsed(), ms(10));
+    });
+}
+
+/// The same outside any runtime: with the runtime gone no timer task watches the tree, so a
+/// child that tightens its deadline panics (a deadline needs a runtime), not made with a
+/// deadline that never fires.
+#[test]
+fn a_child_that_tightens_outside_a_runtime_after_the_runtime_went_panics() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let first = paused_runtime();
+    let root = first.block_on(async { Scope::with_timeout(Duration::from_secs(3600)) });
+    drop(first);
+    let child = catch_unwind(AssertUnwindSafe(|| child_within(&root, ms(10))));
+    assert!(
+        child.is_err(),
+        "a child with an unwatched deadline was made"
+    );
+}

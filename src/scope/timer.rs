@@ -263,7 +263,13 @@ impl Timers {
                 this.count_live();
                 st.heap.push(entry);
                 drop(st);
-                handle.spawn(drive(this.clone()));
+                // The guard goes into the task's future, not made in its first poll: a runtime
+                // dropped before the task ran (a current-thread runtime runs spawned tasks
+                // only while it blocks) drops the future unpolled, and the guard with it.
+                handle.spawn(drive(Running {
+                    timers: this.clone(),
+                    stopped: false,
+                }));
                 return;
             }
         }
@@ -390,8 +396,8 @@ impl Timers {
     }
 }
 
-/// Marks the driver stopped if its task ends abnormally (a panic, its runtime shutting down),
-/// so that the next deadline starts a new one. A normal exit is marked by `Timers::due` or
+/// Marks the driver stopped if its task ends abnormally (a panic, its runtime shutting down,
+/// also before the task was ever polled), so that the next deadline starts a new one. A normal exit is marked by `Timers::due` or
 /// `Timers::notified`, under the lock, and must not be touched afterwards: a new driver may
 /// already run.
 struct Running {
@@ -408,11 +414,9 @@ impl Drop for Running {
         }
     }
 }
-async fn drive(timers: Arc<Timers>) {
-    let mut running = Running {
-        timers: timers.clone(),
-        stopped: false,
-    };
+
+async fn drive(mut running: Running) {
+    let timers = running.timers.clone();
     // One sleep for the driver's life, moved only to an earlier deadline when notified, so
     // that a wake-up that changes nothing (the usual one: the last live scope went, and the
     // next request's scope came) does not re-register it in the runtime's timer wheel.
