@@ -375,3 +375,69 @@ fn a_child_that_tightens_outside_a_runtime_after_the_runtime_went_panics() {
         "a child with an unwatched deadline was made"
     );
 }
+/// A scope made in one runtime and given a child that tightens its deadline in another: the
+/// child's deadline is watched in the runtime it was made in, even while the first runtime
+/// (a current-thread one, alive but not blocking on anything) runs no task at all.
+#[test]
+fn a_child_made_in_another_runtime_fires_while_the_first_one_is_idle() {
+    let first = paused_runtime();
+    let root = first.block_on(async {
+        let root = Scope::with_timeout(Duration::from_secs(3600));
+        // The first runtime's timer task runs and sleeps until the root's deadline.
+        tokio::task::yield_now().await;
+        root
+    });
+    let second = paused_runtime();
+    second.block_on(async {
+        let start = Instant::now();
+        let child = child_within(&root, ms(10));
+        // Paused: a deadline no timer task of this runtime watches ends the wait at 60 s.
+        let fired = tokio::time::timeout(Duration::from_secs(60), child.cancelled()).await;
+        assert!(fired.is_ok(), "the child's deadline never fired");
+        assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
+        assert_eq!(start.elapsed(), ms(10));
+    });
+    drop(first);
+}
+
+/// Runtimes have clocks of their own (a paused one runs ahead of the real clock once
+/// advanced): a child that tightens the deadline of a scope made in another runtime is
+/// cancelled by the clock of the runtime it was made in, never earlier. The first runtime runs
+/// on a thread of its own, its paused clock an hour ahead of the real one and held there (a
+/// blocking task in flight stops a paused clock from jumping).
+#[test]
+fn a_child_made_in_another_runtime_fires_by_its_own_runtimes_clock() {
+    use std::sync::mpsc;
+
+    let (root_tx, root_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let first = std::thread::spawn(move || {
+        paused_runtime().block_on(async move {
+            tokio::time::advance(Duration::from_secs(3600)).await;
+            root_tx
+                .send(Scope::with_timeout(Duration::from_secs(10 * 3600)))
+                .unwrap();
+            tokio::task::spawn_blocking(move || stop_rx.recv())
+                .await
+                .unwrap()
+                .ok();
+        });
+    });
+    let root = root_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    // The real clock here: what is waited for is the other thread's cancel, if it comes early.
+    let real = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    real.block_on(async {
+        let child = child_within(&root, ms(100));
+        let deadline = child.deadline().unwrap();
+        let fired = tokio::time::timeout(Duration::from_secs(60), child.cancelled()).await;
+        assert!(fired.is_ok(), "the child's deadline never fired");
+        assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
+        let early = deadline.saturating_duration_since(Instant::now());
+        assert_eq!(early, Duration::ZERO, "fired before its deadline");
+    });
+    stop_tx.send(()).unwrap();
+    first.join().unwrap();
+}

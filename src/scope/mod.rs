@@ -62,7 +62,8 @@ struct Shared {
     /// defaults) and shared by every descendant. Opaque to the core.
     context: Option<Context>,
     /// The timers of this tree (shared with every descendant, and with the other trees made
-    /// on the same thread: see `timer`), if any scope of it has a deadline.
+    /// on the same thread: see `timer`), if any scope of it has a deadline; a descendant that
+    /// tightens its deadline in another runtime has its own (see `Timers::for_child_of`).
     timers: Option<Arc<Timers>>,
 }
 
@@ -995,17 +996,17 @@ impl ScopeExt {
         marked: bool,
     ) -> ScopeExt {
         let inherited = parent.shared();
-        let new_timers = tightens && inherited.timers.is_none();
-        let changed = new_timers || grace.is_some_and(|g| g != inherited.grace);
+        // Timers of its own for a child that tightens the deadline of a tree with none, or of
+        // a tree made in another runtime (see `Timers::for_child_of`).
+        let new_timers = tightens
+            .then(|| Timers::for_child_of(inherited.timers.as_ref()))
+            .flatten();
+        let changed = new_timers.is_some() || grace.is_some_and(|g| g != inherited.grace);
         let shared = if changed {
             Some(std::sync::Arc::new(Shared {
                 grace: grace.unwrap_or(inherited.grace),
                 context: inherited.context.clone(),
-                timers: if new_timers {
-                    Some(Timers::for_this_thread())
-                } else {
-                    inherited.timers.clone()
-                },
+                timers: new_timers.or_else(|| inherited.timers.clone()),
             }))
         } else {
             parent.shared.clone()

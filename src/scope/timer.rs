@@ -15,7 +15,9 @@
 //! one per request, share one heap and one driver task, and a request's root with a deadline
 //! costs a push, not a task spawned, polled and ended (that was most of its cost). Each worker
 //! has a heap of its own: their locks are not shared. A runtime has its own heaps (its clock
-//! may be paused, its driver tasks run on it), told apart by [`tokio::runtime::Id`].
+//! may be paused, its driver tasks run on it), told apart by [`tokio::runtime::Id`]. A child
+//! that tightens a deadline in another runtime than its tree's takes the heap of its own thread
+//! and runtime ([`Timers::for_child_of`]): its deadline was read on that runtime's clock.
 //!
 //! The driver exits once no entry of its heap is live: the scope whose entry was the last live
 //! one notifies it ([`Timers::count_gone`]), and it reads the live count under the lock (a
@@ -70,11 +72,17 @@ pub(crate) struct Timers {
     /// Entries whose scope has not counted itself gone (counted under the lock, before the
     /// push): the last one to go notifies the driver, which then reads 0 and exits.
     live: AtomicUsize,
+    /// The runtime whose thread made these timers (`None`: made outside a runtime): its clock
+    /// is the one the driver reads, and the driver is its task. (Under loom a tree keeps one
+    /// heap: not read.)
+    #[cfg_attr(loom, allow(dead_code))]
+    runtime: Option<tokio::runtime::Id>,
 }
 
 impl Default for Timers {
     fn default() -> Self {
         Timers {
+            runtime: None,
             state: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             gone: AtomicUsize::new(0),
@@ -218,14 +226,49 @@ impl Timers {
                     _ => {
                         // A runtime this thread has not made deadlines in (or not since it
                         // made them in another): the old one's heap goes with its scopes.
-                        let timers = Arc::new(Timers::default());
+                        let timers = Arc::new(Timers {
+                            runtime: Some(id),
+                            ..Timers::default()
+                        });
                         *kept = Some((id, timers.clone()));
                         timers
                     }
                 }
             })
             // The thread is exiting (its thread-locals are being destroyed).
-            .unwrap_or_else(|_| Arc::new(Timers::default()))
+            .unwrap_or_else(|_| {
+                Arc::new(Timers {
+                    runtime: Some(id),
+                    ..Timers::default()
+                })
+            })
+    }
+
+    /// The timers for a child that tightens its deadline, if not `tree`'s (the timers of its
+    /// tree, if any): those of the calling thread when the tree has none, or when the tree's
+    /// belong to another runtime than the current one. A scope made in one runtime may be used
+    /// in another, whose clock may differ (a paused one runs ahead of the real clock once
+    /// advanced) and which may be idle or gone while this one runs: a deadline read on this
+    /// runtime's clock is watched by this runtime's clock, on this runtime. Outside a runtime,
+    /// the tree's (they may still have a driver).
+    #[cfg(not(loom))]
+    pub(crate) fn for_child_of(tree: Option<&Arc<Timers>>) -> Option<Arc<Timers>> {
+        let Some(timers) = tree else {
+            return Some(Timers::for_this_thread());
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) if timers.runtime != Some(handle.id()) => {
+                drop(handle);
+                Some(Timers::for_this_thread())
+            }
+            _ => None,
+        }
+    }
+
+    /// Under loom a tree keeps one heap.
+    #[cfg(loom)]
+    pub(crate) fn for_child_of(tree: Option<&Arc<Timers>>) -> Option<Arc<Timers>> {
+        tree.is_none().then(Timers::for_this_thread)
     }
 
     /// Under loom no timer is ever armed (there is no runtime): a heap per tree.
