@@ -265,3 +265,24 @@ async fn a_deadline_made_the_cancel_before_its_timer_fired_gives_the_timers_caus
         )))
     );
 }
+
+/// A deadline needs tokio's timer: in a runtime built without it (no `enable_time`), a scope
+/// with a deadline panics in the caller, as `tokio::time::sleep` would, rather than being made
+/// with a deadline that never fires (its timer task panicking where nobody sees it).
+#[test]
+fn a_deadline_in_a_runtime_without_timers_panics_in_the_caller() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let root = catch_unwind(|| Scope::with_timeout(ms(10)));
+        assert!(root.is_err(), "a root with a deadline was made");
+        let root = Scope::new();
+        let child = catch_unwind(AssertUnwindSafe(|| root.child().timeout(ms(10)).build()));
+        assert!(child.is_err(), "a child with a deadline was made");
+        // The timers are left as they were: a scope without a deadline is still fine.
+        assert!(root.child().build().is_ok());
+    });
+}

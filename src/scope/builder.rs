@@ -198,7 +198,8 @@ impl<'a> ChildBuilder<'a> {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime when the child tightens the deadline (its timer is a tokio task).
+    /// Outside a tokio runtime, or in one without a timer, when the child tightens the deadline
+    /// (its timer is a tokio task).
     ///
     /// # Examples
     ///

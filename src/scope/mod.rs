@@ -242,7 +242,8 @@ impl Scope {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime (the deadline needs tokio's timer), unless `timeout` is zero.
+    /// Outside a tokio runtime or in one without a timer (the deadline needs tokio's timer),
+    /// unless `timeout` is zero.
     ///
     /// # Examples
     ///
@@ -266,7 +267,7 @@ impl Scope {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime, unless `deadline` has already passed.
+    /// Outside a tokio runtime or in one without a timer, unless `deadline` has already passed.
     ///
     /// # Examples
     ///

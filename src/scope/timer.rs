@@ -285,7 +285,8 @@ impl Timers {
     ///
     /// # Panics
     ///
-    /// Outside a tokio runtime (the driver is a tokio task), like `tokio::time::sleep`.
+    /// Outside a tokio runtime (the driver is a tokio task), or in one without a timer, like
+    /// `tokio::time::sleep`.
     #[track_caller]
     pub(crate) fn insert(this: &Arc<Self>, deadline: Instant, node: &Arc<Core>) {
         let entry = Entry {
@@ -299,6 +300,10 @@ impl Timers {
             // behind. Only a tree without a running driver needs the runtime's handle.
             let handle = tokio::runtime::Handle::try_current()
                 .expect("a scope with a deadline must be created inside a tokio runtime");
+            // The driver's sleep, made here: in a runtime without a timer (no `enable_time`)
+            // this panics in the caller, as `tokio::time::sleep` would, not in a driver task
+            // nobody sees, leaving a deadline that never fires. Reset before it is polled.
+            let sleep = tokio::time::sleep_until(deadline);
             st = this.state.lock();
             if !st.running {
                 st.running = true;
@@ -309,10 +314,11 @@ impl Timers {
                 // The guard goes into the task's future, not made in its first poll: a runtime
                 // dropped before the task ran (a current-thread runtime runs spawned tasks
                 // only while it blocks) drops the future unpolled, and the guard with it.
-                handle.spawn(drive(Running {
+                let running = Running {
                     timers: this.clone(),
                     stopped: false,
-                }));
+                };
+                handle.spawn(drive(running, sleep));
                 return;
             }
         }
@@ -458,12 +464,13 @@ impl Drop for Running {
     }
 }
 
-async fn drive(mut running: Running) {
+/// The driver of `running`'s timers; `sleep`: its sleep, made by the insert that started it
+/// (see `Timers::insert`), set before it is polled.
+async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
     let timers = running.timers.clone();
     // One sleep for the driver's life, moved only to an earlier deadline when notified, so
     // that a wake-up that changes nothing (the usual one: the last live scope went, and the
     // next request's scope came) does not re-register it in the runtime's timer wheel.
-    let sleep = tokio::time::sleep_until(Instant::now());
     tokio::pin!(sleep);
     loop {
         let now = Instant::now();
