@@ -441,3 +441,30 @@ fn a_child_made_in_another_runtime_fires_by_its_own_runtimes_clock() {
     stop_tx.send(()).unwrap();
     first.join().unwrap();
 }
+
+/// The timer task contains the panic of an `on_cancel` callback it ran, and must contain all of
+/// it: a panic whose payload panics again when dropped (`panic_any` of such a value) must not
+/// end the task, which would leave the other scopes due at the same time, and every later
+/// deadline of its heap, uncancelled.
+#[tokio::test(start_paused = true)]
+async fn a_callback_panic_whose_payload_panics_on_drop_does_not_stop_the_timers() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("the payload panics as it is dropped");
+        }
+    }
+
+    let start = Instant::now();
+    let first = Scope::with_timeout(ms(10));
+    let _guard = first.on_cancel(|_| std::panic::panic_any(PanicsOnDrop));
+    let same_time: Vec<_> = (0..40).map(|_| Scope::with_timeout(ms(10))).collect();
+    let later = Scope::with_timeout(ms(20));
+    let fired = tokio::time::timeout(Duration::from_secs(60), later.cancelled()).await;
+    assert!(fired.is_ok(), "the later deadline never fired");
+    assert_eq!(start.elapsed(), ms(20));
+    assert_eq!(first.cause(), Some(Cause::DeadlineExceeded));
+    for s in &same_time {
+        assert_eq!(s.cause(), Some(Cause::DeadlineExceeded));
+    }
+}

@@ -489,11 +489,19 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
             }
             // A panicking `on_cancel` callback is the user's bug, but it must not stop the
             // other deadlines of this tree: the cancel itself has completed (callbacks run
-            // after the walk), so the panic is contained here and dropped.
+            // after the walk), so the panic is contained here and dropped. Its payload may
+            // panic as it is dropped (`panic_any` of such a value): that is contained too, and
+            // the second payload leaked, not dropped, or the driver would end with the scopes
+            // still in `fired`, and the rest of its heap, never cancelled.
             let cancel = std::panic::AssertUnwindSafe(|| {
                 tree::cancel(&node, Cause::DeadlineExceeded, stamp);
             });
-            let _ = std::panic::catch_unwind(cancel);
+            if let Err(payload) = std::panic::catch_unwind(cancel) {
+                let dropped = std::panic::AssertUnwindSafe(move || drop(payload));
+                if let Err(again) = std::panic::catch_unwind(dropped) {
+                    std::mem::forget(again);
+                }
+            }
         }
         let Some(next) = next else {
             return;
