@@ -97,8 +97,8 @@ pub(crate) const MAX_NOTES: usize = 64;
 #[derive(Clone)]
 pub(crate) struct Note(std::sync::Arc<dyn NoteValue>);
 
-/// What a note can hold: any immutable `Debug` value (unwind safe, so that [`Report`](crate::Report)
-/// keeps its auto traits).
+/// What a note can hold: any immutable `Debug` value (unwind safe, so that
+/// [`Report`](crate::Report) keeps its auto traits).
 pub(crate) trait NoteValue:
     std::any::Any + fmt::Debug + Send + Sync + std::panic::RefUnwindSafe
 {

@@ -446,9 +446,9 @@ impl Timers {
 }
 
 /// Marks the driver stopped if its task ends abnormally (a panic, its runtime shutting down,
-/// also before the task was ever polled), so that the next deadline starts a new one. A normal exit is marked by `Timers::due` or
-/// `Timers::notified`, under the lock, and must not be touched afterwards: a new driver may
-/// already run.
+/// also before the task was ever polled), so that the next deadline starts a new one. A
+/// normal exit is marked by `Timers::due` or `Timers::notified`, under the lock, and must not
+/// be touched afterwards: a new driver may already run.
 struct Running {
     timers: Arc<Timers>,
     stopped: bool,
