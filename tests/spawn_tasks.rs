@@ -148,6 +148,48 @@ async fn a_task_that_ignores_the_cancel_is_quarantined_and_its_late_outcome_igno
     .await;
 }
 
+/// A blocking child still queued for a thread of the blocking pool when its scope is
+/// cancelled and quarantined never starts: after `quiesce()` resolved nothing of the scope
+/// may start (invariant 6), as a task is not polled once its scope is cancelled. (Found by
+/// review: the closure ran as soon as a thread was free, after the report said the scope had
+/// stopped.)
+#[test]
+fn a_blocking_child_not_started_by_the_quarantine_never_runs() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // The pool's one thread is taken until released.
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let busy = tokio::task::spawn_blocking(move || {
+            started_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        });
+        started_rx.await.unwrap();
+        let s = Scope::new().child().grace(Duration::ZERO).build().unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        // Queued: no thread is free.
+        let h = s
+            .spawn_blocking(move || flag.store(true, Ordering::SeqCst))
+            .unwrap();
+        s.cancel();
+        let report = s.quiesce().await;
+        assert_eq!((report.quarantined(), report.total()), (1, 1), "{report}");
+        release_tx.send(()).unwrap();
+        busy.await.unwrap();
+        assert!(h.await.unwrap_err().is_cancelled());
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "the blocking child started after quiesce() resolved"
+        );
+        assert_eq!(s.quiesce().await, report);
+    });
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_cancel_wakes_every_waiting_task_of_the_scope_and_its_children() {
     let root = Scope::new();

@@ -469,9 +469,12 @@ impl Scope {
 
     /// Runs blocking `f` on tokio's blocking pool, tracked by this scope.
     ///
-    /// A cancel cannot interrupt it: if it has not finished within the grace period after a
-    /// cancel, [`quiesce`](Scope::quiesce) quarantines it (receipt `Quarantined`, listed in the
-    /// report) and ignores its late outcome. The handle still yields its output when it ends.
+    /// A cancel cannot interrupt it once it runs: if it has not finished within the grace
+    /// period after a cancel, [`quiesce`](Scope::quiesce) quarantines it (receipt
+    /// `Quarantined`, listed in the report) and ignores its late outcome. The handle still
+    /// yields its output when it ends. One still waiting for a thread of the blocking pool when
+    /// the scope is cancelled never starts (receipt `Cancelled` unless it was quarantined
+    /// first; the handle yields [`Error::is_cancelled`]).
     ///
     /// # Errors
     ///
@@ -498,6 +501,14 @@ impl Scope {
             .dispatch()?;
         let scope = self.clone();
         let inner = tokio::task::spawn_blocking(move || {
+            // Still queued for a thread when the scope was cancelled (and perhaps quarantined,
+            // `quiesce()` resolved): it never starts, as a task is not polled after the cancel
+            // (invariants 2, 6). The quarantine's receipt, if it came first, stands.
+            if dispatched.is_quarantined() || scope.is_cancelled() {
+                let err = cancel_error(&scope);
+                dispatched.finish(Receipt::Cancelled);
+                return Err(err);
+            }
             let mut receipt = TaskReceipt(Some(dispatched));
             let out = with_current(&mut Some(scope), f);
             receipt.finish(Receipt::Succeeded);
