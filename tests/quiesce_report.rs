@@ -741,6 +741,39 @@ async fn a_parents_cancel_gives_the_work_below_the_shorter_of_the_two_grace_peri
     }
 }
 
+/// The same when the child's own `quiesce()` waits: the parent's cancel reaches the child,
+/// and the parent's grace period, which ends first, holds for the child's work too ("the
+/// grace period that ends first holds for the work below both"). Before, the child's
+/// `quiesce()` looked only at the scopes of its own subtree and waited for the child's own
+/// grace period, an hour here, where the parent's `quiesce()` took 10 ms.
+#[tokio::test(start_paused = true)]
+async fn a_childs_own_quiesce_keeps_the_shorter_grace_of_the_cancelled_parent() {
+    for waits_before in [true, false] {
+        let parent = Scope::new().child().grace(ms(10)).build().unwrap();
+        let (child, _stuck) =
+            child_with_stuck_work(&parent, 3_600_000, None, ChildSpec::read_only("s"));
+        let quiesce = || {
+            let child = child.clone();
+            tokio::spawn(async move { child.quiesce().await })
+        };
+        let early = waits_before.then(quiesce);
+        tokio::task::yield_now().await;
+        let start = tokio::time::Instant::now();
+        parent.cancel();
+        let waiting = early.unwrap_or_else(quiesce);
+        let report = tokio::time::timeout(ms(60_000), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("waits before: {waits_before}: still waiting after 60 s"))
+            .unwrap();
+        assert_eq!(
+            start.elapsed(),
+            ms(10),
+            "waits before: {waits_before}: {report}"
+        );
+        assert_eq!(report.quarantined(), 1, "{report}");
+    }
+}
+
 /// Control: awaiting the cancelled child's own `quiesce()` quarantines its stuck work, and the
 /// parent's then resolves at once.
 #[tokio::test(start_paused = true)]

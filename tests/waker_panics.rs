@@ -155,7 +155,8 @@ async fn a_quiesce_waker_that_panics_when_a_quarantine_makes_a_child_quiet_does_
     let root = Scope::new();
     // Two child scopes, each with a task that never ends (its waker listed), and each with
     // a waiting `quiesce()` whose waker panics. A grace period that never ends of their own:
-    // only the root's grace end quarantines (and their `quiesce()`s set no timer).
+    // only the root's grace end quarantines (and their `quiesce()`s, polled before the cancel
+    // and not again, set no timer for it).
     let a = root.child().grace(Duration::MAX).build().unwrap();
     let b = root.child().grace(Duration::MAX).build().unwrap();
     let count = Arc::new(Counts::default());
@@ -164,11 +165,14 @@ async fn a_quiesce_waker_that_panics_when_a_quarantine_makes_a_child_quiet_does_
     pending_with(task_a.as_mut(), &waker);
     let mut task_b = Box::pin(b.__task(std::future::pending::<()>()).unwrap());
     pending_with(task_b.as_mut(), &waker);
-    root.cancel();
     let mut quiesce_a = pin!(a.quiesce());
     pending_with(quiesce_a.as_mut(), &panics());
     let mut quiesce_b = pin!(b.quiesce());
     pending_with(quiesce_b.as_mut(), &panics());
+    // The cancel hands each busy child to its waiting `quiesce()`, and wakes it: that panic
+    // comes out of the cancel, once it is done.
+    assert_eq!(panic_of(|| root.cancel()), "this waker panics");
+    assert!(a.is_cancelled() && b.is_cancelled());
 
     // At the root's grace end its quiesce quarantines both tasks; the first child made quiet
     // wakes its `quiesce()`, whose waker panics, out of the root's quiesce's poll.

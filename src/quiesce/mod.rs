@@ -389,6 +389,9 @@ pub struct Quiesce {
     watching: Vec<(Arc<Core>, WaiterKey)>,
     /// The size of `due` or `seen` at which scopes that are quiet or gone are dropped.
     prune_at: usize,
+    /// The earliest grace end of a cancelled ancestor of the scope put on `due` for the scope
+    /// (see [`ancestors_grace_end`]).
+    outer: Option<tokio::time::Instant>,
 }
 
 /// The fewest entries of `Quiesce::due` at which it is pruned.
@@ -449,6 +452,20 @@ impl Future for Quiesce {
         this.take_watched(cx.waker(), &mut handed);
         looks.extend(handed.iter().filter_map(|d| Some((d.upgrade()?, true))));
         this.look(looks, cx.waker());
+        // A cancel that reached this scope from above counts with its own grace period: the
+        // grace period that ends first holds for the work below both (that cancel hands this
+        // scope to its own waiters, so this poll comes after it).
+        if this.scope.node.state().is_cancelled() {
+            if let Some(at) = ancestors_grace_end(&this.scope.node)
+                .filter(|&at| this.outer.is_none_or(|o| at < o))
+            {
+                this.outer = Some(at);
+                this.due.push(GraceEnd {
+                    at,
+                    node: downgrade(&this.scope.node),
+                });
+            }
+        }
         if this.due.len().max(this.seen.len()) >= this.prune_at {
             // Amortized: at least as many entries as this keeps come before the next one.
             let live = |n: &Weak<Core>| n.upgrade().is_some_and(|n| !n.state().is_quiet());
@@ -595,6 +612,22 @@ fn look_below(
     }
 }
 
+/// The earliest end of the grace periods of `node`'s cancelled ancestors (`None`: none is
+/// cancelled, or none ends).
+fn ancestors_grace_end(node: &Core) -> Option<tokio::time::Instant> {
+    let mut end: Option<tokio::time::Instant> = None;
+    let mut n = node.parent();
+    while let Some(p) = n {
+        if p.state().is_cancelled() {
+            if let Some(at) = grace_end(p) {
+                end = Some(end.map_or(at, |e| e.min(at)));
+            }
+        }
+        n = p.parent();
+    }
+    end
+}
+
 /// Polls the grace timer in `grace`, set to end at `at`.
 fn poll_grace(
     grace: &mut Option<Pin<Box<tokio::time::Sleep>>>,
@@ -645,6 +678,9 @@ impl Scope {
     /// quarantined at the first such end above it: a child scope whose deadline passed, in a
     /// scope that is only closed, gets its own; a child with a shorter grace period than a
     /// cancelled parent gets its shorter one; a later cancel of a parent never lengthens it.
+    /// A cancelled ancestor of this scope counts too: the work is quarantined at the
+    /// ancestor's grace end if that comes first, as the ancestor's `quiesce` would (one
+    /// already waiting learns of it when that cancel is the one that cancels this scope).
     /// (Each `quiesce` looks through the subtree once; a later cancel below is handed to it,
     /// and it looks through the subtree of that scope only.) Once it resolves nothing of this
     /// scope can start or commit, and the report never changes.
@@ -683,6 +719,7 @@ impl Scope {
             seen: HashMap::new(),
             watching: Vec::new(),
             prune_at: PRUNE_MIN,
+            outer: None,
         }
     }
 
