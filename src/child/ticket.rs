@@ -236,7 +236,7 @@ impl Ticket {
         inner.scope.expire_if_passed();
         tree::dispatch(&inner.scope.node, inner.cell.generation())?;
         if !inner.cell.mark_dispatched() {
-            // Quarantined while prepared: it has its receipt already.
+            // Ended by a quarantine while prepared: it has its receipt (`Cancelled`) already.
             return Err(Error::closed());
         }
         Ok(Dispatched { inner })

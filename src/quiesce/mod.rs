@@ -244,11 +244,12 @@ impl Report {
         self.counts.iter().sum()
     }
 
-    /// Effects to reconcile: every `EffectUnknown` receipt, and quarantined children that may
-    /// have had an effect — one record per effect (a retry attempt and the call inside it
-    /// that both end `EffectUnknown` report the same effect once; the receipt counts keep
-    /// both). Records of one effect id that disagree (two provider handles or payload digests)
-    /// are listed each.
+    /// Effects to reconcile: every `EffectUnknown` receipt, quarantined children that may
+    /// have had an effect, and the effects a quarantined [`shield`](Scope::shield)'s cleanup
+    /// left open in its own scope (no receipt of this scope counts those) — one record per
+    /// effect (a retry attempt and the call inside it that both end `EffectUnknown` report the
+    /// same effect once; the receipt counts keep both). Records of one effect id that disagree
+    /// (two provider handles or payload digests) are listed each.
     ///
     /// # Examples
     ///
@@ -758,7 +759,8 @@ impl Scope {
 
     /// Quarantines now every registered child of this scope's subtree that has no receipt yet,
     /// as [`quiesce`](Scope::quiesce) does when the grace period after a cancel ends; returns
-    /// how many. For the loom models, which have no timer to end a grace period.
+    /// how many (a ticket never dispatched is ended `Cancelled` instead, and not counted). For
+    /// the loom models, which have no timer to end a grace period.
     #[doc(hidden)]
     pub fn __quarantine_now(&self) -> usize {
         tree::quarantine_subtree(&self.node, &crate::child::task_spec(), now_stamp())

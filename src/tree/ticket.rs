@@ -418,10 +418,11 @@ impl<R> InFlight<R> {
     /// both come in between: the quarantine would not find the ticket, and `quiesce()` would
     /// wait for its owner to drop it (a ticket that is only held wakes nothing that would
     /// quarantine again). The shard lock decides instead: the ticket is listed before the
-    /// quarantine takes the shard (and is quarantined with it), or it finds the shard
-    /// quarantined (loom model 40). A quarantine only ever runs on a cancelled subtree (see
-    /// `tree::quarantine_subtree`), which no ticket can be registered in any more, except in
-    /// that gap or as a shielded cleanup, which once the grace period is over comes too late.
+    /// quarantine takes the shard (and is ended with it: `Cancelled`, never dispatched), or it
+    /// finds the shard quarantined (loom model 40). A quarantine only ever runs on a cancelled
+    /// subtree (see `tree::quarantine_subtree`), which no ticket can be registered in any
+    /// more, except in that gap or as a shielded cleanup, which once the grace period is over
+    /// comes too late.
     pub(super) fn list_ticket(
         &self,
         make: impl FnOnce(usize) -> TicketCell<R>,
