@@ -549,6 +549,36 @@ async fn a_shield_after_the_grace_period_is_refused_when_the_scope_only_had_a_gu
     );
 }
 
+/// The same with no `quiesce()` running yet: the grace period has ended all the same, so the
+/// shield is refused, as its docs say (found by review: it was accepted, and the first
+/// `quiesce()` then quarantined it at once, its cleanup cut off midway, a side effect it had
+/// started left unknown). Also when it is a cancelled parent's grace period that has ended.
+#[tokio::test(start_paused = true)]
+async fn a_shield_after_the_grace_period_is_refused_when_no_quiesce_ran() {
+    let (s, hold) = cancelled_busy_scope(false);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let late = s.shield(Duration::from_millis(1000), async {});
+    assert!(late.unwrap_err().is_cancelled());
+
+    let parent = Scope::new()
+        .child()
+        .grace(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let child = parent
+        .child()
+        .grace(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let child_hold = child.tether(()).unwrap();
+    parent.cancel();
+    assert!(child.shield(Duration::from_millis(5), async {}).is_ok());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let late = child.shield(Duration::from_millis(1000), async {});
+    assert!(late.unwrap_err().is_cancelled());
+    drop((hold, child_hold));
+}
+
 #[tokio::test(start_paused = true)]
 async fn work_spawned_by_a_quarantined_shield_does_not_commit_after_quiesce() {
     let (s, hold) = cancelled_busy_scope(true);

@@ -539,7 +539,8 @@ impl Scope {
     /// # Errors
     ///
     /// The scope is already quiet (nothing of it may start any more), or its grace period
-    /// has ended; from the handle: the cleanup ran out of its `budget`
+    /// (or that of a cancelled ancestor) has ended, whether or not a `quiesce` has run
+    /// since ([`Error::is_cancelled`]); from the handle: the cleanup ran out of its `budget`
     /// ([`Error::is_deadline_exceeded`]) or was quarantined ([`Error::is_cancelled`]).
     ///
     /// # Examples
@@ -564,6 +565,11 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        // Too late once a grace period over this scope has ended, even if no `quiesce` has
+        // quarantined its work yet: the first one would at once.
+        if self.grace_ended() {
+            return Err(cancel_error(self));
+        }
         let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
         // The cleanup is still the request's: its operation identity (and priority) go with
         // it, as with `detach`; the cancel does not.

@@ -766,6 +766,24 @@ impl Scope {
         tree::quarantine_subtree(&self.node, &crate::child::task_spec(), now_stamp())
     }
 
+    /// Whether the grace period after the cancel of this scope, or of a cancelled ancestor, has
+    /// ended (the work below is quarantined by the next `quiesce`, if none did yet). Reads
+    /// the clock only if one of them is cancelled.
+    pub(crate) fn grace_ended(&self) -> bool {
+        let mut now = None;
+        let mut n = Some(&*self.node);
+        while let Some(c) = n {
+            if c.state().is_cancelled() {
+                let now = *now.get_or_insert_with(tokio::time::Instant::now);
+                if grace_end(c).is_some_and(|at| at <= now) {
+                    return true;
+                }
+            }
+            n = c.parent().map(|p| &**p);
+        }
+        false
+    }
+
     /// The children of this scope's subtree whose effect is unknown so far: `EffectUnknown`
     /// receipts and quarantined children that may have had an effect (what makes a quiet
     /// scope `NeedsReconciliation`).
