@@ -56,9 +56,10 @@ fn receipt_racing_quarantine() {
 ///
 /// The registration takes its unit and then lists the ticket, and the cancel and the
 /// quarantine can both fall between the two. The ticket is then ended by the quarantine
-/// (listed first; `Cancelled`, as it was never dispatched) or refused (the quarantine took the list first); a quarantine that missed it would leave
-/// `quiesce()` waiting for the owner to drop it, a deadlock here. Invariant 6: the report
-/// read as soon as `quiesce()` resolves stays the same when the held ticket is dropped.
+/// (listed first; `Cancelled`, as it was never dispatched) or refused (the quarantine took
+/// the list first); a quarantine that missed it would leave `quiesce()` waiting for the
+/// owner to drop it, a deadlock here. Invariant 6: the report read as soon as `quiesce()`
+/// resolves stays the same when the held ticket is dropped.
 #[test]
 fn register_racing_cancel_and_quarantine() {
     model("register_racing_cancel_and_quarantine", || {
