@@ -15,7 +15,8 @@
 //!   busy (before: N(N+1)/2 entries and about N³/6 scopes visited):
 //!   `bottom_up_nested_deadlines_*` (count-based: bytes held, allocations).
 //!
-//! Other races checked (two cancellers, deadline timers, shields) are at the end.
+//! Other races checked (two cancellers, deadline timers, shields, a grace end passing while the
+//! quiesce arms its timer) are at the end.
 
 use std::future::Future;
 use std::task::Poll;
@@ -319,7 +320,7 @@ async fn bottom_up_nested_deadlines_expire_once_per_scope_under_a_held_guard() {
 }
 
 // ------------------------------------------------------------------------------------------
-// Other races: two cancellers, deadline timers, shields.
+// Other races: two cancellers, deadline timers, shields, the grace timer.
 
 /// A quiesce registered before a deadline timer cancels an ancestor of its scope is handed its
 /// scope (marked busy by the timer's walk, in `Due::quiet`) and keeps a grandchild's shorter
@@ -398,4 +399,84 @@ async fn a_shield_under_a_waiting_quiesce_is_quarantined_at_the_grace_end() {
     assert_eq!(report.quarantined(), 2, "{report}");
     assert!(h.await.is_err(), "the shield was stopped");
     assert!(s.shield(secs(1), async {}).is_err(), "quiet: refused");
+}
+
+/// A waker that, when first woken, blocks its thread until `go` is signalled (at most 10 s, a
+/// failure bound only): what a slow waker, or the OS descheduling the thread, does in the
+/// middle of a `quiesce()`'s poll.
+struct BlockingWaker {
+    go: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Whether it was signalled (not released by the 10 s bound).
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl std::task::Wake for BlockingWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        if let Some(go) = self.go.lock().unwrap().take() {
+            let signalled = go.recv_timeout(secs(10)).is_ok();
+            self.released
+                .store(signalled, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// A grace period that ends while the waiting `quiesce()` is between its clock reading and the
+/// arming of its grace timer (here: the quarantine of a scope with a zero grace period, in the
+/// same poll, wakes a waker that blocks until the timer driver on the other worker has passed
+/// the end of `second`'s 250 ms grace; on a loaded machine, the thread descheduled there).
+/// The timer is new (none was armed before), so tokio finds its deadline passed when it is
+/// registered and the sleep is ready at its first poll, with no wake-up to come. Before, that
+/// was ignored: the `quiesce()` returned `Pending` with nothing left to wake it, `second`'s
+/// work was never quarantined and it waited for the parent's 1 h (the one failure, "lost", of
+/// `two_cancellers_racing_each_hand_over_what_they_marked` under load, with `b`'s 1 ms).
+/// Real time: the race needs the timer driver to run on another worker during the poll, and a
+/// multi-thread runtime cannot pause the clock (5 s is a failure bound only; if the first poll
+/// came more than 250 ms after the cancel, it would quarantine `second` at once and pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_end_passing_while_the_quiesce_arms_its_timer_is_not_lost() {
+    let s = Scope::new().child().grace(secs(3600)).build().unwrap();
+    let first = s.child().grace(Duration::ZERO).build().unwrap();
+    let second = s.child().grace(ms(250)).build().unwrap();
+    let owner = stuck(&first, "first");
+    let _work = stuck(&second, "second");
+    let (go, wait) = std::sync::mpsc::channel();
+    let blocking = std::sync::Arc::new(BlockingWaker {
+        go: std::sync::Mutex::new(Some(wait)),
+        released: std::sync::atomic::AtomicBool::new(false),
+    });
+    let waker = std::task::Waker::from(blocking.clone());
+    // Woken by `first`'s quarantine, in the quiesce's first poll (grace 0: at once).
+    let mut quarantined = std::pin::pin!(owner.__quarantined());
+    let cx = &mut std::task::Context::from_waker(&waker);
+    assert!(quarantined.as_mut().poll(cx).is_pending());
+    s.cancel();
+    let cancel_returned = Instant::now();
+    // On the other worker (the quiesce's is blocked in the waker): the driver has then
+    // processed the timer wheel past the end of `second`'s grace period.
+    tokio::spawn(async move {
+        tokio::time::sleep_until(cancel_returned + ms(252)).await;
+        go.send(()).unwrap();
+    });
+    let q = tokio::spawn({
+        let s = s.clone();
+        async move { s.quiesce().await }
+    });
+    let report = tokio::time::timeout(secs(5), q)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the quiesce did not end within 5 s: the end of `second`'s grace was lost \
+                 (the waker was released by the timer: {})",
+                blocking.released.load(std::sync::atomic::Ordering::SeqCst)
+            )
+        })
+        .unwrap();
+    assert!(
+        blocking.released.load(std::sync::atomic::Ordering::SeqCst),
+        "the waker ran and was released by the timer on the other worker"
+    );
+    assert_eq!(report.quarantined(), 2, "{report}");
 }

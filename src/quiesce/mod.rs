@@ -486,9 +486,14 @@ impl Future for Quiesce {
             }
         }
         match this.due.peek() {
-            // In the future: this registers the timer's wake-up.
+            // In the future when `now` was read: this registers the timer's wake-up. If that end
+            // has passed since (a slow waker or callback of the quarantine above, the thread
+            // descheduled), a new timer is ready at once and will not wake this future: it
+            // wakes itself, and its next poll quarantines what is due.
             Some(first) => {
-                let _ = poll_grace(&mut this.grace, first.at, cx);
+                if poll_grace(&mut this.grace, first.at, cx).is_ready() {
+                    cx.waker().wake_by_ref();
+                }
             }
             None => this.grace = None,
         }
