@@ -280,6 +280,42 @@ async fn an_effect_open_in_a_quarantined_shield_is_in_the_scopes_report() {
     assert_eq!(s.quiesce().await.pending_effects(), r.pending_effects());
 }
 
+/// The quarantine of a shield cancels the cleanup's own scope, whose `on_cancel` callback may
+/// panic, even with a payload that panics again as it is dropped: that is contained, and the
+/// effect the cleanup left open is still in the report (found by review: the payload was
+/// dropped outside the catch, and its panic skipped the rest of the shield's quarantine).
+#[tokio::test(start_paused = true)]
+async fn a_callback_panic_in_a_quarantined_shield_does_not_hide_its_effect() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("the payload panics as it is dropped");
+        }
+    }
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let cleanup = s
+        .shield(Duration::from_secs(10), async {
+            let me = Scope::current();
+            let _callback = me.on_cancel(|_| std::panic::panic_any(PanicsOnDrop));
+            let refund = me
+                .register(ChildSpec::side_effecting("refund", "refund-9"))
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            std::future::pending::<()>().await;
+            refund.succeed();
+        })
+        .unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
+    let ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
+    assert_eq!(ids, ["refund-9"], "{r}");
+    assert!(cleanup.await.unwrap_err().is_cancelled());
+}
+
 /// The same for an effect left unknown by work the quarantined cleanup spawned in its own
 /// scope (deeper in that scope's tree), and one already recorded unknown there.
 #[tokio::test(start_paused = true)]

@@ -278,19 +278,19 @@ impl std::task::Wake for ShieldStop {
     fn wake_by_ref(self: &std::sync::Arc<Self>) {
         // Called by the quarantine, before the scope it quarantines can be quiet. A panic of
         // an `on_cancel` callback in the shield's scope must not cut the quarantine short:
-        // dropped, as the deadline timer drops it.
+        // contained and dropped, as the deadline timer does.
         let root = &self.root;
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tree::contain_panic(|| {
             root.cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
-        }));
+        });
         // The cleanup's work is quarantined with it: whatever in the cleanup's scope has no
         // receipt yet is decided now. An effect left open there (a call dispatched and not
         // answered) may still commit, so it is the parent's pending effect, in the report the
         // quarantine is about to make final (its receipt is `Quarantined`, and the shield is
         // read-only: without this the report would count the effect as none).
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tree::contain_panic(|| {
             tree::quarantine_subtree(&root.node, &task_spec(), now_stamp());
-        }));
+        });
         let unknown = root.unknown_effects();
         if let Some(parent) = self.parent.upgrade().filter(|_| !unknown.is_empty()) {
             tree::note_effects(&parent, &unknown);

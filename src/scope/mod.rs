@@ -630,7 +630,8 @@ impl Scope {
     /// A panic of `f` comes out of the call that ran it, once that call has done its work:
     /// the cancel (the whole subtree is cancelled and every other callback has run), or a
     /// [`quiesce`](Scope::quiesce) whose grace period ended first reaching this scope (its
-    /// quarantine is done); the timer that cancels at a deadline drops it.
+    /// quarantine is done); the timer that cancels at a deadline drops it, and so does the
+    /// quarantine of a [`shield`](Scope::shield) that cancels the shield's own scope.
     ///
     /// # Examples
     ///

@@ -493,15 +493,9 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
             // panic as it is dropped (`panic_any` of such a value): that is contained too, and
             // the second payload leaked, not dropped, or the driver would end with the scopes
             // still in `fired`, and the rest of its heap, never cancelled.
-            let cancel = std::panic::AssertUnwindSafe(|| {
+            tree::contain_panic(|| {
                 tree::cancel(&node, Cause::DeadlineExceeded, stamp);
             });
-            if let Err(payload) = std::panic::catch_unwind(cancel) {
-                let dropped = std::panic::AssertUnwindSafe(move || drop(payload));
-                if let Err(again) = std::panic::catch_unwind(dropped) {
-                    std::mem::forget(again);
-                }
-            }
         }
         let Some(next) = next else {
             return;

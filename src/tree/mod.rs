@@ -996,6 +996,19 @@ impl Caught {
     }
 }
 
+/// Runs `f` and contains its panic, if any, whole: the payload is dropped here, and a panic of
+/// that drop (`panic_any` of a value that panics as it is dropped) is contained too, its own
+/// payload leaked rather than dropped. For steps that must go on after a user's callback
+/// panicked (the deadline timer, a shield's quarantine), where nobody could receive the panic.
+pub(crate) fn contain_panic(f: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let dropped = std::panic::AssertUnwindSafe(move || drop(payload));
+        if let Err(again) = std::panic::catch_unwind(dropped) {
+            std::mem::forget(again);
+        }
+    }
+}
+
 /// [`Caught::resume`] with a panic kept: out of line, as it is rare.
 #[cold]
 #[inline(never)]
