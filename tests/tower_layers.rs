@@ -1354,3 +1354,64 @@ fn admit_response_body_is_send_sync_unpin() {
     fn send_sync_unpin<T: Send + Sync + Unpin + 'static>() {}
     send_sync_unpin::<cancel_scope::integrations::tower::admit::ResponseBody<String>>();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Back-pressure: the time a request waits for the service to be ready is queueing time.
+
+/// A handler service that is not ready until `until` (a concurrency limit, a full pool...),
+/// and answers with the budget its request's scope has left, in ms.
+struct NotReadyUntil(Pin<Box<tokio::time::Sleep>>);
+
+impl Service<Request<()>> for NotReadyUntil {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.as_mut().poll(cx).map(Ok)
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        let left = Scope::current().remaining().unwrap().as_millis();
+        std::future::ready(Ok(Response::new(left.to_string())))
+    }
+}
+
+/// A request that waits 100 ms for the service behind `Admit` to be ready (`poll_ready`
+/// pending, the request already in hand, as `oneshot` and every server drive it) has spent
+/// those 100 ms of its 250: the handler gets 150, not a fresh 250, and a request whose budget
+/// ran out while it waited is refused with 504 instead of running with the whole budget again.
+#[tokio::test(start_paused = true)]
+async fn time_waiting_for_poll_ready_is_taken_off_the_budget() {
+    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).min_useful(ms(10));
+    let mut svc =
+        AdmitLayer::new(policy).layer(NotReadyUntil(Box::pin(tokio::time::sleep(ms(100)))));
+    let req = Request::builder()
+        .header("grpc-timeout", "250m")
+        .body(())
+        .unwrap();
+    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.into_body().into_inner().unwrap(), "150");
+
+    // Ready at once: nothing was queued (an earlier wait is not charged again).
+    advance(ms(1_000)).await;
+    let req = Request::builder()
+        .header("grpc-timeout", "250m")
+        .body(())
+        .unwrap();
+    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.into_body().into_inner().unwrap(), "250");
+
+    // Waited longer than its budget: refused as exhausted.
+    let mut svc =
+        AdmitLayer::new(policy).layer(NotReadyUntil(Box::pin(tokio::time::sleep(ms(300)))));
+    let req = Request::builder()
+        .header("grpc-timeout", "250m")
+        .body(())
+        .unwrap();
+    poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    assert_eq!(svc.call(req).await.unwrap().status(), 504);
+}

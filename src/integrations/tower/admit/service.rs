@@ -16,8 +16,11 @@ use crate::Report;
 pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
 
 /// When a request arrived, if an outer layer (or the accept loop) knows better than
-/// [`Admit`], which otherwise takes the moment it is called. Put it in the request's
-/// extensions; the time since then counts as queued and is taken off the budget.
+/// [`Admit`], which otherwise takes the moment its `poll_ready` first found the service not
+/// ready (the request waited for it, as `oneshot` and servers drive a service), or else the
+/// moment it is called. Put it in the request's extensions; the time since then counts as
+/// queued and is taken off the budget. (A service polled ready ahead of its requests, with no
+/// request waiting, should put it there.)
 ///
 /// # Examples
 ///
@@ -47,11 +50,20 @@ pub struct Ingress(pub Instant);
 /// let svc = Admit::new((), policy);
 /// assert_eq!(svc.policy().max_budget(), Duration::from_secs(2));
 /// ```
-#[derive(Clone)]
 pub struct Admit<S> {
     inner: S,
     policy: EndpointPolicy,
     on_report: Option<ReportFn>,
+    /// When `poll_ready` first found the inner service not ready since the last `call`: the
+    /// next request has been waiting since then at the latest (queued, off its budget).
+    not_ready_since: Option<Instant>,
+}
+
+impl<S: Clone> Clone for Admit<S> {
+    /// A clone has not been polled ready (tower's rule), so it has waited for nothing yet.
+    fn clone(&self) -> Self {
+        Admit::from_parts(self.inner.clone(), self.policy, self.on_report.clone())
+    }
 }
 
 impl<S> Admit<S> {
@@ -71,6 +83,7 @@ impl<S> Admit<S> {
             inner,
             policy,
             on_report: None,
+            not_ready_since: None,
         }
     }
 
@@ -83,6 +96,7 @@ impl<S> Admit<S> {
             inner,
             policy,
             on_report,
+            not_ready_since: None,
         }
     }
 
@@ -173,14 +187,24 @@ where
     type Future = ResponseFuture<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        let ready = self.inner.poll_ready(cx);
+        match &ready {
+            // Back-pressure: the request waiting for this pays for the wait from its budget.
+            Poll::Pending => {
+                self.not_ready_since.get_or_insert_with(Instant::now);
+            }
+            Poll::Ready(Err(_)) => self.not_ready_since = None,
+            Poll::Ready(Ok(())) => {}
+        }
+        ready
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let ingress = req
-            .extensions()
-            .get::<Ingress>()
-            .map_or_else(Instant::now, |i| i.0);
+        let not_ready_since = self.not_ready_since.take();
+        let ingress = match req.extensions().get::<Ingress>() {
+            Some(i) => i.0,
+            None => not_ready_since.unwrap_or_else(Instant::now),
+        };
         let grpc = headers::is_grpc(req.headers());
         // The response to a `HEAD` request has no body to send (the server drops it unread).
         let track_body = req.method() != http::Method::HEAD;
