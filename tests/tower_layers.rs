@@ -1415,3 +1415,57 @@ async fn time_waiting_for_poll_ready_is_taken_off_the_budget() {
     poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
     assert_eq!(svc.call(req).await.unwrap().status(), 504);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A handler that answers after its deadline (it blocked: CPU-bound work, a synchronous call),
+// before the deadline's timer got to run.
+
+/// A handler that holds the thread for 300 ms (the clock moves on under it, as it would
+/// while it blocks) and then answers 200 "late", all in one poll.
+async fn blocks_past_the_deadline(_: Request<()>) -> Result<Response<String>, Infallible> {
+    use futures::FutureExt;
+    // The first poll of `advance` moves the clock; its timers have not fired after it.
+    let _ = advance(ms(300)).now_or_never();
+    Ok(Response::new("late".to_owned()))
+}
+
+/// A handler whose answer comes after its request's deadline gets the deadline's answer (504,
+/// gRPC `DEADLINE_EXCEEDED`), as one that is still running then does, not a 200 whose body
+/// is then cut (HTTP: aborted) or sent although the budget is spent; the report says the
+/// deadline stopped it.
+#[tokio::test(start_paused = true)]
+async fn an_answer_after_the_deadline_is_504_not_the_late_answer() {
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(blocks_past_the_deadline));
+    let req = Request::builder()
+        .header("grpc-timeout", "250m")
+        .body(())
+        .unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 504);
+    assert_eq!(res.into_body().into_inner(), None);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report:?}");
+
+    let req = Request::builder()
+        .header("grpc-timeout", "250m")
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "4");
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report:?}");
+
+    // In time: the handler's answer.
+    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000)))
+        .layer(Fn_(blocks_past_the_deadline));
+    let req = Request::builder()
+        .header("grpc-timeout", "301m")
+        .body(())
+        .unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.into_body().into_inner().unwrap(), "late");
+}

@@ -179,6 +179,19 @@ where
             StateProj::Done => panic!("ResponseFuture polled after completion"),
             StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
                 Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(Ok(late))) if finish_expired(this.finish.as_ref()) => {
+                    // Answered at or after the deadline, before its timer ran (the handler
+                    // held the thread past it): the deadline's answer, as for a handler still
+                    // running then; the late answer is dropped (its drop is the handler's).
+                    *this.polling = true;
+                    drop(late);
+                    *this.polling = false;
+                    let cause = this
+                        .finish
+                        .as_ref()
+                        .map_or(Cause::DeadlineExceeded, |f| f.scope().cause_or_cancelled());
+                    Ok(stopped_response(&cause, *this.grpc))
+                }
                 Poll::Ready(Ok(out)) => {
                     // Reading the handler's body (its size hint, its end) runs the handler's
                     // code: a panic there is the handler's, not the client's going away.
@@ -210,6 +223,12 @@ where
         }
         Poll::Ready(out)
     }
+}
+
+/// Whether the deadline of the request `finish` ends has passed: if so its scope is
+/// cancelled with `DeadlineExceeded` now (unless it was cancelled already), as its timer would.
+fn finish_expired(finish: Option<&Finish>) -> bool {
+    finish.is_some_and(|f| f.scope().expire_if_passed())
 }
 
 /// Whether a response with `status` sends a body: 1xx, 204 and 304 never do (a server drops

@@ -13,6 +13,10 @@
 //!
 //! # When the request's scope ends
 //!
+//! A handler that answers only at or after the deadline (it held the thread past it, before
+//! the deadline's timer ran) gets the deadline's answer, as one still running then does: its
+//! late response is dropped.
+//!
 //! The scope is *closed* (no new work) as soon as the handler returns its response head;
 //! work the handler spawned into it runs on until it finishes or the deadline passes, and the
 //! report waits for it. So does the response body ([`ResponseBody`]): it is bounded by the
