@@ -1469,3 +1469,71 @@ async fn an_answer_after_the_deadline_is_504_not_the_late_answer() {
     assert_eq!(res.status(), 200);
     assert_eq!(res.into_body().into_inner().unwrap(), "late");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The response body is the handler's code too: it runs with the request's scope current.
+
+/// A body that records, at each poll and at its drop, the deadline of the scope current then
+/// (`None`: no scope current), and yields one chunk, then stays pending.
+struct SeesScope(Arc<std::sync::Mutex<Vec<Option<Instant>>>>, bool);
+
+impl SeesScope {
+    fn record(&self) {
+        let seen = Scope::try_current().and_then(|s| s.deadline());
+        self.0.lock().unwrap().push(seen);
+    }
+}
+
+impl Body for SeesScope {
+    type Data = &'static [u8];
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+        self.record();
+        if std::mem::replace(&mut self.1, true) {
+            Poll::Pending
+        } else {
+            Poll::Ready(Some(Ok(Frame::data(b"chunk".as_slice()))))
+        }
+    }
+}
+
+impl Drop for SeesScope {
+    fn drop(&mut self) {
+        self.record();
+    }
+}
+
+/// A streaming body (an `async-stream` generator, a tonic server stream) runs the handler's
+/// code at each poll: it does so with the request's scope current, as the handler did, so
+/// that `Scope::current()` there does not panic and an outgoing call made there is bounded by
+/// the request (or refused once it is closed) rather than sent with no budget at all.
+#[tokio::test(start_paused = true)]
+async fn the_response_body_is_polled_and_dropped_with_the_requests_scope_current() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
+        move |_: Request<()>| {
+            // What the handler sees (its `call` runs with the scope current).
+            s.lock().unwrap().push(Scope::current().deadline());
+            let body = SeesScope(s.clone(), false);
+            async move { Ok::<_, Infallible>(Response::new(body)) }
+        },
+    ));
+    let res = svc.call(Request::new(())).await.unwrap();
+    let mut body = res.into_body();
+    assert!(next_frame(&mut body).await.unwrap().is_ok());
+    let pending = poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx).is_pending())).await;
+    assert!(pending);
+    drop(body);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(
+        seen.iter().all(Option::is_some),
+        "no scope current: {seen:?}"
+    );
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}

@@ -42,6 +42,7 @@ use pin_project_lite::pin_project;
 
 use crate::guard::Tethered;
 use crate::integrations::tower::headers;
+use crate::scope::with_current;
 use crate::sync::{AtomicU8, Mutex, Ordering};
 use crate::tree::Caught;
 use crate::{Cancelled, Cause, Error, Scope};
@@ -206,6 +207,11 @@ pin_project! {
     /// * read to its end (its last frame, trailers, or an error of its own), it lets the
     ///   scope become quiet.
     ///
+    /// The handler's body is its code too: it is polled and dropped with the request's scope
+    /// as [`Scope::current`] (so `Scope::current()` in a stream does not panic, and a call
+    /// made there is bounded by the request: the scope is closed by then, so new work there
+    /// is refused, as for the handler's tasks, rather than sent with no budget at all).
+    ///
     /// A body that is empty when the handler answers, one of a known length once that many
     /// bytes are sent, the body of a `HEAD` request or of a status without a body (1xx, 204,
     /// 304) and the bodies of the layer's own answers are not tracked.
@@ -238,6 +244,9 @@ pin_project! {
         #[pin]
         inner: Option<B>,
         streaming: Option<Streaming>,
+        // The request's scope, current while the handler's body is polled or dropped (it is
+        // the handler's code, as its future was); `None` for a body the layer made.
+        scope: Option<Scope>,
     }
 
     impl<B> PinnedDrop for ResponseBody<B> {
@@ -265,10 +274,12 @@ pin_project! {
                     });
                 }
                 // The body goes first, then the unit (stopped before it is counted).
-                this.inner.set(None);
+                with_current(this.scope, || this.inner.set(None));
                 streaming.stop.give_back();
                 drop(streaming);
                 caught.resume();
+            } else if this.inner.is_some() {
+                with_current(this.scope, || this.inner.set(None));
             }
         }
     }
@@ -288,6 +299,7 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             inner: None,
             streaming: None,
+            scope: None,
         }
     }
 
@@ -307,7 +319,8 @@ impl<B> ResponseBody<B> {
             // Busy: a cut from now on leaves the unit here (invariant 2 of the module docs).
             if streaming.mark_busy() {
                 // Stopped: the body goes first, then the unit (stopped before it is counted).
-                drop(self.inner.take());
+                let inner = self.inner.take();
+                with_current(&mut self.scope, || drop(inner));
                 streaming.stop.give_back();
                 return None;
             }
@@ -335,6 +348,7 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             inner: Some(body),
             streaming,
+            scope: Some(scope.clone()),
         }
     }
 }
@@ -357,7 +371,7 @@ where
             if s.enter(cx.waker()) {
                 let cause = s.scope.cause_or_cancelled();
                 let grpc = s.grpc;
-                this.inner.set(None);
+                with_current(this.scope, || this.inner.set(None));
                 // Given back by the cut already, unless it found this body busy.
                 s.stop.give_back();
                 *this.streaming = None;
@@ -375,7 +389,7 @@ where
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return Poll::Ready(None);
         };
-        let polled = match inner.poll_frame(cx) {
+        let polled = match with_current(this.scope, || inner.poll_frame(cx)) {
             Poll::Pending => {
                 if let Some(s) = this.streaming.as_ref() {
                     s.stop.leave();
@@ -398,7 +412,7 @@ where
             }
         };
         if ended {
-            this.inner.set(None);
+            with_current(this.scope, || this.inner.set(None));
             if let Some(s) = this.streaming.take() {
                 s.stop.give_back();
             }
