@@ -4,7 +4,14 @@
 //! Real loopback sockets (a bare `TcpListener`, no server framework), so the real clock:
 //! tokio's paused clock would auto-advance past the timers before the socket events arrive.
 //! Nothing sleeps: every wait is on a socket event or on the call's own timeout, and every
-//! test is bounded by a 2 s scope.
+//! test is bounded by a scope of `SCOPE`.
+//!
+//! The bounds are far apart, so that a loaded machine cannot blur them: a caller's "shorter"
+//! bound is 2 s (a loopback request reaches the server well within it, also while other
+//! processes hold the CPU), the scope's budget is two minutes, and "gave up after the shorter
+//! bound, not the scope's" is told apart at one minute. (With 50 ms and 2 s, a request whose
+//! head had not reached the server within 50 ms, or a timer that fired a second late, failed
+//! these tests on a loaded 2-core machine with no bug behind it.)
 
 use std::time::Duration;
 
@@ -20,6 +27,13 @@ use tokio::time::{timeout, Instant};
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
+
+/// The scope's budget in every test: never reached when the library keeps the shorter bound.
+const SCOPE: Duration = Duration::from_secs(120);
+/// A caller's or client's own bound, shorter than the scope's: what the call must keep.
+const SHORTER: Duration = Duration::from_secs(2);
+/// Between the two: a call that gave up before it kept the shorter bound.
+const SPLIT: Duration = Duration::from_secs(60);
 
 /// Accepts one connection, sends back the request head it read, and answers `200` only if
 /// `answer`; otherwise holds the connection open without a word.
@@ -66,41 +80,41 @@ fn told(head: &str) -> (Duration, Duration) {
     (grpc, rem)
 }
 
-/// `.timeout(50 ms)` on the builder, then `.scoped()` in a 2 s scope: the request gives up
-/// after about 50 ms, as a deadline, and the server is told no more than 50 ms.
+/// `.timeout(2 s)` on the builder, then `.scoped()` in a two-minute scope: the request gives
+/// up after about 2 s, as a deadline, and the server is told no more than 2 s.
 #[tokio::test]
 async fn the_callers_shorter_timeout_is_kept() {
     let (url, head) = one_shot_server(false).await;
     let client = reqwest::Client::new();
-    let scope = Scope::with_timeout(ms(2_000));
+    let scope = Scope::with_timeout(SCOPE);
     let start = Instant::now();
     let res = scope
-        .run(async { client.get(&url).timeout(ms(50)).scoped().send().await })
+        .run(async { client.get(&url).timeout(SHORTER).scoped().send().await })
         .await
         .unwrap();
     let took = start.elapsed();
     let err = res.unwrap_err();
     assert!(err.is_deadline_exceeded(), "{err}");
     assert!(
-        took < ms(1_000),
-        "the caller's 50 ms timeout was replaced by the scope's budget: gave up after {took:?}"
+        took < SPLIT,
+        "the caller's 2 s timeout was replaced by the scope's budget: gave up after {took:?}"
     );
     let (grpc, rem) = told(&head.await.unwrap());
     assert!(
-        grpc <= ms(50) && rem <= ms(50),
+        grpc <= SHORTER && rem <= SHORTER,
         "told {grpc:?}, rem {rem:?}"
     );
     assert!(!scope.is_cancelled());
 }
 
-/// Sends a GET made by `with` from a 2 s scope to a server that answers; returns the
+/// Sends a GET made by `with` from a scope of `SCOPE` to a server that answers; returns the
 /// response and the request head the server read.
-async fn send_in_2s(
+async fn send_in_scope(
     with: impl FnOnce(RequestBuilder) -> RequestBuilder,
 ) -> (ScopedResponse, String) {
     let (url, head) = one_shot_server(true).await;
     let client = reqwest::Client::new();
-    let scope = Scope::with_timeout(ms(2_000));
+    let scope = Scope::with_timeout(SCOPE);
     let res = scope
         .run(async { with(client.get(&url)).scoped().send().await })
         .await
@@ -113,53 +127,51 @@ async fn send_in_2s(
 /// A longer timeout on the builder does not lengthen the scope's budget.
 #[tokio::test]
 async fn a_longer_caller_timeout_gives_no_more_than_the_scope() {
-    let (res, head) = send_in_2s(|b| b.timeout(ms(60_000))).await;
-    assert!(res.remaining().unwrap() <= ms(2_000));
+    let (res, head) = send_in_scope(|b| b.timeout(SCOPE * 10)).await;
+    assert!(res.remaining().unwrap() <= SCOPE);
     let (grpc, rem) = told(&head);
-    assert!(
-        grpc <= ms(2_000) && rem <= ms(2_000),
-        "told {grpc:?}, rem {rem:?}"
-    );
+    assert!(grpc <= SCOPE && rem <= SCOPE, "told {grpc:?}, rem {rem:?}");
 }
 
 /// A preset, shorter `grpc-timeout` / `service-budget` on the builder is not replaced by the
 /// scope's longer budget; the call's own budget shrinks with it.
 #[tokio::test]
 async fn a_shorter_preset_budget_header_is_not_lengthened() {
-    let (res, head) = send_in_2s(|b| {
-        b.header("grpc-timeout", "50000u")
-            .header("service-budget", "v=1, rem=50")
+    let (res, head) = send_in_scope(|b| {
+        b.header("grpc-timeout", "2000000u")
+            .header("service-budget", "v=1, rem=2000")
     })
     .await;
-    assert!(res.remaining().unwrap() <= ms(50));
+    assert!(res.remaining().unwrap() <= SHORTER);
     let (grpc, rem) = told(&head);
     assert!(
-        grpc <= ms(50) && rem <= ms(50),
-        "preset 50 ms sent as grpc-timeout {grpc:?}, rem {rem:?}"
+        grpc <= SHORTER && rem <= SHORTER,
+        "preset 2 s sent as grpc-timeout {grpc:?}, rem {rem:?}"
     );
 }
 
 /// A malformed preset budget header is replaced by the scope's budget: not trusted, no error.
 #[tokio::test]
 async fn a_malformed_preset_budget_header_is_replaced() {
-    let (_, head) = send_in_2s(|b| {
+    let (_, head) = send_in_scope(|b| {
         b.header("grpc-timeout", "soon")
             .header("service-budget", "rem=1")
     })
     .await;
     let (grpc, rem) = told(&head);
-    assert!(grpc > ms(1_000) && grpc <= ms(2_000), "told {grpc:?}");
-    assert!(rem > ms(1_000) && rem <= ms(2_000), "rem {rem:?}");
+    assert!(grpc > SPLIT && grpc <= SCOPE, "told {grpc:?}");
+    assert!(rem > SPLIT && rem <= SCOPE, "rem {rem:?}");
 }
 
-/// The same bound set on the client (`ClientBuilder::timeout(50 ms)`), not on the request.
+/// The same bound set on the client (`ClientBuilder::timeout(2 s)`), not on the request.
 /// reqwest applies a request's own timeout in place of the client's, so `send()` must not give
-/// a request the scope's budget as its own timeout (it did: the client's 50 ms became 2 s).
+/// a request the scope's budget as its own timeout (it did: the client's bound became the
+/// scope's).
 #[tokio::test]
 async fn the_clients_shorter_timeout_is_kept() {
     let (url, _head) = one_shot_server(false).await;
-    let client = reqwest::Client::builder().timeout(ms(50)).build().unwrap();
-    let scope = Scope::with_timeout(ms(2_000));
+    let client = reqwest::Client::builder().timeout(SHORTER).build().unwrap();
+    let scope = Scope::with_timeout(SCOPE);
     let start = Instant::now();
     let res = scope
         .run(async { client.get(&url).scoped().send().await })
@@ -168,15 +180,16 @@ async fn the_clients_shorter_timeout_is_kept() {
     let took = start.elapsed();
     assert!(res.is_err());
     assert!(
-        took < ms(1_000),
-        "the client's 50 ms timeout was replaced by the scope's budget: gave up after {took:?}"
+        took < SPLIT,
+        "the client's 2 s timeout was replaced by the scope's budget: gave up after {took:?}"
     );
 }
 
 /// A timer of the client's own transport (`ClientBuilder::read_timeout(50 ms)`) that fires
-/// while the call still has most of its 2 s budget is a transport failure, receipted `Failed`:
+/// while the call still has most of its budget is a transport failure, receipted `Failed`:
 /// not the call's deadline (which would tell a handler to answer 504, and a retry policy that
-/// the budget is gone, with 1.9 s left), and not `Cancelled` (nothing cancelled the call).
+/// the budget is gone, with nearly all of it left), and not `Cancelled` (nothing cancelled the
+/// call).
 #[tokio::test]
 async fn a_transport_timeout_with_budget_left_is_a_failure_not_the_deadline() {
     let (url, _head) = one_shot_server(false).await;
@@ -184,7 +197,7 @@ async fn a_transport_timeout_with_budget_left_is_a_failure_not_the_deadline() {
         .read_timeout(ms(50))
         .build()
         .unwrap();
-    let scope = Scope::with_timeout(ms(2_000));
+    let scope = Scope::with_timeout(SCOPE);
     let err = scope
         .run(async { client.get(&url).scoped().send().await })
         .await
@@ -194,7 +207,7 @@ async fn a_transport_timeout_with_budget_left_is_a_failure_not_the_deadline() {
     assert!(!err.is_deadline_exceeded(), "{err}");
     assert!(!scope.is_cancelled());
     scope.close();
-    let report = timeout(ms(1_000), scope.quiesce()).await.unwrap();
+    let report = timeout(SPLIT, scope.quiesce()).await.unwrap();
     assert_eq!(report.failed(), 1, "{report}");
     assert_eq!(report.cancelled(), 0, "{report}");
 }
