@@ -1075,10 +1075,13 @@ async fn a_cut_racing_polls_and_drops_on_other_threads_lets_go_once() {
     };
     let (mut cut, mut dropped) = (0, 0);
     for round in 0..ROUNDS {
-        let res = svc
-            .call(streaming_request(false, http::Method::GET))
-            .await
-            .unwrap();
+        // The request's deadline is the policy's 60 s, not streaming_request()'s 250 ms (meant
+        // for the paused clock): a round that a loaded machine holds up must still be ended by
+        // the race's cancel or the drop, as the cause check below asks, not by the deadline.
+        let mut req = streaming_request(false, http::Method::GET);
+        req.headers_mut()
+            .insert("grpc-timeout", http::HeaderValue::from_static("60S"));
+        let res = svc.call(req).await.unwrap();
         let scope = scope_of(&res);
         let probe = res.extensions().get::<Probe>().unwrap().clone();
         let (cancel_at, drop_at) = (next(8), next(12));
