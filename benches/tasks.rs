@@ -43,15 +43,7 @@ fn spawn_join(c: &mut Criterion) {
                 t.elapsed()
             })
         })
-        .side("cancel_scope", |n| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..n {
-                    black_box(scope.spawn(async { 1u64 }).unwrap().await.unwrap());
-                }
-                t.elapsed()
-            })
-        })
+        .side("cancel_scope", |n| scope_spawn_join(&rt, &scope, n))
         .run(c.benchmark_group("spawn_join"));
 
     // What tokio and tokio-util offer for the same job (a task that a cancel stops), as the
@@ -69,16 +61,19 @@ fn spawn_join(c: &mut Criterion) {
                 t.elapsed()
             })
         })
-        .side("cancel_scope", |n| {
-            rt.block_on(async {
-                let t = Instant::now();
-                for _ in 0..n {
-                    black_box(scope.spawn(async { 1u64 }).unwrap().await.unwrap());
-                }
-                t.elapsed()
-            })
-        })
+        .side("cancel_scope", |n| scope_spawn_join(&rt, &scope, n))
         .run(c.benchmark_group("spawn_join_until_cancelled"));
+}
+
+/// `n` spawns into `scope`, each joined before the next, and how long they took.
+fn scope_spawn_join(rt: &tokio::runtime::Runtime, scope: &Scope, n: u64) -> Duration {
+    rt.block_on(async {
+        let t = Instant::now();
+        for _ in 0..n {
+            black_box(scope.spawn(async { 1u64 }).unwrap().await.unwrap());
+        }
+        t.elapsed()
+    })
 }
 
 const TASKS: usize = 10_000;

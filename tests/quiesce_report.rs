@@ -246,6 +246,41 @@ async fn an_effect_left_unknown_by_a_shield_is_in_the_scopes_report() {
     assert_eq!(ids, ["refund-7"]);
 }
 
+/// Quiesces a cancelled scope whose work ended while `cleanup` ran as a shield with a budget
+/// (10 s) past the grace period: the shield is quarantined, and its handle says it was stopped.
+/// Returns the scope and its report.
+async fn with_a_quarantined_shield<F>(cleanup: F) -> (Scope, Report)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let s = Scope::new();
+    let hold = s.tether(()).unwrap();
+    s.cancel();
+    let shield = s.shield(Duration::from_secs(10), cleanup).unwrap();
+    drop(hold);
+    let r = s.quiesce().await;
+    assert!(shield.await.unwrap_err().is_cancelled());
+    (s, r)
+}
+
+/// A dispatched side effect in the current scope, which then waits forever (its provider
+/// never answers: the grace period ends first).
+async fn open_effect(id: &'static str) {
+    let effect = Scope::current()
+        .register(ChildSpec::side_effecting("effect", id))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    std::future::pending::<()>().await;
+    effect.succeed();
+}
+
+fn effect_ids(r: &Report) -> Vec<&str> {
+    let mut ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// A shield quarantined at the end of the grace period while the side effect its cleanup
 /// dispatched is still open: that effect may yet commit, so the scope's report lists it and
 /// is `NeedsReconciliation`, never `CancelledStable` with no pending effect (found by review:
@@ -253,31 +288,13 @@ async fn an_effect_left_unknown_by_a_shield_is_in_the_scopes_report() {
 /// scope only after `quiesce()` had returned).
 #[tokio::test(start_paused = true)]
 async fn an_effect_open_in_a_quarantined_shield_is_in_the_scopes_report() {
-    let s = Scope::new();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
-    let cleanup = s
-        .shield(Duration::from_secs(10), async {
-            let refund = Scope::current()
-                .register(ChildSpec::side_effecting("refund", "refund-8"))
-                .unwrap()
-                .dispatch()
-                .unwrap();
-            // The provider never answers: the grace period ends first.
-            std::future::pending::<()>().await;
-            refund.succeed();
-        })
-        .unwrap();
-    drop(hold);
-    let r = s.quiesce().await;
+    let (s, r) = with_a_quarantined_shield(open_effect("refund-8")).await;
     assert_eq!(r.quarantined(), 1, "{r}");
     assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
     assert_eq!(s.lifecycle(), Lifecycle::NeedsReconciliation);
-    let ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
-    assert_eq!(ids, ["refund-8"], "{r}");
-    assert!(cleanup.await.unwrap_err().is_cancelled());
+    assert_eq!(effect_ids(&r), ["refund-8"], "{r}");
     // Nothing changes once quiet: the cleanup's late end adds nothing.
-    assert_eq!(s.quiesce().await.pending_effects(), r.pending_effects());
+    assert_eq!(s.quiesce().await, r);
 }
 
 /// The quarantine of a shield cancels the cleanup's own scope, whose `on_cancel` callback may
@@ -292,97 +309,56 @@ async fn a_callback_panic_in_a_quarantined_shield_does_not_hide_its_effect() {
             panic!("the payload panics as it is dropped");
         }
     }
-    let s = Scope::new();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
-    let cleanup = s
-        .shield(Duration::from_secs(10), async {
-            let me = Scope::current();
-            let _callback = me.on_cancel(|_| std::panic::panic_any(PanicsOnDrop));
-            let refund = me
-                .register(ChildSpec::side_effecting("refund", "refund-9"))
-                .unwrap()
-                .dispatch()
-                .unwrap();
-            std::future::pending::<()>().await;
-            refund.succeed();
-        })
-        .unwrap();
-    drop(hold);
-    let r = s.quiesce().await;
+    let (_, r) = with_a_quarantined_shield(async {
+        let _callback = Scope::current().on_cancel(|_| std::panic::panic_any(PanicsOnDrop));
+        open_effect("refund-9").await;
+    })
+    .await;
     assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
-    let ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
-    assert_eq!(ids, ["refund-9"], "{r}");
-    assert!(cleanup.await.unwrap_err().is_cancelled());
+    assert_eq!(effect_ids(&r), ["refund-9"], "{r}");
 }
 
 /// The same for an effect left unknown by work the quarantined cleanup spawned in its own
 /// scope (deeper in that scope's tree), and one already recorded unknown there.
 #[tokio::test(start_paused = true)]
 async fn effects_deep_in_a_quarantined_shield_are_in_the_scopes_report() {
-    let s = Scope::new();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
-    let cleanup = s
-        .shield(Duration::from_secs(10), async {
-            let me = Scope::current();
-            // Dropped dispatched: recorded `EffectUnknown` in the cleanup's scope at once.
-            drop(
-                me.register(ChildSpec::side_effecting("notify", "notify-1"))
-                    .unwrap()
-                    .dispatch()
-                    .unwrap(),
-            );
-            let child = me.child().build().unwrap();
-            let _left = child
-                .spawn(async {
-                    let charge = Scope::current()
-                        .register(ChildSpec::side_effecting("charge", "charge-2"))
-                        .unwrap()
-                        .dispatch()
-                        .unwrap();
-                    std::future::pending::<()>().await;
-                    charge.succeed();
-                })
-                .unwrap();
-            std::future::pending::<()>().await;
-            drop(child);
-        })
-        .unwrap();
-    drop(hold);
-    let r = s.quiesce().await;
+    let (_, r) = with_a_quarantined_shield(async {
+        let me = Scope::current();
+        // Dropped dispatched: recorded `EffectUnknown` in the cleanup's scope at once.
+        drop(
+            me.register(ChildSpec::side_effecting("notify", "notify-1"))
+                .unwrap()
+                .dispatch()
+                .unwrap(),
+        );
+        let child = me.child().build().unwrap();
+        let _left = child.spawn(open_effect("charge-2")).unwrap();
+        std::future::pending::<()>().await;
+        drop(child);
+    })
+    .await;
     assert_eq!(r.state(), Lifecycle::NeedsReconciliation, "{r}");
-    let mut ids: Vec<_> = r.pending_effects().iter().map(|e| e.effect_id()).collect();
-    ids.sort_unstable();
-    assert_eq!(ids, ["charge-2", "notify-1"], "{r}");
-    assert!(cleanup.await.unwrap_err().is_cancelled());
+    assert_eq!(effect_ids(&r), ["charge-2", "notify-1"], "{r}");
 }
 
 /// A quarantined shield whose cleanup opened no side effect leaves the report stable.
 #[tokio::test(start_paused = true)]
 async fn a_quarantined_read_only_shield_leaves_the_report_stable() {
-    let s = Scope::new();
-    let hold = s.tether(()).unwrap();
-    s.cancel();
-    let cleanup = s
-        .shield(Duration::from_secs(10), async {
-            let _read = Scope::current()
-                .register(ChildSpec::read_only("lookup"))
-                .unwrap()
-                .dispatch()
-                .unwrap();
-            std::future::pending::<()>().await;
-        })
-        .unwrap();
-    drop(hold);
-    let r = s.quiesce().await;
+    let (_, r) = with_a_quarantined_shield(async {
+        let _read = Scope::current()
+            .register(ChildSpec::read_only("lookup"))
+            .unwrap()
+            .dispatch()
+            .unwrap();
+        std::future::pending::<()>().await;
+    })
+    .await;
     assert_eq!(
         (r.quarantined(), r.state()),
         (1, Lifecycle::CancelledStable),
         "{r}"
     );
     assert!(r.pending_effects().is_empty(), "{r}");
-    assert!(cleanup.await.unwrap_err().is_cancelled());
 }
 
 /// A shield whose cleanup had no unknown effect keeps its own receipt.

@@ -342,21 +342,25 @@ fn paused_runtime() -> tokio::runtime::Runtime {
 /// tasks only while it blocks on something that waits) must not leave its heap believing a
 /// timer task runs: a child that tightens the deadline of a root it made, in a later runtime,
 /// is cancelled at its deadline.
+/// In the current runtime (paused): a child of `root` that tightens the deadline to 10 ms is
+/// cancelled at 10 ms by its deadline. A deadline no timer task of this runtime watches ends
+/// the wait at 60 s instead.
+async fn a_child_fires_at_its_deadline(root: &Scope) {
+    let start = Instant::now();
+    let child = child_within(root, ms(10));
+    let fired = tokio::time::timeout(Duration::from_secs(60), child.cancelled()).await;
+    assert!(fired.is_ok(), "the child's deadline never fired");
+    assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
+    assert_eq!(start.elapsed(), ms(10));
+}
+
 #[test]
 fn a_deadline_fires_after_the_runtime_whose_timer_task_never_ran_was_dropped() {
     let first = paused_runtime();
     let root = first.block_on(async { Scope::with_timeout(Duration::from_secs(3600)) });
     drop(first);
     let second = paused_runtime();
-    second.block_on(async {
-        let start = Instant::now();
-        let child = child_within(&root, ms(10));
-        // Paused: a deadline no timer task watches ends the wait at 60 s.
-        let fired = tokio::time::timeout(Duration::from_secs(60), child.cancelled()).await;
-        assert!(fired.is_ok(), "the child's deadline never fired");
-        assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
-        assert_eq!(start.elapsed(), ms(10));
-    });
+    second.block_on(a_child_fires_at_its_deadline(&root));
 }
 
 /// The same outside any runtime: with the runtime gone no timer task watches the tree, so a
@@ -388,15 +392,7 @@ fn a_child_made_in_another_runtime_fires_while_the_first_one_is_idle() {
         root
     });
     let second = paused_runtime();
-    second.block_on(async {
-        let start = Instant::now();
-        let child = child_within(&root, ms(10));
-        // Paused: a deadline no timer task of this runtime watches ends the wait at 60 s.
-        let fired = tokio::time::timeout(Duration::from_secs(60), child.cancelled()).await;
-        assert!(fired.is_ok(), "the child's deadline never fired");
-        assert_eq!(child.cause(), Some(Cause::DeadlineExceeded));
-        assert_eq!(start.elapsed(), ms(10));
-    });
+    second.block_on(a_child_fires_at_its_deadline(&root));
     drop(first);
 }
 
