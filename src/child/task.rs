@@ -527,8 +527,8 @@ impl Scope {
     /// can be started after a cancel as long as the scope is not yet quiet (and its grace
     /// period has not ended). Keep `budget` within the scope's grace period: a cleanup still
     /// running when the grace period after the cancel ends is quarantined like any other
-    /// child, and stopped (after `quiesce` nothing of the scope may commit). A cleanup that ends with effects
-    /// left unknown in its own scope (a call cut off by `budget`) ends
+    /// child, and stopped (after `quiesce` nothing of the scope may commit). A cleanup that
+    /// ends with effects left unknown in its own scope (a call cut off by `budget`) ends
     /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects; so are
     /// the effects a quarantined cleanup left open (dispatched, not answered), which may still
     /// commit (its work is quarantined with it, and the report is `NeedsReconciliation`). Work

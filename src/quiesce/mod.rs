@@ -391,7 +391,7 @@ pub struct Quiesce {
     /// The size of `due` or `seen` at which scopes that are quiet or gone are dropped.
     prune_at: usize,
     /// The earliest grace end of a cancelled ancestor of the scope put on `due` for the scope
-    /// (see [`ancestors_grace_end`]).
+    /// (see [`cancelled_grace_end`]).
     outer: Option<tokio::time::Instant>,
 }
 
@@ -457,7 +457,7 @@ impl Future for Quiesce {
         // grace period that ends first holds for the work below both (that cancel hands this
         // scope to its own waiters, so this poll comes after it).
         if this.scope.node.state().is_cancelled() {
-            if let Some(at) = ancestors_grace_end(&this.scope.node)
+            if let Some(at) = cancelled_grace_end(this.scope.node.parent().map(|p| &**p))
                 .filter(|&at| this.outer.is_none_or(|o| at < o))
             {
                 this.outer = Some(at);
@@ -618,18 +618,18 @@ fn look_below(
     }
 }
 
-/// The earliest end of the grace periods of `node`'s cancelled ancestors (`None`: none is
-/// cancelled, or none ends).
-fn ancestors_grace_end(node: &Core) -> Option<tokio::time::Instant> {
+/// The earliest end of the grace periods of the cancelled scopes from `from` up to the root
+/// (`None`: none is cancelled, or none ends).
+fn cancelled_grace_end(from: Option<&Core>) -> Option<tokio::time::Instant> {
     let mut end: Option<tokio::time::Instant> = None;
-    let mut n = node.parent();
-    while let Some(p) = n {
-        if p.state().is_cancelled() {
-            if let Some(at) = grace_end(p) {
+    let mut n = from;
+    while let Some(c) = n {
+        if c.state().is_cancelled() {
+            if let Some(at) = grace_end(c) {
                 end = Some(end.map_or(at, |e| e.min(at)));
             }
         }
-        n = p.parent();
+        n = c.parent().map(|p| &**p);
     }
     end
 }
@@ -775,18 +775,7 @@ impl Scope {
     /// ended (the work below is quarantined by the next `quiesce`, if none did yet). Reads
     /// the clock only if one of them is cancelled.
     pub(crate) fn grace_ended(&self) -> bool {
-        let mut now = None;
-        let mut n = Some(&*self.node);
-        while let Some(c) = n {
-            if c.state().is_cancelled() {
-                let now = *now.get_or_insert_with(tokio::time::Instant::now);
-                if grace_end(c).is_some_and(|at| at <= now) {
-                    return true;
-                }
-            }
-            n = c.parent().map(|p| &**p);
-        }
-        false
+        cancelled_grace_end(Some(&self.node)).is_some_and(|at| at <= tokio::time::Instant::now())
     }
 
     /// The children of this scope's subtree whose effect is unknown so far: `EffectUnknown`

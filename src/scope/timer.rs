@@ -226,22 +226,23 @@ impl Timers {
                     _ => {
                         // A runtime this thread has not made deadlines in (or not since it
                         // made them in another): the old one's heap goes with its scopes.
-                        let timers = Arc::new(Timers {
-                            runtime: Some(id),
-                            ..Timers::default()
-                        });
+                        let timers = Timers::of(id);
                         *kept = Some((id, timers.clone()));
                         timers
                     }
                 }
             })
             // The thread is exiting (its thread-locals are being destroyed).
-            .unwrap_or_else(|_| {
-                Arc::new(Timers {
-                    runtime: Some(id),
-                    ..Timers::default()
-                })
-            })
+            .unwrap_or_else(|_| Timers::of(id))
+    }
+
+    /// New timers of the runtime `id`.
+    #[cfg(not(loom))]
+    fn of(id: tokio::runtime::Id) -> Arc<Timers> {
+        Arc::new(Timers {
+            runtime: Some(id),
+            ..Timers::default()
+        })
     }
 
     /// The timers for a child that tightens its deadline, if not `tree`'s (the timers of its

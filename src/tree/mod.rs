@@ -489,6 +489,20 @@ impl<X, R> Node<X, R> {
         }
     }
 
+    /// Files `records` of a receipt of `kind` in this node: unknown effects, or quarantined
+    /// children (the other kinds list nothing).
+    fn add_records(&self, kind: Kind, records: &[R])
+    where
+        R: Clone,
+    {
+        let mut recs = self.records.get_or_init().lock();
+        match kind {
+            Kind::EffectUnknown => recs.effects.extend_from_slice(records),
+            Kind::Quarantined => recs.quarantined.extend_from_slice(records),
+            _ => {}
+        }
+    }
+
     /// The parent node (`None` for a root).
     pub(crate) fn parent(&self) -> Option<&Arc<Node<X, R>>> {
         self.up.as_ref().map(|l| &l.parent)
@@ -1604,12 +1618,7 @@ fn count_receipt<X, R: Clone>(
             }
         }
         if !records.is_empty() {
-            let mut recs = cur.records.get_or_init().lock();
-            match kind {
-                Kind::EffectUnknown => recs.effects.extend_from_slice(records),
-                Kind::Quarantined => recs.quarantined.extend_from_slice(records),
-                _ => {}
-            }
+            cur.add_records(kind, records);
         }
         n = cur.parent_node();
     }
@@ -1623,9 +1632,7 @@ fn count_receipt<X, R: Clone>(
 pub(crate) fn note_effects<X, R: Clone>(node: &Node<X, R>, records: &[R]) {
     let mut n = Some(node);
     while let Some(cur) = n {
-        let mut recs = cur.records.get_or_init().lock();
-        recs.effects.extend_from_slice(records);
-        drop(recs);
+        cur.add_records(Kind::EffectUnknown, records);
         n = cur.parent_node();
     }
 }
