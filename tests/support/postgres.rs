@@ -11,7 +11,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use sqlx::postgres::PgConnectOptions;
+use std::time::Duration;
+
+use cancel_scope::integrations::sqlx::{GuardedConnection, GuardedPool};
+use cancel_scope::ChildSpec;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, Postgres, Row};
+use tokio::time::Instant;
 
 /// The port only names the socket file (`.s.PGSQL.<port>`); no TCP listener is opened.
 const PORT: u16 = 5432;
@@ -114,6 +120,17 @@ impl PgCluster {
             .database("postgres")
     }
 
+    /// The pid of the server's postmaster (the process that accepts new connections).
+    pub fn postmaster_pid(&self) -> i32 {
+        let pidfile = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .expect("read postmaster.pid");
+        pidfile
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid on the first line of postmaster.pid")
+    }
+
     /// The server log so far (every statement, `log_statement = 'all'`, lines prefixed with
     /// the timestamp and `[pid]`).
     pub fn log(&self) -> String {
@@ -212,4 +229,136 @@ fn run(cmd: &mut Command) -> Output {
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
+}
+
+// Steps the PostgreSQL tests share.
+
+pub const SLACK: Duration = Duration::from_millis(500);
+pub const IDLE_WITHIN: Duration = Duration::from_secs(2);
+
+pub async fn guarded(pg: &PgCluster, max: u32) -> GuardedPool<Postgres> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(pg.options())
+        .await
+        .expect("connect pool");
+    GuardedPool::new(pool).cleanup_budget(Duration::from_secs(5))
+}
+
+pub async fn observer(pg: &PgCluster) -> PgConnection {
+    PgConnection::connect_with(&pg.options())
+        .await
+        .expect("connect observer")
+}
+
+pub async fn create_orders(db: &GuardedPool<Postgres>) {
+    sqlx::query("CREATE TABLE orders (id text)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+pub async fn count_orders(db: &GuardedPool<Postgres>) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
+/// The state of backend `pid` (`None`: no such backend). Read with the function behind
+/// `pg_stat_activity`, so that a test holding a lock on the view can still watch.
+pub async fn backend_state(obs: &mut PgConnection, pid: i32) -> Option<String> {
+    sqlx::query_scalar::<_, Option<String>>("SELECT state FROM pg_catalog.pg_stat_get_activity($1)")
+        .bind(pid)
+        .fetch_optional(&mut *obs)
+        .await
+        .expect("read pg_stat_activity")
+        .flatten()
+}
+
+/// Polls every 10 ms until backend `pid` is no longer `active`; returns how long that took.
+/// Panics if it is still active after `within`.
+pub async fn wait_not_active(
+    obs: &mut PgConnection,
+    pid: i32,
+    within: Duration,
+) -> (Duration, String) {
+    let start = Instant::now();
+    loop {
+        let state = backend_state(obs, pid).await;
+        match state.as_deref() {
+            Some("active") => {}
+            other => {
+                return (
+                    start.elapsed(),
+                    other.unwrap_or("gone (connection closed)").to_owned(),
+                )
+            }
+        }
+        assert!(
+            start.elapsed() < within,
+            "backend {pid} still active {within:?} after the call returned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls every 10 ms until backend `pid` runs the statement whose text contains `needle`.
+/// Not just any statement: the guard's own short statement before it (which arms
+/// `statement_timeout`) can be seen active too, on a loaded machine, and the backend is idle
+/// again right after it.
+pub async fn wait_active(obs: &mut PgConnection, pid: i32, needle: &str) {
+    let start = Instant::now();
+    loop {
+        let running: Option<(Option<String>, Option<String>)> =
+            sqlx::query_as("SELECT state, query FROM pg_catalog.pg_stat_get_activity($1)")
+                .bind(pid)
+                .fetch_optional(&mut *obs)
+                .await
+                .expect("read pg_stat_activity");
+        if let Some((Some(state), Some(query))) = running {
+            if state == "active" && query.contains(needle) {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "statement never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub async fn pid_of(conn: &mut GuardedConnection<Postgres>) -> i32 {
+    conn.fetch_one(
+        ChildSpec::read_only("pid"),
+        sqlx::query("SELECT pg_catalog.pg_backend_pid()"),
+    )
+    .await
+    .expect("read pid")
+    .get(0)
+}
+
+/// Resumes a stopped process when dropped (also when the test panics).
+pub struct Stopped(i32);
+
+impl Stopped {
+    pub fn stop(pid: i32) -> Stopped {
+        signal_process("-STOP", pid);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal_process("-CONT", self.0);
+    }
+}
+
+pub fn signal_process(signal: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
 }

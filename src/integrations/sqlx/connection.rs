@@ -7,8 +7,8 @@ use ::sqlx::pool::PoolConnection;
 use ::sqlx::Execute;
 
 use super::pool::{cancelled, check_budget, Shared};
-use super::{Backend, BoxFuture, Error, Release};
-use crate::{ChildSpec, Receipt, Scope, Tethered};
+use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release};
+use crate::{ChildSpec, Dispatched, Receipt, Scope, Tethered};
 
 /// A pooled connection held for a [`Scope`]: counted as a guard of the scope until dropped
 /// or [released](GuardedConnection::release), and every statement on it is a registered
@@ -115,22 +115,28 @@ impl<DB: Backend> Op<DB> for FetchOptional {
 
 /// A statement on the wire. If it is dropped before [`InFlight::land`] — the scope was
 /// cancelled, or the caller dropped the call's future — the statement is interrupted and the
-/// connection goes to clean-up.
+/// connection goes to clean-up, with the statement's receipt.
 struct InFlight<'a, DB: Backend> {
     conn: &'a mut GuardedConnection<DB>,
-    landed: bool,
+    /// `None` once landed.
+    dispatched: Option<Dispatched>,
+    /// Whether the statement itself may have been sent (not just the arming before it).
+    sent: bool,
 }
 
 impl<DB: Backend> InFlight<'_, DB> {
-    fn land(mut self) {
-        self.landed = true;
+    /// The statement ended on the connection: its receipt is the caller's to record.
+    fn land(mut self) -> Dispatched {
+        self.dispatched
+            .take()
+            .expect("a statement lands once, while in flight")
     }
 }
 
 impl<DB: Backend> Drop for InFlight<'_, DB> {
     fn drop(&mut self) {
-        if !self.landed {
-            self.conn.hand_off(true);
+        if let Some(dispatched) = self.dispatched.take() {
+            self.conn.hand_off(Some(Cut::new(dispatched, self.sent)));
         }
     }
 }
@@ -376,7 +382,7 @@ impl<DB: Backend> GuardedConnection<DB> {
             return;
         };
         let Held { conn, state, unit } = held;
-        match DB::release(&self.shared.state, conn, state, false) {
+        match DB::release(&self.shared.state, conn, state, None) {
             Release::Return(conn) => drop(conn),
             // Bounded like the clean-up child of a drop: a server that stops answering costs
             // the caller (and the scope's `quiesce`, for this guard) the clean-up budget, not
@@ -403,21 +409,26 @@ impl<DB: Backend> GuardedConnection<DB> {
         let ticket = self.scope.register(spec)?;
         // Invariant 2 of the crate: after this CAS succeeds a cancel reaches us through the
         // scope; if the scope was cancelled first it fails and nothing is sent.
-        let mut dispatched = ticket.dispatch()?;
+        let dispatched = ticket.dispatch()?;
         let scope = self.scope.clone();
-        // Whether the statement itself may have been sent (not just the arming before it).
-        let mut sent = false;
-        let flight = InFlight {
+        let mut flight = InFlight {
             conn: self,
-            landed: false,
+            dispatched: Some(dispatched),
+            sent: false,
         };
         let outcome = {
-            let Some(Held { conn, state, .. }) = flight.conn.held.as_mut() else {
+            let InFlight {
+                conn,
+                dispatched,
+                sent,
+                ..
+            } = &mut flight;
+            let (Some(Held { conn, state, .. }), Some(dispatched)) =
+                (conn.held.as_mut(), dispatched.as_mut())
+            else {
                 // (Checked above, and nothing awaited since.)
                 return Err(Error::abandoned());
             };
-            let dispatched = &mut dispatched;
-            let sent = &mut sent;
             let work = async {
                 // The budget as of now, after queueing: what the server may still spend.
                 DB::arm(&mut **conn, state, scope.remaining()).await?;
@@ -437,12 +448,12 @@ impl<DB: Backend> GuardedConnection<DB> {
         };
         match outcome {
             Outcome::Done(Ok(out)) => {
-                flight.land();
-                dispatched.succeed();
+                flight.land().succeed();
                 Ok(out)
             }
             Outcome::Done(Err(e)) => {
-                flight.land();
+                let sent = flight.sent;
+                let dispatched = flight.land();
                 if DB::is_query_canceled(&e) && out_of_budget(&scope) {
                     // The server stopped it at the budget-derived timeout (it raced our own
                     // timer): confirmed stopped, nothing committed.
@@ -461,35 +472,32 @@ impl<DB: Backend> GuardedConnection<DB> {
                 }
             }
             Outcome::Cancelled => {
-                // Interrupt and hand the connection to clean-up first (while the ticket still
-                // holds the scope open), then record what we know: a read, or a write cut off
-                // while arming (never sent), was stopped; a sent write's outcome is unknown,
-                // since it may have committed before the cancel reached the server.
+                // Interrupt and hand the connection to clean-up with the statement, whose
+                // receipt is recorded there (while it still holds the scope open) once the
+                // clean-up knows whether the statement stopped.
                 drop(flight);
-                let receipt = cut_off_receipt(dispatched.spec(), sent);
-                dispatched.finish(receipt);
                 Err(cancelled(&scope))
             }
         }
     }
 
     /// Hands the connection on: to the pool as it is, or to a clean-up child of the scope.
-    /// `abandoned`: a statement was cut off, so it is interrupted first.
-    fn hand_off(&mut self, abandoned: bool) {
+    /// `cut`: a statement was cut off, so it is interrupted first.
+    fn hand_off(&mut self, cut: Option<Cut>) {
         let Some(Held { conn, state, unit }) = self.held.take() else {
             return;
         };
-        if abandoned {
+        if cut.is_some() {
             DB::interrupt(&state);
         }
-        match DB::release(&self.shared.state, conn, state, abandoned) {
+        match DB::release(&self.shared.state, conn, state, cut) {
             Release::Return(conn) => drop(conn),
             Release::CleanUp(fut) => {
                 // The clean-up is a shielded child: it runs although the scope is cancelled,
                 // bounded by its own budget, and `quiesce` waits for it. It is started while
                 // `unit` still holds the scope open, so the shield cannot be refused for a
                 // quiet scope. Without a runtime (dropped at shutdown) the future is dropped,
-                // which closes the connection.
+                // which closes the connection (and records the cut statement's receipt).
                 if tokio::runtime::Handle::try_current().is_ok() {
                     let _ = self.scope.shield(self.shared.cleanup_budget, fut);
                 }
@@ -501,7 +509,7 @@ impl<DB: Backend> GuardedConnection<DB> {
 
 impl<DB: Backend> Drop for GuardedConnection<DB> {
     fn drop(&mut self) {
-        self.hand_off(false);
+        self.hand_off(None);
     }
 }
 
@@ -528,21 +536,5 @@ fn deadline(scope: &Scope) -> Error {
     match scope.cause() {
         Some(_) => cancelled(scope),
         None => Error::scope(crate::Error::cancelled(crate::Cause::DeadlineExceeded)),
-    }
-}
-
-/// The receipt of a statement cut off after dispatch; `sent`: the statement itself may have
-/// reached the database (it was not cut off while arming).
-fn cut_off_receipt(spec: &ChildSpec, sent: bool) -> Receipt {
-    effect_unknown(spec)
-        .filter(|_| sent)
-        .unwrap_or(Receipt::Cancelled)
-}
-
-/// `EffectUnknown` for a statement that may have an effect, `None` for a read.
-fn effect_unknown(spec: &ChildSpec) -> Option<Receipt> {
-    match spec.effect_record() {
-        Some(rec) if spec.effect().may_have_effect() => Some(Receipt::EffectUnknown(rec.clone())),
-        _ => None,
     }
 }

@@ -42,31 +42,46 @@
 //!
 //! * **`statement_timeout` from the budget.** Right before each statement the connection runs
 //!   one small statement that sets the session's `statement_timeout` to the scope's remaining
-//!   budget (rounded up to a whole millisecond, never above the session's own default when
-//!   that is set nor above the server's largest, about 24.8 days) and reads the backend pid.
-//!   So the *server* stops the statement at the deadline on its own, even if this process
-//!   dies or hangs. (In a failed transaction block, which refuses it and runs nothing but the
-//!   block's end, the statement goes unarmed.) When the connection is released
-//!   `RESET statement_timeout` puts the session default back before it returns to the pool,
-//!   and a transaction block that the scope's statements left open (a raw `BEGIN` whose
-//!   `COMMIT` never ran) is rolled back: the pool's next user must not commit it.
+//!   budget (rounded up to a whole millisecond, never above the server's largest, about 24.8
+//!   days) and reads the backend pid. So the *server* stops the statement at the deadline on
+//!   its own, even if this process dies or hangs. The session's own `statement_timeout` as the
+//!   guard found it — from the server, database, role, connect options or a `SET` in the
+//!   pool's `after_connect` — stays the ceiling: a budget only lowers it, an unbounded scope
+//!   keeps it, and the release puts it back. (In a failed transaction block, which refuses
+//!   it and runs nothing but the block's end, the statement goes unarmed.) A transaction block
+//!   that the scope's statements left open (a raw `BEGIN` whose `COMMIT` never ran) is rolled
+//!   back on release: the pool's next user must not commit it.
 //!
-//!   Why a session-level `SET` per statement, and not `SET LOCAL` in a transaction?
+//!   Why a session-level setting per statement, and not `SET LOCAL` in a transaction?
 //!   `SET LOCAL` only lasts inside a transaction block, so every statement would have to be
 //!   wrapped in `BEGIN … COMMIT` (three round trips instead of two), statements that cannot
 //!   run in a transaction block (`VACUUM`, `CREATE INDEX CONCURRENTLY`) would fail, and a
-//!   caller's own `BEGIN` would change meaning. A per-statement session `SET` costs one round
-//!   trip, is right whatever the transaction state, and is undone on release.
-//! * **Server-side cancel.** On cancel the clean-up child calls
-//!   `pg_cancel_backend(pid)` — repeated every 100 ms until the backend answers, because a
-//!   cancel that arrives before the statement started is ignored by the server — then drains
-//!   the connection to `ReadyForQuery`, rolls back a failed transaction, resets the timeout
-//!   and returns the connection to the pool. If the drain or the reset fails, it calls
-//!   `pg_terminate_backend(pid)` and closes the connection. If the backend has not answered
-//!   when the clean-up budget runs out, the connection is closed without a terminate: the
-//!   cancels already sent stop the statement when the backend gets to them, but a backend
-//!   that cannot be reached at all may still finish it (its receipt, for a write, is
-//!   `EffectUnknown`: listed for reconciliation).
+//!   caller's own `BEGIN` would change meaning. A per-statement session setting costs one
+//!   round trip, is right whatever the transaction state, and is undone on release.
+//! * **Server-side cancel of exactly one session.** On cancel the clean-up child calls
+//!   `pg_catalog.pg_cancel_backend(pid)` for the row of `pg_catalog.pg_stat_activity` with the
+//!   backend's pid *and its `backend_start`*, both read by the first statement of the
+//!   acquisition: a session that has ended and whose pid the server gave to a new one is left
+//!   alone. The cancel is repeated every 100 ms until the backend answers (a cancel that
+//!   arrives before the statement started is ignored by the server), then the clean-up drains
+//!   the connection to `ReadyForQuery`, rolls back a failed transaction, restores the timeout
+//!   and returns the connection to the pool. The connection stays out of the pool until every
+//!   cancel sent for it has answered, so a late cancel cannot stop the next user's statement.
+//!   If the drain or the restore fails, it terminates that same session
+//!   (`pg_terminate_backend`, with the same check) and closes the connection.
+//!
+//!   A cancel that cannot be delivered — the control connection cannot be opened within its
+//!   [connect timeout](GuardedPool::control_connect_timeout), breaks, or the server refuses
+//!   the signal — is not dropped silently: the report of the statement's scope lists it
+//!   ([`Report::undelivered_cancels`](crate::Report::undelivered_cancels), with the reason and
+//!   the `statement_timeout` that still bounds the statement on the server), and the
+//!   statement's receipt says it was not confirmed stopped (`Quarantined` for a read, unless
+//!   the connection answered within the clean-up budget after all; `EffectUnknown` for a
+//!   write). If the backend has not answered when the clean-up budget runs out, the
+//!   connection is closed without a terminate.
+//!
+//!   Every statement of the guard's own names `pg_catalog` — functions, views, types and
+//!   operators — so that nothing on a user's `search_path` can stand in for it.
 //!
 //!   The pid and the session's `statement_timeout` belong to the server connection the guard
 //!   talks to, so the guard needs session pooling: behind a proxy that pools by transaction
@@ -74,12 +89,13 @@
 //!   another client's statement. Connect it to the server directly or through session
 //!   pooling.
 //!
-//!   The cancel goes through one dedicated control connection per [`GuardedPool`], opened
-//!   with the pool's connect options on first use and kept: not through the pool, because a
-//!   pool that is exhausted by runaway statements is exactly when a cancel must still get
-//!   through. (sqlx 0.8 does not expose the secret key needed for the wire-protocol cancel
-//!   request, so the backend pid is read with `pg_backend_pid()`.) The database role must be
-//!   allowed to signal the backend: the same role, a superuser or `pg_signal_backend`.
+//!   The cancel goes through one dedicated control connection per [`GuardedPool`]
+//!   (`application_name` `cancel-scope control`), opened with the pool's connect options on
+//!   first use and kept: not through the pool, because a pool that is exhausted by runaway
+//!   statements is exactly when a cancel must still get through. (sqlx 0.8 does not expose
+//!   the secret key needed for the wire-protocol cancel request, so the backend is named by
+//!   its pid and start time.) The database role must be allowed to signal the backend: the
+//!   same role, a superuser or `pg_signal_backend`.
 //!
 //! # SQLite
 //!
@@ -156,8 +172,7 @@ use std::time::Duration;
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::{Database, Execute, Pool};
 
-#[allow(unused_imports)] // (doc links)
-use crate::{ChildSpec, Scope};
+use crate::{ChildSpec, Dispatched, Receipt, Scope};
 
 mod connection;
 mod error;
@@ -170,6 +185,8 @@ mod sqlite;
 pub use connection::GuardedConnection;
 pub use error::Error;
 pub use pool::{GuardedPool, DEFAULT_CLEANUP_BUDGET};
+#[cfg(feature = "sqlx-postgres")]
+pub use postgres::{UndeliveredCancel, DEFAULT_CONTROL_CONNECT_TIMEOUT};
 
 /// A boxed future, as sqlx's executors return them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -244,13 +261,14 @@ pub trait Backend: Database + sealed::Sealed {
 
     /// What to do with the connection when it leaves the guard: `None` to drop it into the
     /// pool as it is; otherwise a clean-up that returns it to the pool only when clean.
-    /// `abandoned`: a statement was cut off mid-flight.
+    /// `cut`: a statement was cut off mid-flight (it was interrupted first); its receipt is
+    /// for the backend to record, once it knows whether the statement stopped.
     #[doc(hidden)]
     fn release(
         pool: &std::sync::Arc<Self::PoolState>,
         conn: PoolConnection<Self>,
         state: Self::ConnState,
-        abandoned: bool,
+        cut: Option<Cut>,
     ) -> Release<Self>;
 
     #[doc(hidden)]
@@ -276,6 +294,64 @@ pub trait Backend: Database + sealed::Sealed {
         conn: &'e mut Self::Connection,
         query: E,
     ) -> BoxFuture<'e, Result<Option<Self::Row>, ::sqlx::Error>>;
+}
+
+/// A statement cut off after its dispatch, handed to the clean-up with the connection: its
+/// receipt waits for what the clean-up learns.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Cut {
+    dispatched: Dispatched,
+    /// The statement itself may have reached the database (it was not cut off while the
+    /// guard was still arming it).
+    sent: bool,
+}
+
+impl Cut {
+    pub(crate) fn new(dispatched: Dispatched, sent: bool) -> Self {
+        Cut { dispatched, sent }
+    }
+
+    /// The statement's scope.
+    pub(crate) fn scope(&self) -> &Scope {
+        self.dispatched.scope()
+    }
+
+    /// The statement's name.
+    pub(crate) fn name(&self) -> std::sync::Arc<str> {
+        self.dispatched.spec().name().into()
+    }
+
+    /// The statement stopped: a read (or a write cut off while arming: never sent) is
+    /// `Cancelled`; a sent write's outcome is unknown, since it may have committed before
+    /// the cancel reached the server.
+    pub(crate) fn finish(self) {
+        let receipt = match effect_unknown(self.dispatched.spec()) {
+            Some(unknown) if self.sent => unknown,
+            _ => Receipt::Cancelled,
+        };
+        self.dispatched.finish(receipt);
+    }
+
+    /// The statement may still run on the server (its cancel was not delivered): a read is
+    /// `Quarantined` (isolated, listed, not confirmed stopped); a write `EffectUnknown`.
+    /// (Cut off while arming, the statement itself was never sent: `Cancelled`.)
+    pub(crate) fn finish_unstopped(self) {
+        let receipt = match effect_unknown(self.dispatched.spec()) {
+            _ if !self.sent => Receipt::Cancelled,
+            Some(unknown) => unknown,
+            None => Receipt::Quarantined,
+        };
+        self.dispatched.finish(receipt);
+    }
+}
+
+/// `EffectUnknown` for a statement that may have an effect, `None` for a read.
+pub(crate) fn effect_unknown(spec: &ChildSpec) -> Option<Receipt> {
+    match spec.effect_record() {
+        Some(rec) if spec.effect().may_have_effect() => Some(Receipt::EffectUnknown(rec.clone())),
+        _ => None,
+    }
 }
 
 /// What [`Backend::release`] decided.

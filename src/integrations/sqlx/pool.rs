@@ -123,7 +123,7 @@ impl<DB: Backend> GuardedPool<DB> {
         self.with(|s| s.cleanup_budget = budget)
     }
 
-    fn with(self, f: impl FnOnce(&mut Shared<DB>)) -> Self {
+    pub(super) fn with(self, f: impl FnOnce(&mut Shared<DB>)) -> Self {
         let mut shared = Shared {
             pool: self.shared.pool.clone(),
             state: self.shared.state.clone(),

@@ -1,4 +1,9 @@
 //! PostgreSQL: `statement_timeout` from the budget, and the server-side cancel.
+//!
+//! Every statement of the guard's own is written against `pg_catalog` by name — functions,
+//! views, types and operators (`OPERATOR(pg_catalog.=)`) — so that no object of a user's
+//! `search_path` (a schema listed before `pg_catalog`, a shadowing `pg_cancel_backend`) can
+//! stand in for it.
 
 use std::fmt;
 use std::future::Future;
@@ -10,31 +15,86 @@ use ::sqlx::pool::PoolConnection;
 use ::sqlx::postgres::{PgConnectOptions, PgDatabaseError, PgQueryResult, PgRow, PgSeverity};
 use ::sqlx::{Connection, Execute, Executor, PgConnection, Pool, Postgres, Row};
 
-use super::{sealed, Backend, BoxFuture, CloseOnDrop, Release};
+use super::{sealed, Backend, BoxFuture, CloseOnDrop, Cut, GuardedPool, Release};
+use crate::scope::Note;
+use crate::Report;
+
+/// When a backend started, as whole microseconds since the epoch: with its pid, what names
+/// one server session (a pid can be reused by a later session; its start cannot). The same
+/// expression is read when the connection is armed and checked when a signal is sent.
+macro_rules! backend_start {
+    ($table:literal) => {
+        concat!(
+            "(EXTRACT(EPOCH FROM ",
+            $table,
+            ".backend_start) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8"
+        )
+    };
+}
 
 /// Sets `statement_timeout` for the next statement and reads the backend pid, in one round
-/// trip. `$1` is the budget in whole milliseconds (NULL: unbounded). The session's own default
-/// (`reset_val`: server, database, role or connect options) is kept when it is tighter, and
-/// restored when the scope is unbounded: a budget never loosens a limit the DBA set.
-const ARM: &str = "SELECT pg_backend_pid(), set_config('statement_timeout', \
-    CASE WHEN $1::int8 IS NULL THEN reset_val \
-         WHEN reset_val::int8 = 0 THEN $1::int8::text \
-         ELSE least($1::int8, reset_val::int8)::text END, false) \
-    FROM pg_settings WHERE name = 'statement_timeout'";
+/// trip. `$1` is the budget in whole milliseconds (NULL: unbounded); `$2` the ceiling found by
+/// the acquisition's first statement (NULL on that first statement: then the session's
+/// current setting is the ceiling, and the backend's start time is read too). The ceiling —
+/// whatever the session had before the guard touched it: server, database, role, connect
+/// options or a `SET` in the pool's `after_connect` — stays the limit: a budget only lowers
+/// it, and an unbounded scope keeps it. Returns the pid, the ceiling, the start time (first
+/// statement only) and the timeout set.
+const ARM: &str = concat!(
+    "SELECT pg_catalog.pg_backend_pid(), c.ceiling, \
+       CASE WHEN $2::pg_catalog.int8 IS NULL THEN (SELECT ",
+    backend_start!("a"),
+    " FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) a) END, \
+       t.ms, pg_catalog.set_config('statement_timeout', t.ms::pg_catalog.text, false) \
+     FROM (SELECT COALESCE($2::pg_catalog.int8, s.setting::pg_catalog.int8) AS ceiling \
+           FROM pg_catalog.pg_settings s \
+           WHERE s.name OPERATOR(pg_catalog.=) 'statement_timeout') c, \
+     LATERAL (SELECT CASE WHEN $1::pg_catalog.int8 IS NULL THEN c.ceiling \
+                          WHEN c.ceiling OPERATOR(pg_catalog.=) 0 THEN $1::pg_catalog.int8 \
+                          ELSE LEAST($1::pg_catalog.int8, c.ceiling) END AS ms) t"
+);
 
-/// How often the clean-up repeats `pg_cancel_backend` while the backend has not answered: a
-/// cancel that reaches the server before the statement started is ignored.
+/// `pg_cancel_backend` for exactly one session: the backend with pid `$1` that started at
+/// `$2`. No row: that session is gone (its pid may now belong to another one, which is left
+/// alone).
+const CANCEL: &str = concat!(
+    "SELECT pg_catalog.pg_cancel_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
+     WHERE a.pid OPERATOR(pg_catalog.=) $1 AND ",
+    backend_start!("a"),
+    " OPERATOR(pg_catalog.=) $2"
+);
+
+/// `pg_terminate_backend` for exactly one session, as [`CANCEL`].
+const TERMINATE: &str = concat!(
+    "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
+     WHERE a.pid OPERATOR(pg_catalog.=) $1 AND ",
+    backend_start!("a"),
+    " OPERATOR(pg_catalog.=) $2"
+);
+
+/// How often the clean-up repeats the cancel while the backend has not answered: a cancel
+/// that reaches the server before the statement started is ignored.
 const RECANCEL_EVERY: Duration = Duration::from_millis(100);
+
+/// How long opening the control connection may take by default (see
+/// [`GuardedPool::control_connect_timeout`]).
+pub const DEFAULT_CONTROL_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The `application_name` of the control connection.
+const CONTROL_APPLICATION_NAME: &str = "cancel-scope control";
 
 /// The control connection that sends `pg_cancel_backend` / `pg_terminate_backend`.
 pub struct PgPoolState {
     options: Arc<PgConnectOptions>,
+    connect_timeout: Duration,
     control: tokio::sync::Mutex<Option<PgConnection>>,
 }
 
 impl fmt::Debug for PgPoolState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgPoolState").finish_non_exhaustive()
+        f.debug_struct("PgPoolState")
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -44,52 +104,316 @@ enum Signal {
     Terminate,
 }
 
+/// One server session: its backend pid and when it started.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    pid: i32,
+    start: i64,
+}
+
 impl PgPoolState {
-    /// Sends `signal` to backend `pid` through the control connection, connecting (once more
-    /// after a failure) as needed. Returns whether the server found the backend.
-    async fn signal(&self, signal: Signal, pid: i32) -> Result<bool, ::sqlx::Error> {
+    fn new(options: Arc<PgConnectOptions>, connect_timeout: Duration) -> Self {
+        // Named for whoever reads `pg_stat_activity`: an idle session of the pool's role
+        // that is not in the pool.
+        let options = Arc::new(
+            (*options)
+                .clone()
+                .application_name(CONTROL_APPLICATION_NAME),
+        );
+        PgPoolState {
+            options,
+            connect_timeout,
+            control: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Sends `signal` to `session` through the control connection, connecting (once more
+    /// after a failure) as needed, each connect bounded by the connect timeout. Returns
+    /// whether the session was found (and signalled), or why the signal could not be sent.
+    async fn signal(&self, signal: Signal, session: Session) -> Result<bool, String> {
         let sql = match signal {
-            Signal::Cancel => "SELECT pg_cancel_backend($1)",
-            Signal::Terminate => "SELECT pg_terminate_backend($1)",
+            Signal::Cancel => CANCEL,
+            Signal::Terminate => TERMINATE,
         };
         let mut control = self.control.lock().await;
-        let mut last = None;
+        let mut last = String::new();
         for _ in 0..2 {
             let conn = match control.as_mut() {
                 Some(conn) => conn,
-                None => match PgConnection::connect_with(&self.options).await {
-                    Ok(conn) => control.insert(conn),
-                    Err(e) => {
-                        last = Some(e);
-                        continue;
+                None => {
+                    let connect = PgConnection::connect_with(&self.options);
+                    match tokio::time::timeout(self.connect_timeout, connect).await {
+                        Ok(Ok(conn)) => control.insert(conn),
+                        Ok(Err(e)) => {
+                            last = format!("control connection: {e}");
+                            continue;
+                        }
+                        Err(_) => {
+                            last = format!(
+                                "control connection: no connection within {:?}",
+                                self.connect_timeout
+                            );
+                            continue;
+                        }
                     }
-                },
+                }
             };
             // (Executor methods on the concrete connection: their boxed futures are `Send`
             // for the clean-up task, which the generic query builders' are not.)
             match conn
-                .fetch_one(::sqlx::query(sql).bind(pid))
+                .fetch_optional(::sqlx::query(sql).bind(session.pid).bind(session.start))
                 .await
-                .and_then(|row| row.try_get::<bool, _>(0))
+                .and_then(|row| row.map(|row| row.try_get::<bool, _>(0)).transpose())
             {
-                Ok(found) => return Ok(found),
+                // `false`: the server could not signal it (a warning, not an error).
+                Ok(Some(false)) => {
+                    return Err(format!("the server did not signal backend {}", session.pid))
+                }
+                Ok(found) => return Ok(found.is_some()),
+                // Refused (e.g. not allowed to signal that role): a new connection would be
+                // refused too.
+                Err(::sqlx::Error::Database(e)) => return Err(format!("{e}")),
                 Err(e) => {
                     // A broken control connection: open a new one.
                     *control = None;
-                    last = Some(e);
+                    last = format!("control connection: {e}");
                 }
             }
         }
-        Err(last.unwrap_or(::sqlx::Error::PoolClosed))
+        Err(last)
     }
 }
 
-/// The backend pid, once the first statement armed the connection.
+/// What the guard learned of the session from its first statement.
 #[derive(Debug)]
 pub struct PgConnState {
     pid: Option<i32>,
-    /// Whether `statement_timeout` was set in this session (then it is reset on release).
+    /// When the backend started (with `pid`, the session a cancel may reach).
+    start: Option<i64>,
+    /// The session's `statement_timeout` before the guard set it (ms; 0: none): the
+    /// ceiling of every budget-derived timeout, and what the release puts back.
+    ceiling: Option<i64>,
+    /// The `statement_timeout` the last arming set (ms; 0: none).
+    timeout_ms: Option<i64>,
+    /// Whether `statement_timeout` was set in this session (then it is restored on release).
     armed: bool,
+}
+
+impl PgConnState {
+    fn session(&self) -> Option<Session> {
+        Some(Session {
+            pid: self.pid?,
+            start: self.start?,
+        })
+    }
+}
+
+/// A server-side cancel the guard could not deliver: the control connection could not be
+/// opened in time, broke, or the server refused the signal.
+///
+/// The statement was cut off on the client side at once, as always, but the server may still
+/// be running it: its `statement_timeout` (the budget's, set before it was sent) still stops
+/// it there, and nothing else does. Listed in the report of the statement's scope
+/// ([`Report::undelivered_cancels`]); the statement's receipt says it too: a read is
+/// `Quarantined` (not confirmed stopped) unless its connection answered after all, a write
+/// `EffectUnknown`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use cancel_scope::Scope;
+/// let scope = Scope::new();
+/// scope.close();
+/// let report = scope.quiesce().await;
+/// for undelivered in report.undelivered_cancels() {
+///     eprintln!("{}: backend {:?}: {}", undelivered.statement(), undelivered.backend_pid(),
+///         undelivered.error());
+/// }
+/// assert!(report.undelivered_cancels().is_empty());
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UndeliveredCancel {
+    statement: Arc<str>,
+    backend_pid: Option<i32>,
+    statement_timeout: Option<Duration>,
+    error: String,
+}
+
+impl UndeliveredCancel {
+    /// The name of the statement's child ([`ChildSpec::name`](crate::ChildSpec::name)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let scope = cancel_scope::Scope::new();
+    /// scope.close();
+    /// assert!(scope.quiesce().await.undelivered_cancels().iter().all(|u| !u.statement().is_empty()));
+    /// # }
+    /// ```
+    pub fn statement(&self) -> &str {
+        &self.statement
+    }
+
+    /// The backend the cancel was for (`None`: the statement was cut off before its first
+    /// arming told the pid, so there was nothing to address).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let scope = cancel_scope::Scope::new();
+    /// scope.close();
+    /// assert!(scope.quiesce().await.undelivered_cancels().iter().all(|u| u.backend_pid().is_some()));
+    /// # }
+    /// ```
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.backend_pid
+    }
+
+    /// The `statement_timeout` the statement was sent with, which still bounds it on the
+    /// server (`None`: the session has none, so nothing does).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let scope = cancel_scope::Scope::new();
+    /// scope.close();
+    /// assert!(scope.quiesce().await.undelivered_cancels().iter().all(|u| u.statement_timeout().is_some()));
+    /// # }
+    /// ```
+    pub fn statement_timeout(&self) -> Option<Duration> {
+        self.statement_timeout
+    }
+
+    /// Why the cancel was not delivered (for people; the text is not API).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let scope = cancel_scope::Scope::new();
+    /// scope.close();
+    /// assert!(scope.quiesce().await.undelivered_cancels().iter().all(|u| !u.error().is_empty()));
+    /// # }
+    /// ```
+    pub fn error(&self) -> &str {
+        &self.error
+    }
+}
+
+impl fmt::Display for UndeliveredCancel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cancel of {:?} not delivered", self.statement)?;
+        if let Some(pid) = self.backend_pid {
+            write!(f, " to backend {pid}")?;
+        }
+        write!(f, ": {}; ", self.error)?;
+        match self.statement_timeout {
+            Some(t) => write!(f, "its statement_timeout ({t:?}) still bounds it"),
+            None => f.write_str("no statement_timeout bounds it"),
+        }
+    }
+}
+
+impl Report {
+    /// The PostgreSQL cancels that could not be delivered to the server for statements of
+    /// this scope ([`UndeliveredCancel`]), oldest first (the last 64 at most).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let scope = cancel_scope::Scope::new();
+    /// scope.close();
+    /// assert!(scope.quiesce().await.undelivered_cancels().is_empty());
+    /// # }
+    /// ```
+    pub fn undelivered_cancels(&self) -> Vec<&UndeliveredCancel> {
+        self.notes()
+            .iter()
+            .filter_map(|n| n.get::<UndeliveredCancel>())
+            .collect()
+    }
+}
+
+impl GuardedPool<Postgres> {
+    /// How long opening the control connection that sends server-side cancels may take
+    /// (default [`DEFAULT_CONTROL_CONNECT_TIMEOUT`]); a cancel that could not be sent in time
+    /// is tried again every 100 ms within the clean-up budget, and reported if it never got
+    /// through ([`UndeliveredCancel`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// let pool = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
+    /// let db = GuardedPool::new(pool).control_connect_timeout(Duration::from_millis(200));
+    /// # drop(db);
+    /// # }
+    /// ```
+    pub fn control_connect_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| {
+            s.state = Arc::new(PgPoolState::new(s.pool.connect_options(), timeout));
+        })
+    }
+}
+
+/// What the clean-up learned of a cut-off statement; records the statement's receipt (and
+/// an undelivered cancel) when dropped, also when the clean-up budget cuts it short.
+struct Verdict {
+    cut: Option<Cut>,
+    /// A cancel or terminate reached the exact session, or the session was found gone.
+    reached: bool,
+    /// The connection answered (`ReadyForQuery`): the statement ended.
+    drained: bool,
+    /// Why the last signal could not be sent.
+    error: Option<String>,
+    pid: Option<i32>,
+    timeout_ms: Option<i64>,
+}
+
+impl Verdict {
+    fn note(&mut self, sent: Result<bool, String>) {
+        match sent {
+            Ok(_) => self.reached = true,
+            Err(e) => self.error = Some(e),
+        }
+    }
+}
+
+impl Drop for Verdict {
+    fn drop(&mut self) {
+        let Some(cut) = self.cut.take() else {
+            return;
+        };
+        if !self.reached && (self.error.is_some() || !self.drained) {
+            let error = self.error.take().unwrap_or_else(|| match self.pid {
+                None => "the statement was cut off before the session's pid was known".into(),
+                Some(_) => "the clean-up budget ran out before a cancel was sent".into(),
+            });
+            let undelivered = UndeliveredCancel {
+                statement: cut.name(),
+                backend_pid: self.pid,
+                statement_timeout: self
+                    .timeout_ms
+                    .filter(|ms| *ms > 0)
+                    .map(|ms| Duration::from_millis(ms.unsigned_abs())),
+                error,
+            };
+            cut.scope().add_note(Note::new(Arc::new(undelivered)));
+        }
+        if self.drained || self.reached {
+            cut.finish();
+        } else {
+            cut.finish_unstopped();
+        }
+    }
 }
 
 impl sealed::Sealed for Postgres {}
@@ -99,18 +423,18 @@ impl Backend for Postgres {
     type ConnState = PgConnState;
 
     fn pool_state(pool: &Pool<Self>) -> PgPoolState {
-        PgPoolState {
-            options: pool.connect_options(),
-            control: tokio::sync::Mutex::new(None),
-        }
+        PgPoolState::new(pool.connect_options(), DEFAULT_CONTROL_CONNECT_TIMEOUT)
     }
 
     fn on_acquire(
         _conn: &mut PoolConnection<Self>,
     ) -> impl Future<Output = Result<PgConnState, ::sqlx::Error>> + Send + '_ {
-        // The pid comes with the first arming; nothing to do before.
+        // The session comes with the first arming; nothing to do before.
         std::future::ready(Ok(PgConnState {
             pid: None,
+            start: None,
+            ceiling: None,
+            timeout_ms: None,
             armed: false,
         }))
     }
@@ -122,9 +446,17 @@ impl Backend for Postgres {
     ) -> Result<(), ::sqlx::Error> {
         let ms = budget.map(timeout_ms);
         state.armed = true;
-        match conn.fetch_one(::sqlx::query(ARM).bind(ms)).await {
+        match conn
+            .fetch_one(::sqlx::query(ARM).bind(ms).bind(state.ceiling))
+            .await
+        {
             Ok(row) => {
                 state.pid = Some(row.try_get::<i32, _>(0)?);
+                state.ceiling = Some(row.try_get::<i64, _>(1)?);
+                if let Some(start) = row.try_get::<Option<i64>, _>(2)? {
+                    state.start = Some(start);
+                }
+                state.timeout_ms = Some(row.try_get::<i64, _>(3)?);
                 Ok(())
             }
             // A failed transaction block refuses every statement but its end (`ROLLBACK`,
@@ -167,26 +499,41 @@ impl Backend for Postgres {
         pool: &Arc<PgPoolState>,
         conn: PoolConnection<Self>,
         state: PgConnState,
-        abandoned: bool,
+        cut: Option<Cut>,
     ) -> Release<Self> {
-        if !abandoned && !state.armed {
+        if cut.is_none() && !state.armed {
             return Release::Return(conn);
         }
         let pool = pool.clone();
         let mut conn = CloseOnDrop::new(conn);
         Release::CleanUp(Box::pin(async move {
-            let clean = if abandoned {
-                stop_statement(&pool, conn.conn(), state.pid).await
-            } else {
-                true
+            let session = state.session();
+            // The connection stays here, out of the pool, until every signal sent for it has
+            // answered: a cancel still on its way when the connection was handed on could
+            // stop the next user's statement.
+            let mut verdict = cut.map(|cut| Verdict {
+                cut: Some(cut),
+                reached: false,
+                drained: false,
+                error: None,
+                pid: state.pid,
+                timeout_ms: state.timeout_ms,
+            });
+            let clean = match verdict.as_mut() {
+                Some(verdict) => stop_statement(&pool, conn.conn(), session, verdict).await,
+                None => true,
             };
-            if clean && reset(conn.conn()).await {
+            if clean && reset(conn.conn(), state.ceiling).await {
+                drop(verdict);
                 conn.release();
                 return;
             }
             // Not clean: make sure the server stops, then close (on drop of `conn`).
-            if let Some(pid) = state.pid {
-                let _ = pool.signal(Signal::Terminate, pid).await;
+            if let Some(session) = session {
+                let sent = pool.signal(Signal::Terminate, session).await;
+                if let Some(verdict) = verdict.as_mut() {
+                    verdict.note(sent);
+                }
             }
         }))
     }
@@ -232,22 +579,30 @@ fn timeout_ms(budget: Duration) -> i64 {
 }
 
 /// Stops the statement that was cut off on `conn` and drains the connection to
-/// `ReadyForQuery`. Returns whether the connection is clean.
+/// `ReadyForQuery`, noting in `verdict` what it learned. Returns whether the connection is
+/// clean.
+///
+/// Each cancel is awaited before the connection is read again, so when this returns no
+/// cancel for the session is still on its way.
 async fn stop_statement(
     pool: &PgPoolState,
     conn: &mut PoolConnection<Postgres>,
-    pid: Option<i32>,
+    session: Option<Session>,
+    verdict: &mut Verdict,
 ) -> bool {
-    let Some(pid) = pid else {
-        // Cut off while arming (the pid is not known yet): the arming statement is short,
-        // and the drain waits for it.
-        return drain(conn).await;
+    let Some(session) = session else {
+        // Cut off while arming the first statement (the session is not known yet): the
+        // arming statement is short, and the drain waits for it.
+        verdict.drained = drain(conn).await;
+        return verdict.drained;
     };
     let mut drained = pin!(drain(conn));
     loop {
         // If the statement already ended, the backend is idle and ignores the cancel.
-        let _ = pool.signal(Signal::Cancel, pid).await;
+        let sent = pool.signal(Signal::Cancel, session).await;
+        verdict.note(sent);
         if let Ok(clean) = tokio::time::timeout(RECANCEL_EVERY, drained.as_mut()).await {
+            verdict.drained = clean;
             return clean;
         }
     }
@@ -267,23 +622,30 @@ async fn drain(conn: &mut PgConnection) -> bool {
     false
 }
 
-/// Puts the session default of `statement_timeout` back and rolls back a transaction block
-/// that the scope's statements left open (a raw `BEGIN` whose `COMMIT` was refused after a
-/// cancel, never sent, or cut off) or that the cancel left failed. Returns whether the
-/// connection is clean.
+/// Puts the session's own `statement_timeout` (`ceiling`, as it was before the guard set it)
+/// back and rolls back a transaction block that the scope's statements left open (a raw
+/// `BEGIN` whose `COMMIT` was refused after a cancel, never sent, or cut off) or that the
+/// cancel left failed. Returns whether the connection is clean.
 ///
 /// An open block must not go back to the pool: the next user's statements would run inside it,
 /// and their `COMMIT` would commit this scope's writes after its `quiesce` (invariant 6).
-async fn reset(conn: &mut PgConnection) -> bool {
+async fn reset(conn: &mut PgConnection, ceiling: Option<i64>) -> bool {
     // One round trip when no block is open. A simple-protocol query string has one statement
     // timestamp; outside a block, the transaction it starts began at that same timestamp
     // (PostgreSQL copies it), while a block began at an earlier statement. In a block the
-    // rollback undoes the `RESET` too, so it is repeated after it.
-    const RESET: &str = "SELECT statement_timestamp() <> transaction_timestamp(); \
-                         RESET statement_timeout";
-    const ROLLBACK: &str = "ROLLBACK; RESET statement_timeout";
+    // rollback undoes the restore too, so it is repeated after it. (`ceiling` is a number the
+    // server gave: the simple protocol takes no parameters.)
+    let restore = match ceiling {
+        Some(ms) => format!("SELECT pg_catalog.set_config('statement_timeout', '{ms}', false)"),
+        // Never armed successfully (a failed block): the session's setting is its own.
+        None => "SELECT NULL".to_owned(),
+    };
+    let check = format!(
+        "SELECT pg_catalog.statement_timestamp() OPERATOR(pg_catalog.<>) \
+         pg_catalog.transaction_timestamp(); {restore}"
+    );
     let in_block = match conn
-        .fetch_one(::sqlx::raw_sql(RESET))
+        .fetch_one(::sqlx::raw_sql(&check))
         .await
         .and_then(|row| row.try_get::<bool, _>(0))
     {
@@ -292,7 +654,8 @@ async fn reset(conn: &mut PgConnection) -> bool {
         Err(e) if in_failed_block(&e) => true,
         Err(_) => return false,
     };
-    !in_block || conn.execute(::sqlx::raw_sql(ROLLBACK)).await.is_ok()
+    let rollback = format!("ROLLBACK; {restore}");
+    !in_block || conn.execute(::sqlx::raw_sql(&rollback)).await.is_ok()
 }
 
 /// Whether `err` is 25P02 in_failed_sql_transaction: the statement was refused because the

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::{Execute, Executor, Pool, Sqlite, SqliteConnection};
 
-use super::{sealed, Backend, BoxFuture, CloseOnDrop, Release};
+use super::{sealed, Backend, BoxFuture, CloseOnDrop, Cut, Release};
 
 /// Virtual-machine instructions between two calls of the progress handler: an atomic load
 /// every ~1000 instructions costs nothing measurable and stops a statement within
@@ -108,8 +108,14 @@ impl Backend for Sqlite {
         _pool: &Arc<SqlitePoolState>,
         conn: PoolConnection<Self>,
         state: SqliteConnState,
-        abandoned: bool,
+        cut: Option<Cut>,
     ) -> Release<Self> {
+        let abandoned = cut.is_some();
+        // The interrupt flag is up: the progress handler stops the statement at its next
+        // check, and the commit hook vetoes any commit of it.
+        if let Some(cut) = cut {
+            cut.finish();
+        }
         if !abandoned && !state.may_open_block {
             // The handler and hook stay installed with their flag down: inert.
             return Release::Return(conn);
