@@ -443,3 +443,232 @@ async fn write_waiting_for_a_lock_cannot_commit_after_the_cancel() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An order as a typed row: what `query_as` decodes into (a derived `FromRow` does the same).
+#[derive(Debug, PartialEq)]
+struct Order {
+    id: String,
+    total: i64,
+}
+
+impl<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow> for Order {
+    fn from_row(row: &'r sqlx::sqlite::SqliteRow) -> Result<Self, sqlx::Error> {
+        Ok(Order {
+            id: row.try_get("id")?,
+            total: row.try_get("total")?,
+        })
+    }
+}
+
+/// `query_as`, `query_scalar` and tuples come back typed through the guarded pool and
+/// connection, as from sqlx itself, and each statement is a receipted child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_rows_through_the_guarded_pool() {
+    let db = one_connection().await;
+    let scope = Scope::new();
+    sqlx::query("ALTER TABLE orders ADD COLUMN total INTEGER")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.execute(
+        &scope,
+        ChildSpec::idempotent("insert", "o-1,o-2"),
+        sqlx::query("INSERT INTO orders VALUES ('o-1', 10), ('o-2', 32)"),
+    )
+    .await
+    .unwrap();
+
+    let orders: Vec<Order> = db
+        .fetch_all(
+            &scope,
+            "orders",
+            sqlx::query_as("SELECT id, total FROM orders ORDER BY id"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        orders,
+        [
+            Order {
+                id: "o-1".into(),
+                total: 10
+            },
+            Order {
+                id: "o-2".into(),
+                total: 32
+            }
+        ]
+    );
+    let sum: i64 = db
+        .fetch_one(
+            &scope,
+            "sum",
+            sqlx::query_scalar("SELECT sum(total) FROM orders"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sum, 42);
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let pair: Option<(String, i64)> = conn
+        .fetch_optional(
+            "first",
+            sqlx::query_as("SELECT id, total FROM orders WHERE id = ?").bind("o-2"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pair, Some(("o-2".into(), 32)));
+    let err = conn
+        .fetch_one(
+            "bad-decode",
+            sqlx::query_scalar::<_, i64>("SELECT 'not a number'"),
+        )
+        .await
+        .expect_err("a row that does not decode");
+    assert!(err.is_database(), "{err:?}");
+    conn.release().await;
+
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    // The statement of the row that did not decode ran: its receipt is the statement's.
+    assert_eq!((report.succeeded(), report.failed()), (5, 0), "{report}");
+}
+
+/// With no scope passed, the current scope is used (here the one `Scope::run` makes
+/// current); with none current, nothing is asked of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_current_scope_is_used_when_none_is_passed() {
+    let db = one_connection().await;
+    let err = db
+        .fetch_one(None, "orphan", sqlx::query_scalar::<_, i64>("SELECT 1"))
+        .await
+        .expect_err("no scope");
+    assert!(err.is_no_scope(), "{err:?}");
+
+    let request = Scope::with_timeout(Duration::from_secs(5));
+    let n = request
+        .run({
+            let db = db.clone();
+            async move {
+                db.fetch_one(None, "one", sqlx::query_scalar::<_, i64>("SELECT 1"))
+                    .await
+            }
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 1);
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(
+        report.succeeded(),
+        1,
+        "the statement was the request's: {report}"
+    );
+}
+
+/// Given only a name, a statement's effect class comes from its SQL: a read cut off by the
+/// cancel is `Cancelled`, a write cut off after it was sent `EffectUnknown` with the name as
+/// its effect id — never "no effect".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_effect_class_defaults_from_the_statement() {
+    let db = one_connection().await;
+
+    let read = Scope::new();
+    let canceller = cancel_after(&read, Duration::from_millis(50));
+    let err = db
+        .fetch_one(&read, "count", sqlx::query(LONG_READ))
+        .await
+        .err()
+        .expect("the call fails");
+    canceller.await.unwrap();
+    assert!(err.is_cancelled(), "{err:?}");
+    let report = read.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert_eq!(report.cancelled(), 1, "{report}");
+
+    let write = Scope::new();
+    let canceller = cancel_after(&write, Duration::from_millis(50));
+    let err = db
+        .execute(
+            &write,
+            "bulk-insert",
+            sqlx::query(
+                "INSERT INTO orders WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 \
+                 FROM c WHERE x < 2000000000) SELECT 'o-' || x FROM c",
+            ),
+        )
+        .await
+        .err()
+        .expect("the call fails");
+    canceller.await.unwrap();
+    assert!(err.is_cancelled(), "{err:?}");
+    let report = write.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+    assert_eq!(report.pending_effects()[0].effect_id(), "bulk-insert");
+}
+
+/// A streamed query is one child of the scope: read to its end it succeeds; when the scope
+/// is cancelled mid-stream the next item is the cause, the stream ends, the statement is
+/// stopped (`Cancelled`); a stream dropped midway stops its statement too, and the pool
+/// still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_query_is_bounded_by_the_scope_and_receipted() {
+    use futures::{StreamExt, TryStreamExt};
+    const MANY: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                        WHERE x < 2000000000) SELECT x FROM c";
+    let db = one_connection().await;
+
+    let whole = Scope::new();
+    let xs: Vec<i64> = db
+        .fetch(
+            &whole,
+            "three",
+            sqlx::query_scalar::<_, i64>("SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3"),
+        )
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(xs, [1, 2, 3]);
+    whole.close();
+    assert_eq!(whole.quiesce().await.succeeded(), 1);
+
+    let scope = Scope::new();
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let mut rows = conn.fetch("many", sqlx::query_scalar::<_, i64>(MANY));
+    for want in 1..=3 {
+        assert_eq!(rows.next().await.unwrap().unwrap(), want);
+    }
+    scope.cancel_with("enough");
+    let err = rows
+        .next()
+        .await
+        .unwrap()
+        .expect_err("the cancel ends the stream");
+    assert!(err.is_cancelled(), "{err:?}");
+    assert!(rows.next().await.is_none());
+    drop(rows);
+    drop(conn);
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert_eq!(report.cancelled(), 1, "{report}");
+
+    let dropped = Scope::new();
+    let mut conn = db.acquire(&dropped).await.unwrap();
+    let first: Vec<i64> = conn
+        .fetch("many", sqlx::query_scalar::<_, i64>(MANY))
+        .take(2)
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(first, [1, 2]);
+    drop(conn);
+    dropped.close();
+    let report = dropped.quiesce().await;
+    assert_eq!(
+        report.cancelled(),
+        1,
+        "the dropped stream's statement: {report}"
+    );
+    next_query_succeeds(&db).await;
+}

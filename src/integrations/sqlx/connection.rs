@@ -7,8 +7,8 @@ use ::sqlx::pool::PoolConnection;
 use ::sqlx::Execute;
 
 use super::pool::{cancelled, check_budget, Shared};
-use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release};
-use crate::{ChildSpec, Dispatched, Receipt, Scope, Tethered};
+use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release, StatementSpec, TypedQuery};
+use crate::{Dispatched, Receipt, Scope, Tethered};
 
 /// A pooled connection held for a [`Scope`]: counted as a guard of the scope until dropped
 /// or [released](GuardedConnection::release), and every statement on it is a registered
@@ -116,17 +116,17 @@ impl<DB: Backend> Op<DB> for FetchOptional {
 /// A statement on the wire. If it is dropped before [`InFlight::land`] — the scope was
 /// cancelled, or the caller dropped the call's future — the statement is interrupted and the
 /// connection goes to clean-up, with the statement's receipt.
-struct InFlight<'a, DB: Backend> {
-    conn: &'a mut GuardedConnection<DB>,
+pub(super) struct InFlight<'a, DB: Backend> {
+    pub(super) conn: &'a mut GuardedConnection<DB>,
     /// `None` once landed.
-    dispatched: Option<Dispatched>,
+    pub(super) dispatched: Option<Dispatched>,
     /// Whether the statement itself may have been sent (not just the arming before it).
-    sent: bool,
+    pub(super) sent: bool,
 }
 
 impl<DB: Backend> InFlight<'_, DB> {
     /// The statement ended on the connection: its receipt is the caller's to record.
-    fn land(mut self) -> Dispatched {
+    pub(super) fn land(mut self) -> Dispatched {
         self.dispatched
             .take()
             .expect("a statement lands once, while in flight")
@@ -212,13 +212,13 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// ```
     pub async fn execute<'q, E>(
         &mut self,
-        spec: ChildSpec,
+        spec: impl Into<StatementSpec>,
         query: E,
     ) -> Result<DB::QueryResult, Error>
     where
         E: 'q + Execute<'q, DB>,
     {
-        self.guarded::<E, ExecuteOp>(spec, query).await
+        self.guarded::<E, ExecuteOp>(spec.into(), query).await
     }
 
     /// Runs a query and returns all its rows, as a child of the scope registered with `spec`.
@@ -268,15 +268,16 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_all<'q, E>(
+    pub async fn fetch_all<'q, Q, T>(
         &mut self,
-        spec: ChildSpec,
-        query: E,
-    ) -> Result<Vec<DB::Row>, Error>
+        spec: impl Into<StatementSpec>,
+        query: Q,
+    ) -> Result<Vec<T>, Error>
     where
-        E: 'q + Execute<'q, DB>,
+        Q: 'q + TypedQuery<'q, DB, Row = T>,
     {
-        self.guarded::<E, FetchAll>(spec, query).await
+        let rows = self.guarded::<Q, FetchAll>(spec.into(), query).await?;
+        rows.into_iter().map(decode::<DB, Q>).collect()
     }
 
     /// Runs a query and returns its first row (an error if there is none). See
@@ -305,11 +306,15 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_one<'q, E>(&mut self, spec: ChildSpec, query: E) -> Result<DB::Row, Error>
+    pub async fn fetch_one<'q, Q, T>(
+        &mut self,
+        spec: impl Into<StatementSpec>,
+        query: Q,
+    ) -> Result<T, Error>
     where
-        E: 'q + Execute<'q, DB>,
+        Q: 'q + TypedQuery<'q, DB, Row = T>,
     {
-        self.guarded::<E, FetchOne>(spec, query).await
+        decode::<DB, Q>(self.guarded::<Q, FetchOne>(spec.into(), query).await?)
     }
 
     /// Runs a query and returns its first row, if any. See [`fetch_all`](Self::fetch_all).
@@ -339,15 +344,16 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_optional<'q, E>(
+    pub async fn fetch_optional<'q, Q, T>(
         &mut self,
-        spec: ChildSpec,
-        query: E,
-    ) -> Result<Option<DB::Row>, Error>
+        spec: impl Into<StatementSpec>,
+        query: Q,
+    ) -> Result<Option<T>, Error>
     where
-        E: 'q + Execute<'q, DB>,
+        Q: 'q + TypedQuery<'q, DB, Row = T>,
     {
-        self.guarded::<E, FetchOptional>(spec, query).await
+        let row = self.guarded::<Q, FetchOptional>(spec.into(), query).await?;
+        row.map(decode::<DB, Q>).transpose()
     }
 
     /// Releases the connection now, waiting for its reset (`ROLLBACK` of a transaction block
@@ -396,20 +402,12 @@ impl<DB: Backend> GuardedConnection<DB> {
 
     /// The scope's part of every statement: budget check, registration, dispatch, arming, and
     /// the race against the cancel.
-    async fn guarded<'q, E, O>(&mut self, spec: ChildSpec, query: E) -> Result<O::Output, Error>
+    async fn guarded<'q, E, O>(&mut self, spec: StatementSpec, query: E) -> Result<O::Output, Error>
     where
         E: 'q + Execute<'q, DB>,
         O: Op<DB>,
     {
-        if self.held.is_none() {
-            return Err(Error::abandoned());
-        }
-        // Nothing is sent below the minimum useful budget (and nothing is registered either).
-        check_budget(&self.scope, self.shared.min_useful)?;
-        let ticket = self.scope.register(spec)?;
-        // Invariant 2 of the crate: after this CAS succeeds a cancel reaches us through the
-        // scope; if the scope was cancelled first it fails and nothing is sent.
-        let dispatched = ticket.dispatch()?;
+        let dispatched = self.start(spec, query.sql())?;
         let scope = self.scope.clone();
         let mut flight = InFlight {
             conn: self,
@@ -430,14 +428,7 @@ impl<DB: Backend> GuardedConnection<DB> {
                 return Err(Error::abandoned());
             };
             let work = async {
-                // The budget as of now, after queueing: what the server may still spend.
-                DB::arm(&mut **conn, state, scope.remaining()).await?;
-                if let Some(handle) = DB::provider_handle(state) {
-                    dispatched.set_provider_handle(handle);
-                }
-                // From here on the statement may reach the database.
-                DB::note_statement(state, query.sql());
-                *sent = true;
+                arm::<DB>(conn, state, dispatched, sent, &scope, query.sql()).await?;
                 O::call(&mut **conn, query).await
             };
             tokio::select! {
@@ -453,23 +444,7 @@ impl<DB: Backend> GuardedConnection<DB> {
             }
             Outcome::Done(Err(e)) => {
                 let sent = flight.sent;
-                let dispatched = flight.land();
-                if DB::is_query_canceled(&e) && out_of_budget(&scope) {
-                    // The server stopped it at the budget-derived timeout (it raced our own
-                    // timer): confirmed stopped, nothing committed.
-                    dispatched.finish(Receipt::Cancelled);
-                    Err(deadline(&scope))
-                } else if let Some(unknown) =
-                    effect_unknown(dispatched.spec()).filter(|_| sent && DB::is_session_lost(&e))
-                {
-                    // A write sent, and then its session or connection failed under it: it
-                    // may have committed before that.
-                    dispatched.finish(unknown);
-                    Err(Error::database(e))
-                } else {
-                    dispatched.fail();
-                    Err(Error::database(e))
-                }
+                Err(settle::<DB>(flight.land(), sent, e, &scope))
             }
             Outcome::Cancelled => {
                 // Interrupt and hand the connection to clean-up with the statement, whose
@@ -479,6 +454,25 @@ impl<DB: Backend> GuardedConnection<DB> {
                 Err(cancelled(&scope))
             }
         }
+    }
+
+    /// The scope's part before a statement: nothing is sent (or registered) below the
+    /// minimum useful budget or on an abandoned connection; then the statement is registered
+    /// with its spec and dispatched (refused after a cancel: nothing is sent).
+    pub(super) fn start(&mut self, spec: StatementSpec, sql: &str) -> Result<Dispatched, Error> {
+        if self.held.is_none() {
+            return Err(Error::abandoned());
+        }
+        check_budget(&self.scope, self.shared.min_useful)?;
+        let ticket = self.scope.register(spec.resolve(sql))?;
+        // Invariant 2 of the crate: after this CAS succeeds a cancel reaches us through the
+        // scope; if the scope was cancelled first it fails and nothing is sent.
+        Ok(ticket.dispatch()?)
+    }
+
+    /// The connection and its per-acquisition state, while held.
+    pub(super) fn held(&mut self) -> Option<(&mut PoolConnection<DB>, &mut DB::ConnState)> {
+        self.held.as_mut().map(|h| (&mut h.conn, &mut h.state))
     }
 
     /// Hands the connection on: to the pool as it is, or to a clean-up child of the scope.
@@ -520,6 +514,59 @@ impl<DB: Backend> fmt::Debug for GuardedConnection<DB> {
             .field("state", &self.held.as_ref().map(|h| &h.state))
             .finish_non_exhaustive()
     }
+}
+
+/// Records the receipt of a statement that the database answered with `e`, and returns the
+/// call's error. `sent`: the statement itself may have reached the database.
+pub(super) fn settle<DB: Backend>(
+    dispatched: Dispatched,
+    sent: bool,
+    e: ::sqlx::Error,
+    scope: &Scope,
+) -> Error {
+    if DB::is_query_canceled(&e) && out_of_budget(scope) {
+        // The server stopped it at the budget-derived timeout (it raced our own timer):
+        // confirmed stopped, nothing committed.
+        dispatched.finish(Receipt::Cancelled);
+        deadline(scope)
+    } else if let Some(unknown) =
+        effect_unknown(dispatched.spec()).filter(|_| sent && DB::is_session_lost(&e))
+    {
+        // A write sent, and then its session or connection failed under it: it may have
+        // committed before that.
+        dispatched.finish(unknown);
+        Error::database(e)
+    } else {
+        dispatched.fail();
+        Error::database(e)
+    }
+}
+
+/// Arms the connection for a dispatched statement with the budget as of now, after queueing
+/// (what the server may still spend), and notes the statement; from the end of this on,
+/// `sent`: the statement may reach the database.
+pub(super) async fn arm<DB: Backend>(
+    conn: &mut PoolConnection<DB>,
+    state: &mut DB::ConnState,
+    dispatched: &mut Dispatched,
+    sent: &mut bool,
+    scope: &Scope,
+    sql: &str,
+) -> Result<(), ::sqlx::Error> {
+    DB::arm(&mut **conn, state, scope.remaining()).await?;
+    if let Some(handle) = DB::provider_handle(state) {
+        dispatched.set_provider_handle(handle);
+    }
+    DB::note_statement(state, sql);
+    *sent = true;
+    Ok(())
+}
+
+/// A row as the query's type.
+pub(super) fn decode<'q, DB: Backend, Q: TypedQuery<'q, DB>>(
+    row: DB::Row,
+) -> Result<Q::Row, Error> {
+    Q::decode(row).map_err(Error::database)
 }
 
 /// Whether the scope is cancelled or its deadline has passed (its timer may not have fired).

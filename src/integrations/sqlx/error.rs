@@ -41,6 +41,7 @@ enum Kind {
     Scope(crate::Error),
     Database(::sqlx::Error),
     Abandoned,
+    NoScope,
 }
 
 impl Error {
@@ -60,6 +61,35 @@ impl Error {
         Error {
             kind: Kind::Abandoned,
         }
+    }
+
+    pub(super) fn no_scope() -> Self {
+        Error {
+            kind: Kind::NoScope,
+        }
+    }
+
+    /// No scope was given and none is current ([`Scope::try_current`](crate::Scope::try_current)):
+    /// nothing was asked of the pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::Scope;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// assert!(db.acquire(None).await.unwrap_err().is_no_scope());
+    /// // Inside a scope's work, that scope is used.
+    /// let scope = Scope::new();
+    /// let conn = scope.run(async { db.acquire(None).await }).await.unwrap().unwrap();
+    /// assert_eq!(conn.scope().generation(), scope.generation());
+    /// # }
+    /// # }
+    /// ```
+    pub fn is_no_scope(&self) -> bool {
+        matches!(self.kind, Kind::NoScope)
     }
 
     /// The scope was cancelled (for any cause, including its deadline) before or while the
@@ -252,6 +282,7 @@ impl fmt::Debug for Error {
             Kind::Scope(e) => f.debug_tuple("Scope").field(e).finish(),
             Kind::Database(e) => f.debug_tuple("Database").field(e).finish(),
             Kind::Abandoned => f.write_str("Abandoned"),
+            Kind::NoScope => f.write_str("NoScope"),
         }
     }
 }
@@ -265,6 +296,7 @@ impl fmt::Display for Error {
                 "connection abandoned: an earlier call was dropped mid-statement and the \
                  connection went to clean-up",
             ),
+            Kind::NoScope => f.write_str("no scope given and none is current"),
         }
     }
 }
@@ -274,7 +306,7 @@ impl std::error::Error for Error {
         match &self.kind {
             Kind::Scope(e) => Some(e),
             Kind::Database(e) => Some(e),
-            Kind::Abandoned => None,
+            Kind::Abandoned | Kind::NoScope => None,
         }
     }
 }

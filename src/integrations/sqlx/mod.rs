@@ -181,12 +181,16 @@ mod pool;
 mod postgres;
 #[cfg(feature = "sqlx-sqlite")]
 mod sqlite;
+mod statement;
+mod stream;
 
 pub use connection::GuardedConnection;
 pub use error::Error;
 pub use pool::{GuardedPool, DEFAULT_CLEANUP_BUDGET};
 #[cfg(feature = "sqlx-postgres")]
 pub use postgres::{UndeliveredCancel, DEFAULT_CONTROL_CONNECT_TIMEOUT};
+pub use statement::{StatementSpec, TypedQuery};
+pub use stream::RowStream;
 
 /// A boxed future, as sqlx's executors return them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -288,6 +292,12 @@ pub trait Backend: Database + sealed::Sealed {
         conn: &'e mut Self::Connection,
         query: E,
     ) -> BoxFuture<'e, Result<Self::Row, ::sqlx::Error>>;
+
+    #[doc(hidden)]
+    fn fetch<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut Self::Connection,
+        query: E,
+    ) -> futures_core::stream::BoxStream<'e, Result<Self::Row, ::sqlx::Error>>;
 
     #[doc(hidden)]
     fn fetch_optional<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(

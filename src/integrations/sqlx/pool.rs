@@ -7,9 +7,9 @@ use std::time::Duration;
 use ::sqlx::{Execute, Pool};
 
 use super::connection::GuardedConnection;
-use super::{Backend, Error};
+use super::{Backend, Error, StatementSpec, TypedQuery};
 use crate::budget::ChildBudget;
-use crate::{ChildSpec, Scope};
+use crate::Scope;
 
 /// How long the clean-up of a connection may take by default: the server cancel, draining the
 /// connection and resetting it (see [`GuardedPool::cleanup_budget`]).
@@ -153,12 +153,14 @@ impl<DB: Backend> GuardedPool<DB> {
         &self.shared.pool
     }
 
-    /// Acquires a connection for `scope`, waiting at most the scope's remaining budget
+    /// Acquires a connection for `scope` (`None`: the current scope, [`Scope::try_current`]),
+    /// waiting at most the scope's remaining budget
     /// (queueing for a connection pays from the budget), and counts it as a guard of the scope
     /// until the [`GuardedConnection`] is dropped or [released](GuardedConnection::release).
     ///
     /// # Errors
     ///
+    /// * [`Error::is_no_scope`]: `None` was passed and no scope is current;
     /// * [`Error::is_budget_exhausted`]: less than the minimum useful budget is left; nothing
     ///   was asked of the pool;
     /// * [`Error::is_cancelled`] / [`Error::is_deadline_exceeded`] / [`Error::is_closed`]: the
@@ -192,7 +194,11 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn acquire(&self, scope: &Scope) -> Result<GuardedConnection<DB>, Error> {
+    pub async fn acquire<'s>(
+        &self,
+        scope: impl Into<Option<&'s Scope>>,
+    ) -> Result<GuardedConnection<DB>, Error> {
+        let scope = &scope_or_current(scope.into())?;
         self.check_budget(scope)?;
         // The unit is taken before waiting, like `Scope::acquire`: after a cancel nothing is
         // asked of the pool, and a waiting acquisition keeps the scope from being quiet.
@@ -217,7 +223,7 @@ impl<DB: Backend> GuardedPool<DB> {
     }
 
     /// Acquires a connection, runs one statement with [`GuardedConnection::execute`] and
-    /// releases the connection.
+    /// releases the connection. `scope`: `None` for the current scope.
     ///
     /// # Errors
     ///
@@ -242,10 +248,10 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn execute<'q, E>(
+    pub async fn execute<'s, 'q, E>(
         &self,
-        scope: &Scope,
-        spec: ChildSpec,
+        scope: impl Into<Option<&'s Scope>>,
+        spec: impl Into<StatementSpec>,
         query: E,
     ) -> Result<DB::QueryResult, Error>
     where
@@ -258,7 +264,7 @@ impl<DB: Backend> GuardedPool<DB> {
     }
 
     /// Acquires a connection, runs one query with [`GuardedConnection::fetch_all`] and
-    /// releases the connection.
+    /// releases the connection. `scope`: `None` for the current scope.
     ///
     /// # Errors
     ///
@@ -284,14 +290,14 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_all<'q, E>(
+    pub async fn fetch_all<'s, 'q, E, T>(
         &self,
-        scope: &Scope,
-        spec: ChildSpec,
+        scope: impl Into<Option<&'s Scope>>,
+        spec: impl Into<StatementSpec>,
         query: E,
-    ) -> Result<Vec<DB::Row>, Error>
+    ) -> Result<Vec<T>, Error>
     where
-        E: 'q + Execute<'q, DB>,
+        E: 'q + TypedQuery<'q, DB, Row = T>,
     {
         let mut conn = self.acquire(scope).await?;
         let out = conn.fetch_all(spec, query).await;
@@ -300,7 +306,7 @@ impl<DB: Backend> GuardedPool<DB> {
     }
 
     /// Acquires a connection, runs one query with [`GuardedConnection::fetch_one`] and
-    /// releases the connection.
+    /// releases the connection. `scope`: `None` for the current scope.
     ///
     /// # Errors
     ///
@@ -326,14 +332,14 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_one<'q, E>(
+    pub async fn fetch_one<'s, 'q, E, T>(
         &self,
-        scope: &Scope,
-        spec: ChildSpec,
+        scope: impl Into<Option<&'s Scope>>,
+        spec: impl Into<StatementSpec>,
         query: E,
-    ) -> Result<DB::Row, Error>
+    ) -> Result<T, Error>
     where
-        E: 'q + Execute<'q, DB>,
+        E: 'q + TypedQuery<'q, DB, Row = T>,
     {
         let mut conn = self.acquire(scope).await?;
         let out = conn.fetch_one(spec, query).await;
@@ -342,7 +348,7 @@ impl<DB: Backend> GuardedPool<DB> {
     }
 
     /// Acquires a connection, runs one query with [`GuardedConnection::fetch_optional`] and
-    /// releases the connection.
+    /// releases the connection. `scope`: `None` for the current scope.
     ///
     /// # Errors
     ///
@@ -368,14 +374,14 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # }
     /// # }
     /// ```
-    pub async fn fetch_optional<'q, E>(
+    pub async fn fetch_optional<'s, 'q, E, T>(
         &self,
-        scope: &Scope,
-        spec: ChildSpec,
+        scope: impl Into<Option<&'s Scope>>,
+        spec: impl Into<StatementSpec>,
         query: E,
-    ) -> Result<Option<DB::Row>, Error>
+    ) -> Result<Option<T>, Error>
     where
-        E: 'q + Execute<'q, DB>,
+        E: 'q + TypedQuery<'q, DB, Row = T>,
     {
         let mut conn = self.acquire(scope).await?;
         let out = conn.fetch_optional(spec, query).await;
@@ -395,6 +401,14 @@ pub(super) fn check_budget(scope: &Scope, min_useful: Duration) -> Result<Option
         .min_useful(min_useful)
         .compute(scope.remaining())
         .map_err(|e| Error::scope(crate::Error::exhausted(e)))
+}
+
+/// `scope`, or else the current scope.
+pub(super) fn scope_or_current(scope: Option<&Scope>) -> Result<Scope, Error> {
+    scope
+        .cloned()
+        .or_else(Scope::try_current)
+        .ok_or_else(Error::no_scope)
 }
 
 /// The error for a scope observed cancelled.

@@ -559,6 +559,13 @@ impl Backend for Postgres {
         conn.fetch_one(query)
     }
 
+    fn fetch<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut PgConnection,
+        query: E,
+    ) -> futures_core::stream::BoxStream<'e, Result<PgRow, ::sqlx::Error>> {
+        conn.fetch(query)
+    }
+
     fn fetch_optional<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
         conn: &'e mut PgConnection,
         query: E,

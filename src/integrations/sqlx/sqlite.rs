@@ -172,6 +172,13 @@ impl Backend for Sqlite {
         conn.fetch_one(query)
     }
 
+    fn fetch<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
+        conn: &'e mut SqliteConnection,
+        query: E,
+    ) -> futures_core::stream::BoxStream<'e, Result<::sqlx::sqlite::SqliteRow, ::sqlx::Error>> {
+        conn.fetch(query)
+    }
+
     fn fetch_optional<'e, 'q: 'e, E: 'q + Execute<'q, Self>>(
         conn: &'e mut SqliteConnection,
         query: E,
