@@ -8,6 +8,8 @@ use ::sqlx::Execute;
 
 use super::pool::{cancelled, check_budget, Shared};
 use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release, StatementSpec, TypedQuery};
+#[allow(unused_imports)] // (doc links)
+use crate::ChildSpec;
 use crate::{Dispatched, Receipt, Scope, Tethered};
 
 /// A pooled connection held for a [`Scope`]: counted as a guard of the scope until dropped

@@ -10,7 +10,11 @@
 //! thread goes on stepping the statement, and every later command on that connection queues
 //! behind it. A request that gave up after 200 ms can keep a database busy for minutes.
 //!
-//! Here a database call is a child of its scope like any other:
+//! Here a database call is a child of its scope like any other, written as with sqlx itself:
+//! `sqlx::query_as` and `sqlx::query_scalar` give typed rows ([`TypedQuery`]), `fetch`
+//! streams them ([`RowStream`]), the current scope ([`Scope::try_current`]) is used when
+//! none is passed, and a statement given only a name gets its effect class from its SQL
+//! ([`StatementSpec`]).
 //!
 //! * **Acquiring** a pooled connection ([`GuardedPool::acquire`]) waits at most the scope's
 //!   remaining budget — queueing for a connection pays from the same budget — and the
@@ -20,10 +24,10 @@
 //!   ([`Scope::register`], [`Ticket::dispatch`](crate::Ticket::dispatch)) with the
 //!   [`ChildSpec`] you give: nothing is sent after a cancel, nothing is sent when less than
 //!   the [minimum useful budget](GuardedPool::min_useful) is left, and every statement ends
-//!   with exactly one [`Receipt`](crate::Receipt).
+//!   with exactly one [`Receipt`].
 //! * **Writes report unknown outcomes.** A statement registered as
 //!   [`ChildSpec::side_effecting`] or [`ChildSpec::idempotent`] that is cancelled after it was
-//!   dispatched ends with [`Receipt::EffectUnknown`](crate::Receipt::EffectUnknown) (its
+//!   dispatched ends with [`Receipt::EffectUnknown`] (its
 //!   effect id, payload digest and, on PostgreSQL, the backend pid as provider handle), so the
 //!   [`Report`](crate::Report) lists it in
 //!   [`pending_effects`](crate::Report::pending_effects) for reconciliation. The call returns
