@@ -15,10 +15,10 @@ mod support;
 
 use std::time::Duration;
 
-use cancel_scope::integrations::sqlx::GuardedPool;
+use cancel_scope::integrations::sqlx::{GuardedConnection, GuardedPool};
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, Executor, Postgres, Row};
+use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
 use support::postgres::*;
 use tokio::time::Instant;
 
@@ -48,21 +48,34 @@ async fn hold_back_cancels(pg: &PgCluster, db: &GuardedPool<Postgres>) -> Stoppe
 async fn cancel_a_running_sleep(
     pg: &PgCluster,
     scope: &Scope,
-    conn: &mut cancel_scope::integrations::sqlx::GuardedConnection<Postgres>,
+    conn: &mut GuardedConnection<Postgres>,
     pid: i32,
 ) -> cancel_scope::integrations::sqlx::Error {
+    cancel_while_sleeping(pg, scope, conn, pid, "30").await
+}
+
+/// Runs `SELECT pg_sleep(<secs>)` on `conn` and cancels its scope once the server runs it;
+/// returns the call's error (a cancel).
+async fn cancel_while_sleeping(
+    pg: &PgCluster,
+    scope: &Scope,
+    conn: &mut GuardedConnection<Postgres>,
+    pid: i32,
+    secs: &str,
+) -> cancel_scope::integrations::sqlx::Error {
+    let sleep = format!("pg_sleep({secs})");
     let canceller = tokio::spawn({
-        let scope = scope.clone();
+        let (scope, sleep) = (scope.clone(), sleep.clone());
         let mut obs = observer(pg).await;
         async move {
-            wait_active(&mut obs, pid, "pg_sleep(30)").await;
+            wait_active(&mut obs, pid, &sleep).await;
             scope.cancel_with("client went away");
         }
     });
     let err = conn
         .fetch_one(
             ChildSpec::read_only("sleep"),
-            sqlx::query("SELECT pg_catalog.pg_sleep(30)"),
+            sqlx::query(&format!("SELECT pg_catalog.{sleep}")),
         )
         .await
         .err()
@@ -70,6 +83,28 @@ async fn cancel_a_running_sleep(
     canceller.await.unwrap();
     assert!(err.is_cancelled(), "{err:?}");
     err
+}
+
+/// A guarded pool of `max` connections on `pg`, an observer, cancels held back, and a first
+/// scope holding a connection whose session the guard knows (its pid).
+async fn with_cancels_held_back(
+    pg: &PgCluster,
+    max: u32,
+) -> (
+    GuardedPool<Postgres>,
+    PgConnection,
+    Stopped,
+    Scope,
+    GuardedConnection<Postgres>,
+    i32,
+) {
+    let db = guarded(pg, max).await;
+    let obs = observer(pg).await;
+    let control = hold_back_cancels(pg, &db).await;
+    let first = Scope::new();
+    let mut conn = db.acquire(&first).await.unwrap();
+    let pid = pid_of(&mut conn).await;
+    (db, obs, control, first, conn, pid)
 }
 
 /// The next process the kernel starts in this pid namespace gets `pid` (if it is free and
@@ -89,15 +124,9 @@ async fn a_cancel_for_a_replaced_backend_does_not_stop_the_new_session_with_its_
     else {
         return;
     };
-    let db = guarded(&pg, 2).await;
-    let mut obs = observer(&pg).await;
-    let control = hold_back_cancels(&pg, &db).await;
-
     // The first session runs a statement that its scope cancels; the clean-up's cancel (for
     // that session's pid and start) is held back.
-    let first = Scope::new();
-    let mut conn = db.acquire(&first).await.unwrap();
-    let pid = pid_of(&mut conn).await;
+    let (db, mut obs, control, first, mut conn, pid) = with_cancels_held_back(&pg, 2).await;
     cancel_a_running_sleep(&pg, &first, &mut conn, pid).await;
     drop(conn);
 
@@ -175,31 +204,8 @@ async fn the_next_statement_on_a_connection_whose_cancel_arrived_late_is_not_hit
     let Some(pg) = PgCluster::start("next_statement_after_a_late_cancel") else {
         return;
     };
-    let db = guarded(&pg, 1).await;
-    let mut obs = observer(&pg).await;
-    let control = hold_back_cancels(&pg, &db).await;
-
-    let first = Scope::new();
-    let mut conn = db.acquire(&first).await.unwrap();
-    let pid = pid_of(&mut conn).await;
-    let canceller = tokio::spawn({
-        let first = first.clone();
-        let mut obs = observer(&pg).await;
-        async move {
-            wait_active(&mut obs, pid, "pg_sleep(0.5)").await;
-            first.cancel();
-        }
-    });
-    let err = conn
-        .fetch_one(
-            ChildSpec::read_only("short"),
-            sqlx::query("SELECT pg_catalog.pg_sleep(0.5)"),
-        )
-        .await
-        .err()
-        .expect("the call fails");
-    canceller.await.unwrap();
-    assert!(err.is_cancelled(), "{err:?}");
+    let (db, mut obs, control, first, mut conn, pid) = with_cancels_held_back(&pg, 1).await;
+    cancel_while_sleeping(&pg, &first, &mut conn, pid, "0.5").await;
     drop(conn);
     // The statement ends on its own; its cancel has not arrived.
     wait_not_active(&mut obs, pid, Duration::from_secs(5)).await;
