@@ -273,3 +273,34 @@ fn a_forwarded_parent_cancel_keeps_its_origin_through_any_nesting() {
     assert_eq!(reason.reason(), Some("bye"));
     assert_eq!(reason.origin(), &Cause::cancelled("bye"));
 }
+
+/// Invariant 1 as worded: a closed child that is already quiet has completed and is out of a
+/// later cancel's reach (with its quiet subtree), while a closed child that still has work is
+/// cancelled like any other.
+#[test]
+fn a_closed_child_that_is_already_quiet_is_out_of_a_later_cancels_reach() {
+    use cancel_scope::{ChildSpec, Lifecycle};
+    let root = Scope::new();
+    let done = root.child().build().unwrap();
+    let done_below = done.child().build().unwrap();
+    let busy = root.child().build().unwrap();
+    let work = busy.register(ChildSpec::read_only("work")).unwrap();
+    done.close();
+    busy.close();
+
+    root.cancel_with("shutdown");
+    for quiet in [&done, &done_below] {
+        assert!(!quiet.is_cancelled());
+        assert_eq!(quiet.cause(), None);
+        assert_eq!(quiet.lifecycle(), Lifecycle::Completed);
+    }
+    assert_eq!(
+        busy.cause(),
+        Some(Cause::ParentCancelled(Arc::new(Cause::cancelled(
+            "shutdown"
+        ))))
+    );
+    assert_eq!(busy.lifecycle(), Lifecycle::Cancelling);
+    drop(work);
+    assert_eq!(busy.lifecycle(), Lifecycle::CancelledStable);
+}

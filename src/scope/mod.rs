@@ -191,7 +191,8 @@ pub(crate) fn with_current<R>(slot: &mut Option<Scope>, f: impl FnOnce() -> R) -
 ///
 /// * **Budgets only shrink.** A child's deadline is never later than its parent's.
 /// * **Cancel flows down.** Cancelling a scope cancels every descendant with
-///   [`Cause::ParentCancelled`]; it never touches the parent or siblings. The first cause wins.
+///   [`Cause::ParentCancelled`] (except one that already completed: see [`Scope::cancel`]);
+///   it never touches the parent or siblings. The first cause wins.
 /// * **Deadlines fire by themselves.** When a deadline passes the scope and its descendants are
 ///   cancelled with [`Cause::DeadlineExceeded`], whether or not anything polls them.
 /// * **No new work after cancel.** Children, tasks and tickets are refused once the scope is
@@ -460,15 +461,23 @@ impl Scope {
     /// A scope that has already completed ([`close`](Scope::close)d and quiet:
     /// [`Lifecycle::Completed`](crate::Lifecycle::Completed), a final state) has nothing left
     /// to stop: cancelling it, or its deadline passing, leaves it and its report as they are.
+    /// That holds for a descendant too: a closed child that is already quiet is out of a later
+    /// cancel's reach. It (and its subtree, quiet as well) is not cancelled, has no
+    /// [`cause`](Scope::cause) and keeps reporting `Completed`; it refuses new work all the
+    /// same, being closed. A closed child that still has work is cancelled as any other.
     ///
     /// # Examples
     ///
     /// ```
-    /// use cancel_scope::Scope;
+    /// use cancel_scope::{Lifecycle, Scope};
     /// let s = Scope::new();
+    /// let done = s.child().build().unwrap();
+    /// done.close(); // no work: quiet, it has completed
     /// s.cancel();
     /// s.cancel_with("too late"); // no effect: first cause wins
     /// assert_eq!(s.cause().unwrap().reason(), None);
+    /// assert!(!done.is_cancelled()); // out of the cancel's reach
+    /// assert_eq!(done.lifecycle(), Lifecycle::Completed);
     /// ```
     pub fn cancel(&self) {
         self.cancel_because(Cause::Cancelled { reason: None });

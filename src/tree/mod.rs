@@ -21,7 +21,11 @@
 //!
 //! 1. **Cancel is idempotent, first cause wins, cancel flows down only.** `Inner::cause` is
 //!    written once, under `inner`, in the same critical section that sets `CANCELLED`; a second
-//!    canceller finds the cause set and returns. Cancelling walks children only, never parents.
+//!    canceller finds the cause set and returns. Cancelling walks children only, never parents,
+//!    and reaches every descendant that is not quiet yet. A closed child that is already quiet
+//!    (it completed: invariant 6) is out of a later cancel's reach: `mark_cancelled` leaves it
+//!    and its subtree (quiet too) as they are, neither cancelled nor with a cause, and its
+//!    report stays `Completed`. A closed child that still has work is cancelled like any other.
 //! 2. **No dispatch after cancel.** Dispatch is a compare-and-swap on the node's state word
 //!    that requires the generation the ticket saw and an open watermark; cancel sets `CANCELLED`
 //!    and bumps the generation with one read-modify-write on the same word. The modification
@@ -767,11 +771,11 @@ fn all_shards_empty<X, R>(node: &Node<X, R>) -> bool {
     node.shards().all(|s| s.data.lock().children.is_empty())
 }
 
-/// Cancels `node` and every descendant. Returns whether this call did it (first cause wins;
-/// a node that already completed — quiet without a cancel — is left as it is, with its
-/// subtree: invariant 6).
+/// Cancels `node` and every descendant that is not quiet yet. Returns whether this call did
+/// it (first cause wins; a node that already completed — quiet without a cancel — is left as
+/// it is, with its subtree, and so is a quiet closed descendant: invariants 1 and 6).
 ///
-/// Every call returns only once every descendant is cancelled, also one that lost the race
+/// Every call returns only once every such descendant is cancelled, also one that lost the race
 /// for the first cause: a node found already cancelled is still walked, with its own cause,
 /// because whoever cancelled it may not have reached its children yet (invariants 1 and 2:
 /// otherwise work could be dispatched below after this call returned). A repeated cancel of a
