@@ -39,6 +39,10 @@ use std::time::Duration;
 /// The inputs of one child budget: `min(parent - reserve, cap, operation)`, failing below
 /// `min_useful`.
 ///
+/// The rules only ever tighten: each setter called twice keeps the stricter value (the larger
+/// reserve and minimum, the smaller cap and operation limit), so a rule added later cannot
+/// loosen one set before it.
+///
 /// # Examples
 ///
 /// ```
@@ -80,66 +84,75 @@ impl ChildBudget {
         }
     }
 
-    /// Time the parent keeps for itself after the child returns (serializing, replying).
+    /// Time the parent keeps for itself after the child returns (serializing, replying). Set
+    /// twice, the larger reserve holds.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::budget::ChildBudget;
-    /// let b = ChildBudget::new().reserve(Duration::from_millis(100));
-    /// assert_eq!(b.compute(Some(Duration::from_millis(150))).unwrap(),
-    ///            Some(Duration::from_millis(50)));
+    /// let ms = Duration::from_millis;
+    /// let b = ChildBudget::new().reserve(ms(100));
+    /// assert_eq!(b.compute(Some(ms(150))).unwrap(), Some(ms(50)));
+    /// assert_eq!(b.reserve(ms(20)).compute(Some(ms(150))).unwrap(), Some(ms(50)));
     /// ```
     pub const fn reserve(mut self, reserve: Duration) -> Self {
-        self.reserve = reserve;
+        self.reserve = longer(self.reserve, reserve);
         self
     }
 
-    /// The most this dependency may ever get, however much the parent has.
+    /// The most this dependency may ever get, however much the parent has. Set twice, the
+    /// smaller cap holds.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::budget::ChildBudget;
-    /// let b = ChildBudget::new().cap(Duration::from_millis(300));
-    /// assert_eq!(b.compute(Some(Duration::from_secs(10))).unwrap(),
-    ///            Some(Duration::from_millis(300)));
+    /// let ms = Duration::from_millis;
+    /// let b = ChildBudget::new().cap(ms(300));
+    /// assert_eq!(b.compute(Some(Duration::from_secs(10))).unwrap(), Some(ms(300)));
+    /// assert_eq!(b.cap(ms(900)).compute(Some(Duration::from_secs(10))).unwrap(), Some(ms(300)));
     /// ```
     pub const fn cap(mut self, cap: Duration) -> Self {
-        self.cap = Some(cap);
+        self.cap = Some(shorter_of(self.cap, cap));
         self
     }
 
-    /// What the operation as a whole still has (e.g. from an operation registry).
+    /// What the operation as a whole still has (e.g. from an operation registry). Set twice,
+    /// the smaller one holds.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::budget::ChildBudget;
-    /// let b = ChildBudget::new().operation(Duration::from_millis(40));
-    /// assert_eq!(b.compute(Some(Duration::from_secs(1))).unwrap(),
-    ///            Some(Duration::from_millis(40)));
+    /// let ms = Duration::from_millis;
+    /// let b = ChildBudget::new().operation(ms(40));
+    /// assert_eq!(b.compute(Some(Duration::from_secs(1))).unwrap(), Some(ms(40)));
+    /// assert_eq!(b.operation(ms(60)).compute(Some(Duration::from_secs(1))).unwrap(), Some(ms(40)));
     /// ```
     pub const fn operation(mut self, remaining: Duration) -> Self {
-        self.operation = Some(remaining);
+        self.operation = Some(shorter_of(self.operation, remaining));
         self
     }
 
-    /// Below this the child is not started: [`compute`](Self::compute) fails.
+    /// Below this the child is not started: [`compute`](Self::compute) fails. Set twice, the
+    /// larger minimum holds.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::budget::ChildBudget;
-    /// let b = ChildBudget::new().min_useful(Duration::from_millis(50));
-    /// assert!(b.compute(Some(Duration::from_millis(49))).is_err());
+    /// let ms = Duration::from_millis;
+    /// let b = ChildBudget::new().min_useful(ms(50));
+    /// assert!(b.compute(Some(ms(49))).is_err());
+    /// assert!(b.min_useful(ms(5)).compute(Some(ms(49))).is_err());
     /// ```
     pub const fn min_useful(mut self, min_useful: Duration) -> Self {
-        self.min_useful = min_useful;
+        self.min_useful = longer(self.min_useful, min_useful);
         self
     }
 
@@ -166,11 +179,7 @@ impl ChildBudget {
         parent_remaining: Option<Duration>,
     ) -> Result<Option<Duration>, BudgetExhausted> {
         let from_parent = parent_remaining.map(|r| r.saturating_sub(self.reserve));
-        let min = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let budget = min(min(from_parent, self.cap), self.operation);
+        let budget = tighter(tighter(from_parent, self.cap), self.operation);
         match budget {
             Some(b) if b.is_zero() || b < self.min_useful => Err(BudgetExhausted {
                 available: b,
@@ -178,6 +187,32 @@ impl ChildBudget {
             }),
             other => Ok(other),
         }
+    }
+}
+
+/// The smaller of two limits, either of which may be absent (no limit).
+#[inline]
+fn tighter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The longer of two durations (`Ord::max` is not `const`).
+const fn longer(a: Duration, b: Duration) -> Duration {
+    if a.as_nanos() >= b.as_nanos() {
+        a
+    } else {
+        b
+    }
+}
+
+/// The shorter of a limit set before (if any) and `b`.
+const fn shorter_of(a: Option<Duration>, b: Duration) -> Duration {
+    match a {
+        Some(a) if a.as_nanos() <= b.as_nanos() => a,
+        _ => b,
     }
 }
 
@@ -278,6 +313,22 @@ pub enum Split {
 }
 
 impl Split {
+    /// The per-attempt cap.
+    pub(crate) fn cap(&self) -> Option<Duration> {
+        match *self {
+            Split::Even { cap } | Split::Greedy { cap } => cap,
+        }
+    }
+
+    /// This way of sharing, with the smaller of its own cap and `other` (rules only tighten).
+    pub(crate) fn capped(self, other: Option<Duration>) -> Split {
+        let cap = tighter(self.cap(), other);
+        match self {
+            Split::Even { .. } => Split::Even { cap },
+            Split::Greedy { .. } => Split::Greedy { cap },
+        }
+    }
+
     /// The budget of the next attempt given what is left, how many attempts are left (this one
     /// included) and the reserve to keep. Zero means: start no attempt.
     ///

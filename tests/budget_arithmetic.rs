@@ -144,6 +144,35 @@ proptest! {
         }
     }
 
+    /// Builder rules only ever tighten: each rule set twice, in either order, computes what
+    /// the stricter value alone computes (the larger reserve and minimum, the smaller cap and
+    /// operation limit).
+    #[test]
+    fn a_rule_set_twice_keeps_the_stricter_value(
+        parent in proptest::option::of(dur()),
+        reserve in (dur(), dur()),
+        cap in (dur(), dur()),
+        operation in (dur(), dur()),
+        min_useful in (dur(), dur()),
+    ) {
+        let twice = |first: bool| {
+            let pick = |p: (Duration, Duration)| if first { p } else { (p.1, p.0) };
+            let (r, c, o, m) = (pick(reserve), pick(cap), pick(operation), pick(min_useful));
+            ChildBudget::new()
+                .reserve(r.0).cap(c.0).operation(o.0).min_useful(m.0)
+                .reserve(r.1).cap(c.1).operation(o.1).min_useful(m.1)
+        };
+        let strictest = ChildBudget::new()
+            .reserve(reserve.0.max(reserve.1))
+            .cap(cap.0.min(cap.1))
+            .operation(operation.0.min(operation.1))
+            .min_useful(min_useful.0.max(min_useful.1));
+        for first in [true, false] {
+            prop_assert_eq!(twice(first), strictest);
+            prop_assert_eq!(twice(first).compute(parent), strictest.compute(parent));
+        }
+    }
+
     #[test]
     fn no_attempt_exceeds_what_remains(
         remaining in dur(), attempts in 0u32..10, reserve in dur(), cap in proptest::option::of(dur()),

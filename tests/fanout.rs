@@ -284,3 +284,74 @@ async fn optional_branches_without_budget_for_the_fan_out_are_absent() {
     let _ = fan.optional("reviews", |_| answer(ms(1), ()));
     assert!(fan.join().await.unwrap_err().is_deadline_exceeded());
 }
+
+/// Builder rules only ever tighten: a fan-out's reserve and aggregation reserve set twice keep
+/// the larger value, in either order.
+#[tokio::test(start_paused = true)]
+async fn a_fan_out_reserve_set_twice_keeps_the_larger_value() {
+    for (a, b) in [(ms(100), ms(20)), (ms(20), ms(100))] {
+        let request = Scope::with_timeout(ms(500));
+        let mut fan = FanOut::new(&request)
+            .reserve(a)
+            .reserve(b)
+            .aggregate_reserve(b)
+            .aggregate_reserve(a);
+        let required = fan.required("price", |s| async move {
+            Ok::<_, std::io::Error>(s.remaining())
+        });
+        let optional = fan.optional("reviews", |s| async move {
+            Ok::<_, std::io::Error>(s.remaining())
+        });
+        let mut out = fan.join().await.unwrap();
+        assert_eq!(out.required(required), Some(ms(400)));
+        assert_eq!(out.optional(optional), Some(Some(ms(300))));
+    }
+}
+
+/// Fan-out branches have their own minimum useful budget (the larger one when set twice): a
+/// required branch that would get less fails the fan-out, named and not started; an optional
+/// one is absent. Nothing below the minimum runs.
+#[tokio::test(start_paused = true)]
+async fn a_branch_below_its_minimum_useful_budget_does_not_start() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let request = Scope::with_timeout(ms(100));
+    let mut fan = FanOut::new(&request)
+        .aggregate_reserve(ms(60))
+        .min_useful(ms(50))
+        .min_useful(ms(10));
+    let r = ran.clone();
+    let price = fan.required("price", move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        answer(ms(1), 1999_u32)
+    });
+    let r = ran.clone();
+    let reviews = fan.optional("reviews", move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        answer(ms(1), 4.5_f32)
+    });
+    let mut out = fan.join().await.unwrap();
+    assert_eq!(out.required(price), 1999);
+    assert_eq!(
+        out.optional(reviews),
+        None,
+        "40 ms is below the 50 ms minimum"
+    );
+    assert_eq!(out.absent().collect::<Vec<_>>(), ["reviews"]);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+
+    let mut fan = FanOut::new(&request).min_useful(ms(10)).min_useful(ms(500));
+    let r = ran.clone();
+    let _ = fan.required("stock", move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        answer(ms(1), 7_u32)
+    });
+    let err = fan.join().await.unwrap_err();
+    assert_eq!(err.branch(), Some("stock"));
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert!(err.to_string().contains("not started"), "{err}");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "a branch ran below its minimum"
+    );
+}

@@ -311,3 +311,49 @@ async fn side_effecting_work_never_retries_and_a_timeout_is_effect_unknown() {
     assert_eq!((report.effect_unknown(), report.failed()), (1, 1));
     assert_eq!(report.pending_effects()[0].effect_id(), "payment-7");
 }
+
+/// Builder rules only ever tighten: a retry policy's reserve, minimum useful budget and
+/// per-attempt cap set twice keep the stricter value, in either order (a layer that narrows a
+/// policy it was handed cannot widen it by accident).
+#[tokio::test(start_paused = true)]
+async fn a_retry_rule_set_twice_keeps_the_stricter_value() {
+    let budget_of = |retry: Retry<fn(&CallError) -> Decision>| async move {
+        let request = Scope::with_timeout(ms(1000));
+        retry
+            .max_attempts(1)
+            .run(&request, ChildSpec::read_only("db"), |a| async move {
+                Ok::<_, CallError>(a.remaining())
+            })
+            .await
+    };
+    let greedy = |cap| Split::Greedy { cap };
+    let policy = || Retry::new(classify as fn(&CallError) -> Decision).split(greedy(None));
+    // The larger reserve.
+    for (a, b) in [(ms(300), ms(100)), (ms(100), ms(300))] {
+        let got = budget_of(policy().reserve(a).reserve(b)).await.unwrap();
+        assert_eq!(got, Some(ms(700)));
+    }
+    // The smaller per-attempt cap, whichever split came last (the later one's way of sharing).
+    for (a, b) in [
+        (Some(ms(200)), None),
+        (None, Some(ms(200))),
+        (Some(ms(200)), Some(ms(600))),
+    ] {
+        let got = budget_of(policy().split(greedy(a)).split(greedy(b)))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(ms(200)));
+    }
+    let even = policy()
+        .split(greedy(Some(ms(200))))
+        .split(Split::Even { cap: None });
+    assert_eq!(budget_of(even).await.unwrap(), Some(ms(200)));
+    // The larger minimum useful budget: no attempt starts with 1000 ms for 1200 ms.
+    for (a, b) in [(ms(1200), ms(10)), (ms(10), ms(1200))] {
+        let err = budget_of(policy().min_useful(a).min_useful(b))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stop(), &Stop::BelowMinUseful);
+        assert_eq!(err.ledger().started(), 0);
+    }
+}

@@ -286,3 +286,56 @@ fn a_deadline_in_a_runtime_without_timers_panics_in_the_caller() {
         assert!(root.child().build().is_ok());
     });
 }
+
+/// Builder rules only ever tighten: `reserve`, `min_useful`, `cap` (and `timeout`) and
+/// `deadline` set twice keep the stricter value, in either order.
+#[tokio::test(start_paused = true)]
+async fn a_child_builder_rule_set_twice_keeps_the_stricter_value() {
+    let parent = Scope::with_timeout(ms(1000));
+    let remaining = |b: cancel_scope::ChildBuilder<'_>| b.build().unwrap().remaining().unwrap();
+    // The larger reserve.
+    assert_eq!(
+        remaining(parent.child().reserve(ms(300)).reserve(ms(100))),
+        ms(700)
+    );
+    assert_eq!(
+        remaining(parent.child().reserve(ms(100)).reserve(ms(300))),
+        ms(700)
+    );
+    // The smaller cap, whichever of `cap` and `timeout` says it.
+    assert_eq!(remaining(parent.child().cap(ms(200)).cap(ms(600))), ms(200));
+    assert_eq!(
+        remaining(parent.child().timeout(ms(600)).cap(ms(200))),
+        ms(200)
+    );
+    assert_eq!(
+        remaining(parent.child().cap(ms(200)).timeout(ms(600))),
+        ms(200)
+    );
+    // The earlier deadline.
+    let (early, late) = (Instant::now() + ms(250), Instant::now() + ms(800));
+    assert_eq!(
+        remaining(parent.child().deadline(early).deadline(late)),
+        ms(250)
+    );
+    assert_eq!(
+        remaining(parent.child().deadline(late).deadline(early)),
+        ms(250)
+    );
+    // The larger minimum useful budget: 1000 ms is not enough for 1200 ms, whichever came last.
+    for (a, b) in [(ms(1200), ms(10)), (ms(10), ms(1200))] {
+        let err = parent
+            .child()
+            .min_useful(a)
+            .min_useful(b)
+            .build()
+            .unwrap_err();
+        assert!(err.is_budget_exhausted(), "{err}");
+    }
+    assert!(parent
+        .child()
+        .min_useful(ms(10))
+        .min_useful(ms(900))
+        .build()
+        .is_ok());
+}

@@ -14,6 +14,12 @@
 //!   aggregating stays untouched.
 //! * **A concurrency limit** ([`limit`](FanOut::limit)) bounds the branches running at once (a
 //!   queued branch starts when another ends, with what is left of the same budget).
+//! * **A minimum useful budget per branch** ([`min_useful`](FanOut::min_useful)): a branch
+//!   that would get less is not started (a required one fails the fan-out, an optional one is
+//!   absent), as a child scope with too little is not built.
+//! * **Rules only tighten.** [`reserve`](FanOut::reserve),
+//!   [`aggregate_reserve`](FanOut::aggregate_reserve) and [`min_useful`](FanOut::min_useful)
+//!   set twice keep the larger value, as the scope builder's rules do.
 //! * **No orphans.** Every started branch is a registered child with a receipt, and
 //!   [`join`](FanOut::join) returns only after all of them ended.
 //!
@@ -122,12 +128,14 @@ pub struct FanOut<'s> {
     id: u64,
     reserve: Duration,
     aggregate: Duration,
+    min_useful: Duration,
     limit: usize,
     branches: Vec<Branch>,
 }
 
 impl<'s> FanOut<'s> {
-    /// A fan-out in `scope`: no reserve, no aggregation reserve, no concurrency limit.
+    /// A fan-out in `scope`: no reserve, no aggregation reserve, no minimum useful budget, no
+    /// concurrency limit.
     ///
     /// # Examples
     ///
@@ -143,13 +151,14 @@ impl<'s> FanOut<'s> {
             id: next_id(),
             reserve: Duration::ZERO,
             aggregate: Duration::ZERO,
+            min_useful: Duration::ZERO,
             limit: usize::MAX,
             branches: Vec::new(),
         }
     }
 
     /// Time kept for the response after the fan-out: every branch ends this long before the
-    /// scope's deadline.
+    /// scope's deadline. Set twice, the larger reserve holds.
     ///
     /// # Examples
     ///
@@ -164,18 +173,46 @@ impl<'s> FanOut<'s> {
     /// # }
     /// ```
     pub fn reserve(mut self, reserve: Duration) -> Self {
-        self.reserve = reserve;
+        self.reserve = self.reserve.max(reserve);
         self
     }
 
     /// Time kept for aggregating: optional branches end this long before the required ones
     /// (their earlier sub-deadline), and yield "absent" if they have not answered by then.
+    /// Set twice, the larger reserve holds.
     ///
     /// # Examples
     ///
     /// See the [module docs](self).
     pub fn aggregate_reserve(mut self, reserve: Duration) -> Self {
-        self.aggregate = reserve;
+        self.aggregate = self.aggregate.max(reserve);
+        self
+    }
+
+    /// The least budget that makes a branch worth starting (e.g. its dependency's p95
+    /// latency), checked when the branch starts (a queued branch starts with what is left):
+    /// a required branch that would get less fails the fan-out, not started
+    /// ([`FanOutError::branch`] names it, [`FanOutError::is_deadline_exceeded`]); an optional
+    /// one is absent. Set twice, the larger minimum holds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{fanout::FanOut, Scope};
+    /// let ms = Duration::from_millis;
+    /// let scope = Scope::with_timeout(ms(100));
+    /// let mut fan = FanOut::new(&scope).aggregate_reserve(ms(60)).min_useful(ms(50));
+    /// let price = fan.required("price", |_| async { Ok::<_, std::io::Error>(1999_u32) });
+    /// let recs = fan.optional("recommendations", |_| async { Ok::<_, std::io::Error>(3_u32) });
+    /// let mut page = fan.join().await.unwrap();
+    /// assert_eq!(page.required(price), 1999);
+    /// assert_eq!(page.optional(recs), None); // 40 ms after the aggregation reserve: not started
+    /// # }
+    /// ```
+    pub fn min_useful(mut self, min_useful: Duration) -> Self {
+        self.min_useful = self.min_useful.max(min_useful);
         self
     }
 
@@ -330,7 +367,7 @@ impl<'s> FanOut<'s> {
                 let Some(i) = queue.pop_front() else { break };
                 let branch = &mut self.branches[i];
                 // Named after the branch by its ticket (see `build_dispatched`).
-                let mut child = fan_scope.child();
+                let mut child = fan_scope.child().min_useful(self.min_useful);
                 if !branch.required {
                     child = child.reserve(self.aggregate);
                 }
@@ -429,6 +466,7 @@ impl fmt::Debug for FanOut<'_> {
             .field("scope", self.scope)
             .field("reserve", &self.reserve)
             .field("aggregate_reserve", &self.aggregate)
+            .field("min_useful", &self.min_useful)
             .field("limit", &self.limit)
             .field("branches", &names)
             .finish()

@@ -106,6 +106,11 @@ use attempt::{Call, Keep, Limits, Live, Started, Verdict};
 /// attempt that runs out of its own budget is retried after the backoff
 /// ([`on_timeout`](Self::on_timeout)).
 ///
+/// The attempts' rules only ever tighten: [`reserve`](Self::reserve),
+/// [`min_useful`](Self::min_useful) and the per-attempt cap of [`split`](Self::split) set twice
+/// keep the stricter value, as a scope's [`ChildBuilder`](crate::ChildBuilder) does: a policy
+/// handed on to another layer can be narrowed there, never widened.
+///
 /// # Examples
 ///
 /// Three layers that each "retry 3 times" the same dependency make 3 calls, not 27: the
@@ -191,24 +196,35 @@ impl<C, B> Retry<C, B> {
     }
 
     /// How attempts share the budget (default [`Split::Even`] without cap). The cap is the
-    /// dependency's per-attempt maximum.
+    /// dependency's per-attempt maximum. Set twice, the later split's way of sharing holds,
+    /// with the smaller of the two caps.
     ///
     /// # Examples
     ///
     /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
-    /// use cancel_scope::{budget::Split, retry::{Decision, Retry}};
+    /// use cancel_scope::{budget::Split, retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let ms = Duration::from_millis;
     /// let retry = Retry::new(|_: &()| Decision::Backoff)
-    ///     .split(Split::Greedy { cap: Some(Duration::from_millis(500)) });
-    /// # let _ = retry;
+    ///     .split(Split::Greedy { cap: Some(ms(500)) })
+    ///     .split(Split::Greedy { cap: None }); // keeps the 500 ms cap
+    /// let scope = Scope::with_timeout(Duration::from_secs(2));
+    /// let got = retry
+    ///     .run(&scope, ChildSpec::read_only("db"), |a| async move { Ok(a.remaining()) })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(got, Some(ms(500)));
+    /// # }
     /// ```
     pub fn split(mut self, split: Split) -> Self {
-        self.limits.split = split;
+        self.limits.split = split.capped(self.limits.split.cap());
         self
     }
 
     /// Time kept for the response: attempts end this long before the scope's deadline, and
-    /// none starts once only this much is left (the reserve line).
+    /// none starts once only this much is left (the reserve line). Set twice, the larger
+    /// reserve holds.
     ///
     /// # Examples
     ///
@@ -227,18 +243,18 @@ impl<C, B> Retry<C, B> {
     /// # }
     /// ```
     pub fn reserve(mut self, reserve: Duration) -> Self {
-        self.limits.reserve = reserve;
+        self.limits.reserve = self.limits.reserve.max(reserve);
         self
     }
 
     /// The least budget worth an attempt (e.g. the dependency's p95 latency): below it no
-    /// attempt starts.
+    /// attempt starts. Set twice, the larger minimum holds.
     ///
     /// # Examples
     ///
     /// See [`RetryError::is_out_of_time`].
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
-        self.limits.min_useful = min_useful;
+        self.limits.min_useful = self.limits.min_useful.max(min_useful);
         self
     }
 

@@ -16,6 +16,12 @@ use crate::tree;
 /// Created by [`Scope::child`]. With no options the child keeps the parent's deadline and
 /// needs no timer of its own.
 ///
+/// The rules only ever tighten: [`reserve`](Self::reserve), [`min_useful`](Self::min_useful),
+/// [`cap`](Self::cap) (and [`timeout`](Self::timeout)) and [`deadline`](Self::deadline) set
+/// twice keep the stricter value (the larger reserve and minimum, the smaller cap and
+/// deadline), whatever the order: a layer that adds its own rule to a builder it was handed
+/// cannot loosen one set before it.
+///
 /// # Examples
 ///
 /// ```
@@ -59,6 +65,7 @@ impl<'a> ChildBuilder<'a> {
     }
 
     /// The child's own timeout from now (the tighter of this, the cap and the parent wins).
+    /// Another name for [`cap`](Self::cap): set twice, or with `cap`, the smaller one holds.
     ///
     /// # Examples
     ///
@@ -75,7 +82,8 @@ impl<'a> ChildBuilder<'a> {
         self.cap(timeout)
     }
 
-    /// The dependency's cap: it never gets more than this, however much the parent has.
+    /// The dependency's cap: it never gets more than this, however much the parent has. Set
+    /// twice (or with [`timeout`](Self::timeout)), the smaller cap holds.
     ///
     /// # Examples
     ///
@@ -83,9 +91,12 @@ impl<'a> ChildBuilder<'a> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::Scope;
+    /// let ms = Duration::from_millis;
     /// let p = Scope::with_timeout(Duration::from_secs(10));
-    /// let c = p.child().cap(Duration::from_millis(300)).build().unwrap();
-    /// assert_eq!(c.remaining(), Some(Duration::from_millis(300)));
+    /// let c = p.child().cap(ms(300)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(ms(300)));
+    /// let c = p.child().cap(ms(300)).cap(ms(900)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(ms(300))); // a later, larger cap loosens nothing
     /// # }
     /// ```
     #[inline]
@@ -95,6 +106,7 @@ impl<'a> ChildBuilder<'a> {
     }
 
     /// An absolute deadline for the child (e.g. the operation's); never extends the parent's.
+    /// Set twice, the earlier deadline holds.
     ///
     /// # Examples
     ///
@@ -114,7 +126,8 @@ impl<'a> ChildBuilder<'a> {
         self
     }
 
-    /// Time the parent keeps for itself after the child returns.
+    /// Time the parent keeps for itself after the child returns. Set twice, the larger
+    /// reserve holds.
     ///
     /// # Examples
     ///
@@ -122,18 +135,22 @@ impl<'a> ChildBuilder<'a> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::Scope;
-    /// let p = Scope::with_timeout(Duration::from_millis(100));
-    /// let c = p.child().reserve(Duration::from_millis(30)).build().unwrap();
-    /// assert_eq!(c.remaining(), Some(Duration::from_millis(70)));
+    /// let ms = Duration::from_millis;
+    /// let p = Scope::with_timeout(ms(100));
+    /// let c = p.child().reserve(ms(30)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(ms(70)));
+    /// let c = p.child().reserve(ms(30)).reserve(ms(10)).build().unwrap();
+    /// assert_eq!(c.remaining(), Some(ms(70))); // a later, smaller reserve loosens nothing
     /// # }
     /// ```
     #[inline]
     pub fn reserve(mut self, reserve: Duration) -> Self {
-        self.reserve = reserve;
+        self.reserve = self.reserve.max(reserve);
         self
     }
 
     /// The least budget that makes the child worth starting; below it `build` fails fast.
+    /// Set twice, the larger minimum holds.
     ///
     /// # Examples
     ///
@@ -141,13 +158,15 @@ impl<'a> ChildBuilder<'a> {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::Scope;
-    /// let p = Scope::with_timeout(Duration::from_millis(100));
-    /// assert!(p.child().min_useful(Duration::from_millis(150)).build().is_err());
+    /// let ms = Duration::from_millis;
+    /// let p = Scope::with_timeout(ms(100));
+    /// assert!(p.child().min_useful(ms(150)).build().is_err());
+    /// assert!(p.child().min_useful(ms(150)).min_useful(ms(10)).build().is_err());
     /// # }
     /// ```
     #[inline]
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
-        self.min_useful = min_useful;
+        self.min_useful = self.min_useful.max(min_useful);
         self
     }
 
