@@ -355,3 +355,65 @@ async fn a_branch_below_its_minimum_useful_budget_does_not_start() {
         "a branch ran below its minimum"
     );
 }
+
+/// A required branch still running when the scope's own deadline passes (no reserve: the
+/// fan-out's deadline is the scope's) is named in the error, as one cut by a reserve's
+/// earlier deadline is, rather than the fan-out just being "cancelled".
+#[tokio::test(start_paused = true)]
+async fn a_required_branch_cut_at_the_exact_deadline_is_named() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request);
+    let _ = fan.required("price", |_| answer(ms(100), 1999));
+    let _ = fan.required("stock", |_| answer(ms(600), 7));
+    let _ = fan.required("reviews", |_| answer(ms(900), 4));
+    let t0 = Instant::now();
+    let err = fan.join().await.unwrap_err();
+    assert_eq!(t0.elapsed(), ms(500));
+    assert_eq!(err.branch(), Some("stock"), "{err}");
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert!(err.cause().unwrap().is_deadline_exceeded());
+    assert!(
+        err.to_string().starts_with("required branch stock stopped"),
+        "{err}"
+    );
+
+    let report = request.quiesce().await;
+    assert_eq!((report.succeeded(), report.cancelled()), (1, 2), "{report}");
+}
+
+/// A required branch that fails with its own error in the very instant the scope's deadline
+/// passes is named too, whichever of the two the runtime gets to first (the branch's error,
+/// or the deadline stopping it).
+#[tokio::test(start_paused = true)]
+async fn a_required_branch_that_fails_at_the_exact_deadline_is_named() {
+    let request = Scope::with_timeout(ms(500));
+    let deadline = request.deadline().unwrap();
+    let mut fan = FanOut::new(&request);
+    let _ = fan.required("stock", move |_| async move {
+        tokio::time::sleep_until(deadline).await;
+        Err::<u32, _>("inventory: upstream timed out")
+    });
+    let err = fan.join().await.unwrap_err();
+    assert_eq!(err.branch(), Some("stock"), "{err}");
+    assert!(err.to_string().contains("stock"), "{err}");
+    // One receipt: its failure, or its stop.
+    let report = request.quiesce().await;
+    assert_eq!(report.failed() + report.cancelled(), 1, "{report}");
+}
+
+/// Cancelled for another reason than its deadline (the client left), the fan-out says so and
+/// names no branch: the branches did not fail, they were stopped with the request.
+#[tokio::test(start_paused = true)]
+async fn a_scope_cancel_that_is_not_the_deadline_names_no_branch() {
+    let request = Scope::with_timeout(ms(500));
+    let r = request.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(30)).await;
+        r.cancel_because(Cause::ClientGone);
+    });
+    let mut fan = FanOut::new(&request);
+    let _ = fan.required("stock", |_| answer(ms(600), 7));
+    let err = fan.join().await.unwrap_err();
+    assert_eq!(err.branch(), None, "{err}");
+    assert!(err.is_cancelled() && !err.is_deadline_exceeded(), "{err}");
+}

@@ -313,3 +313,101 @@ async fn quiesce_waits_for_a_retry_in_backoff() {
     assert_eq!(report.retry_ledgers().len(), 1);
     assert_eq!(report.retry_ledgers()[0].stop(), Some(&Stop::Closed));
 }
+
+/// The ledgers of calls made below the request — in a handler's child scope, and by a retry
+/// nested in another's attempt — roll up into the request's report, as their receipts do
+/// (before, the request's report had none of them: each stayed in the scope it ran in).
+#[tokio::test(start_paused = true)]
+async fn ledgers_of_calls_in_nested_scopes_roll_up_into_the_requests_report() {
+    let request = Scope::with_timeout(ms(1000));
+    let handler = request.child().name("handler").build().unwrap();
+    let retry = Retry::new(|_: &Unavailable| Decision::RetryNow).max_attempts(2);
+    retry
+        .run(&handler, ChildSpec::read_only("users"), |_| async {
+            Ok::<_, Unavailable>(())
+        })
+        .await
+        .unwrap();
+    // A retry of another dependency inside an attempt of the call to "orders": its ledger is
+    // attached to the attempt's scope, two levels below the request.
+    retry
+        .run(&handler, ChildSpec::read_only("orders"), |a| {
+            let retry = &retry;
+            async move {
+                retry
+                    .run(a.scope(), ChildSpec::read_only("stock"), |_| async {
+                        Ok::<_, Unavailable>(())
+                    })
+                    .await
+                    .map_err(|_| Unavailable)
+            }
+        })
+        .await
+        .unwrap();
+    request.close();
+    let report = request.quiesce().await;
+    let deps: Vec<_> = report
+        .retry_ledgers()
+        .iter()
+        .map(|l| l.dependency())
+        .collect();
+    // Oldest first: the nested call ends (and is attached) before the call around it.
+    assert_eq!(deps, ["users", "stock", "orders"], "{report}");
+    assert_eq!(report.dropped_notes(), 0);
+    // The handler's own report has them too.
+    let handler = handler.quiesce().await;
+    assert_eq!(handler.retry_ledgers().len(), 3);
+}
+
+/// A scope keeps the newest 64 notes; its report counts the older ones it dropped, and says
+/// so (before, they went without a trace). A scope above many children keeps the newest 64 of
+/// theirs, each child its own.
+#[tokio::test(start_paused = true)]
+async fn a_report_counts_the_notes_its_scope_dropped_and_says_so() {
+    let retry = Retry::new(|_: &Unavailable| Decision::Backoff).max_attempts(1);
+    let call = |scope: Scope| {
+        let retry = retry.clone();
+        async move {
+            retry
+                .run(&scope, ChildSpec::read_only("db"), |_| async {
+                    Ok::<_, Unavailable>(())
+                })
+                .await
+                .unwrap();
+        }
+    };
+    let scope = Scope::new();
+    for _ in 0..70 {
+        call(scope.clone()).await;
+    }
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.retry_ledgers().len(), 64);
+    assert_eq!(report.dropped_notes(), 6);
+    assert!(
+        report
+            .to_string()
+            .ends_with("; 6 older notes dropped (retry ledgers)"),
+        "{report}"
+    );
+
+    let root = Scope::new();
+    let mut children = Vec::new();
+    for _ in 0..65 {
+        let child = root.child().build().unwrap();
+        call(child.clone()).await;
+        children.push(child);
+    }
+    root.close();
+    let report = root.quiesce().await;
+    assert_eq!(
+        (report.retry_ledgers().len(), report.dropped_notes()),
+        (64, 1)
+    );
+    assert!(report
+        .to_string()
+        .ends_with("; 1 older note dropped (retry ledgers)"));
+    let child = children[0].quiesce().await;
+    assert_eq!((child.retry_ledgers().len(), child.dropped_notes()), (1, 0));
+    assert!(!child.to_string().contains("dropped"), "{child}");
+}

@@ -74,7 +74,10 @@ impl FanOutError {
         }
     }
 
-    /// The required branch that failed (`None` when the scope itself was cancelled).
+    /// The required branch that failed (`None` when the scope itself was cancelled). The
+    /// scope's deadline passing while required branches run is their failure as much as the
+    /// scope's: the error names the first of them (in declaration order) with its own end, as
+    /// it does when a [`reserve`](super::FanOut::reserve) makes the branches' deadline earlier.
     ///
     /// # Examples
     ///

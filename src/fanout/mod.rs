@@ -314,7 +314,8 @@ impl<'s> FanOut<'s> {
     /// # Errors
     ///
     /// [`FanOutError`]: a required branch failed, ran out of time, panicked or could not start
-    /// (its siblings were cancelled and have their receipts), or the scope was cancelled. An
+    /// (its siblings were cancelled and have their receipts), or the scope was cancelled (at
+    /// the scope's deadline, the error names the first required branch it cut off). An
     /// optional branch left without budget is absent, not an error, also when the
     /// [`reserve`](Self::reserve) leaves none for the whole fan-out.
     ///
@@ -404,48 +405,35 @@ impl<'s> FanOut<'s> {
                 cause = scope.cancelled_cause() => break Some(FanOutError::cancelled(cause)),
                 (i, _, res) = inflight.next() => {
                     let branch = &self.branches[i];
-                    match res {
-                        Ok(Finished { dispatched, out: Ok(Ok(v)) }) => {
-                            caught.run(|| dispatched.succeed());
-                            values[i] = Some(v);
-                        }
-                        Ok(Finished { dispatched, out: Ok(Err(e)) }) => {
-                            caught.run(|| dispatched.fail());
-                            if branch.required {
-                                break Some(FanOutError::failed(branch.name.clone(), e));
-                            }
-                            absent.push(branch.name.clone());
-                        }
-                        Ok(Finished { dispatched, out: Err(stopped) }) => {
-                            caught.run(|| dispatched.finish(Receipt::Cancelled));
-                            if branch.required {
-                                let cause = stopped.cause().cloned().unwrap_or(crate::Cause::Cancelled { reason: None });
-                                break Some(FanOutError::stopped(branch.name.clone(), cause));
-                            }
-                            absent.push(branch.name.clone());
-                        }
-                        Err(_) => {
-                            if branch.required {
-                                break Some(FanOutError::panicked(branch.name.clone()));
-                            }
-                            absent.push(branch.name.clone());
-                        }
+                    match settle(&branch.name, res, &mut caught) {
+                        Ok(v) => values[i] = Some(v),
+                        Err(e) if branch.required => break Some(e),
+                        Err(_) => absent.push(branch.name.clone()),
                     }
                 }
             }
         };
-        if let Some(err) = failure {
+        if let Some(mut err) = failure {
+            // The scope's deadline (this fan-out's, with no reserve) cut the required branches
+            // still running, as a reserve's earlier deadline would: the error names the first
+            // of them in declaration order, with its own end (stopped by the deadline, or its
+            // error in the same instant), not just "the fan-out was cancelled".
+            let at_deadline =
+                err.branch().is_none() && err.is_cancelled() && err.is_deadline_exceeded();
+            let mut named: Option<(usize, FanOutError)> = None;
             // Cancel the siblings and wait for their receipts.
             caught.run(|| fan_scope.cancel_with("a required branch failed"));
             while !inflight.is_empty() {
-                let (_, _, res) = inflight.next().await;
-                if let Ok(Finished { dispatched, out }) = res {
-                    caught.run(|| match out {
-                        Ok(Ok(_)) => dispatched.succeed(),
-                        Ok(Err(_)) => dispatched.fail(),
-                        Err(_) => dispatched.finish(Receipt::Cancelled),
-                    });
+                let (i, _, res) = inflight.next().await;
+                let branch = &self.branches[i];
+                if let Err(e) = settle(&branch.name, res, &mut caught) {
+                    if at_deadline && branch.required && named.as_ref().is_none_or(|n| i < n.0) {
+                        named = Some((i, e));
+                    }
                 }
+            }
+            if let Some((_, e)) = named {
+                err = e;
             }
             caught.resume();
             return Err(err);
@@ -456,6 +444,43 @@ impl<'s> FanOut<'s> {
             values,
             absent,
         })
+    }
+}
+
+/// Gives the receipt of a branch that ended (`res`, from its task) and returns its value, or
+/// the error that names it (failed, stopped by a cancel, panicked). A waker's or callback's
+/// panic run by the receipt is kept in `caught`.
+fn settle(
+    name: &Arc<str>,
+    res: Result<Finished<Result<Value, BoxError>>, tokio::task::JoinError>,
+    caught: &mut Caught,
+) -> Result<Value, FanOutError> {
+    match res {
+        Ok(Finished {
+            dispatched,
+            out: Ok(Ok(v)),
+        }) => {
+            caught.run(|| dispatched.succeed());
+            Ok(v)
+        }
+        Ok(Finished {
+            dispatched,
+            out: Ok(Err(e)),
+        }) => {
+            caught.run(|| dispatched.fail());
+            Err(FanOutError::failed(name.clone(), e))
+        }
+        Ok(Finished {
+            dispatched,
+            out: Err(stopped),
+        }) => {
+            caught.run(|| dispatched.finish(Receipt::Cancelled));
+            let cause = stopped.cause().cloned();
+            let cause = cause.unwrap_or(crate::Cause::Cancelled { reason: None });
+            Err(FanOutError::stopped(name.clone(), cause))
+        }
+        // Its ticket was dropped with the task: its default receipt is recorded.
+        Err(_) => Err(FanOutError::panicked(name.clone())),
     }
 }
 

@@ -106,8 +106,11 @@ pub struct Report {
     quarantined_children: Vec<ChildSpec>,
     cancel_to_quiet: Option<Duration>,
     orphan_work: Duration,
-    /// Values the layers above attached to the scope (retry ledgers), oldest first.
+    /// Values the layers above attached to the scope or below it (retry ledgers), oldest
+    /// first.
     notes: Vec<Note>,
+    /// How many older notes the scope dropped (it keeps the newest 64).
+    dropped_notes: u64,
 }
 
 impl Report {
@@ -321,6 +324,31 @@ impl Report {
         self.orphan_work
     }
 
+    /// How many notes — the [retry ledgers](Report::retry_ledgers) of this scope and the
+    /// scopes below it — the scope dropped, oldest first, to keep the newest 64 (a long-lived
+    /// scope keeps flat memory). The lists in this report miss that many; the receipt counts
+    /// miss nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::new();
+    /// let retry = Retry::new(|_: &()| Decision::Backoff);
+    /// for _ in 0..70 {
+    ///     retry.run(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) }).await.unwrap();
+    /// }
+    /// scope.close();
+    /// let report = scope.quiesce().await;
+    /// assert_eq!((report.retry_ledgers().len(), report.dropped_notes()), (64, 6));
+    /// assert!(report.to_string().contains("6 older notes dropped"));
+    /// # }
+    /// ```
+    pub fn dropped_notes(&self) -> u64 {
+        self.dropped_notes
+    }
+
     /// The notes attached to the scope, oldest first (read through typed accessors such as
     /// `Report::retry_ledgers`).
     pub(crate) fn notes(&self) -> &[Note] {
@@ -349,6 +377,11 @@ impl fmt::Display for Report {
                 "; cancel to quiet {d:?}, orphan work {:?}",
                 self.orphan_work
             )?;
+        }
+        match self.dropped_notes {
+            0 => {}
+            1 => f.write_str("; 1 older note dropped (retry ledgers)")?,
+            n => write!(f, "; {n} older notes dropped (retry ledgers)")?,
         }
         Ok(())
     }
@@ -801,6 +834,7 @@ impl Scope {
             (one_per_effect(records), r.quarantined.clone())
         });
         let cause = self.cause();
+        let (notes, dropped_notes) = self.notes();
         let cancel_to_quiet = cause.as_ref().map(|_| {
             let at = node.cancelled_at();
             nanos(node.last_stamp().saturating_sub(at))
@@ -813,7 +847,8 @@ impl Scope {
             quarantined_children,
             cancel_to_quiet,
             orphan_work: nanos(node.orphan_nanos()),
-            notes: self.notes(),
+            notes,
+            dropped_notes,
         }
     }
 }

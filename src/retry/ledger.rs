@@ -262,7 +262,7 @@ impl AttemptRecord {
 /// The ledger of one retry or hedge call: every attempt it started, what they cost and why it
 /// stopped. Returned with the result ([`Retry::run_with_ledger`](super::Retry::run_with_ledger),
 /// [`RetryError::ledger`](super::RetryError::ledger)) and attached to the report of the scope the
-/// call ran in ([`Report::retry_ledgers`]).
+/// call ran in and of its ancestors ([`Report::retry_ledgers`]).
 ///
 /// # Examples
 ///
@@ -668,11 +668,15 @@ impl fmt::Display for Ledger {
 }
 
 impl Report {
-    /// The ledgers of the retry and hedge calls that ran in this scope, oldest first (the last
-    /// 64 at most).
+    /// The ledgers of the retry and hedge calls that ran in this scope or in a scope below it
+    /// (a handler's child scope, a retry nested in another's attempt), oldest first: the newest
+    /// 64 at most, the older ones counted in [`dropped_notes`](Report::dropped_notes).
     ///
-    /// A call's ledger is attached to the scope it was given, before the call returns; it is
-    /// not copied to ancestors (a long-lived root would otherwise collect every request's).
+    /// A call's ledger is attached to the scope it was given and to each of its ancestors,
+    /// before the call returns and before its last receipt, so the report of the request
+    /// (the root) has the ledgers of all of its calls, as its receipt counts have their
+    /// receipts. A long-lived scope above many requests keeps the newest 64 (flat memory);
+    /// each call then also takes that scope's notes lock once.
     ///
     /// # Examples
     ///
@@ -680,12 +684,13 @@ impl Report {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
-    /// let scope = Scope::with_timeout(Duration::from_secs(1));
+    /// let request = Scope::with_timeout(Duration::from_secs(1));
+    /// let handler = request.child().name("handler").build().unwrap();
     /// let retry = Retry::new(|_: &()| Decision::Backoff);
-    /// retry.run(&scope, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) }).await.unwrap();
-    /// scope.close();
-    /// let report = scope.quiesce().await;
-    /// assert_eq!(report.retry_ledgers().len(), 1);
+    /// retry.run(&handler, ChildSpec::read_only("db"), |_| async { Ok::<_, ()>(()) }).await.unwrap();
+    /// request.close();
+    /// let report = request.quiesce().await;
+    /// assert_eq!(report.retry_ledgers().len(), 1); // the handler's call, in the request's report
     /// assert_eq!(report.retry_ledgers()[0].dependency(), "db");
     /// # }
     /// ```

@@ -32,8 +32,10 @@
 //!   work; the first success wins and the call returns only after the losers have receipts.
 //!
 //! Each call's [`Ledger`] (attempts, budgets, elapsed time, concurrency, the last moment the
-//! next attempt may start, why it stopped) comes back with the result and appears in the scope's
-//! [`Report`](crate::Report::retry_ledgers) — also the ledger of a call dropped before it ended
+//! next attempt may start, why it stopped) comes back with the result and appears in the
+//! [`Report`](crate::Report::retry_ledgers) of its scope and of every scope above it (the
+//! request's report has the ledgers of the calls made below it) — also the ledger of a call
+//! dropped before it ended
 //! ([`Stop::Dropped`]: a `timeout` around it) or unwound by a panic of its operation or
 //! classifier ([`Stop::Panicked`]).
 //!

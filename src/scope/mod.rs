@@ -49,9 +49,9 @@ pub(crate) struct ScopeExt {
     /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
     /// [`Scope::has_mark`]).
     marked: bool,
-    /// Immutable values attached for this scope's [`Report`](crate::Report) (e.g. retry
-    /// ledgers), oldest first, at most [`MAX_NOTES`]; allocated by the first one.
-    notes: LazyBox<Mutex<std::collections::VecDeque<Note>>>,
+    /// Immutable values attached for this scope's [`Report`](crate::Report) (retry ledgers)
+    /// here or below, oldest first, at most [`MAX_NOTES`]; allocated by the first one.
+    notes: LazyBox<Mutex<Notes>>,
 }
 
 /// The part of [`ScopeExt`] that descendants inherit as it is.
@@ -90,8 +90,25 @@ impl ScopeExt {
 }
 
 /// The most notes a scope keeps: a long-lived scope drops its oldest notes rather than grow
-/// (invariant 7).
+/// (invariant 7), and counts them.
 pub(crate) const MAX_NOTES: usize = 64;
+
+/// The notes of a scope: the newest [`MAX_NOTES`], and how many older ones were dropped.
+#[derive(Debug, Default)]
+struct Notes {
+    kept: std::collections::VecDeque<Note>,
+    dropped: u64,
+}
+
+impl Notes {
+    fn push(&mut self, note: Note) {
+        if self.kept.len() == MAX_NOTES {
+            self.kept.pop_front();
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        self.kept.push_back(note);
+    }
+}
 
 /// A value that a layer above attached to a scope for its report. Compares by identity.
 #[derive(Clone)]
@@ -808,23 +825,28 @@ impl Scope {
         false
     }
 
-    /// Attaches `note` for this scope's report; the oldest note goes once there are
-    /// [`MAX_NOTES`].
+    /// Attaches `note` for the report of this scope and of each of its ancestors, as receipts
+    /// are counted in each (a request's report has the notes of the work below it); in each,
+    /// the oldest note goes, counted, once it has [`MAX_NOTES`]. The caller holds a unit of
+    /// this scope (the work the note is about has no receipt yet), so that no scope on the
+    /// way is quiet yet: its report, made once it is, has the note (invariant 6).
     pub(crate) fn add_note(&self, note: Note) {
-        let mut notes = self.node.ext.notes.get_or_init().lock();
-        if notes.len() == MAX_NOTES {
-            notes.pop_front();
+        let mut n = Some(&*self.node);
+        while let Some(node) = n {
+            node.ext.notes.get_or_init().lock().push(note.clone());
+            n = node.parent().map(|p| &**p);
         }
-        notes.push_back(note);
     }
 
-    /// The notes attached so far, oldest first.
-    pub(crate) fn notes(&self) -> Vec<Note> {
-        self.node
-            .ext
-            .notes
-            .get()
-            .map_or_else(Vec::new, |n| n.lock().iter().cloned().collect())
+    /// The notes attached so far, oldest first, and how many older ones were dropped.
+    pub(crate) fn notes(&self) -> (Vec<Note>, u64) {
+        self.node.ext.notes.get().map_or_else(
+            || (Vec::new(), 0),
+            |n| {
+                let n = n.lock();
+                (n.kept.iter().cloned().collect(), n.dropped)
+            },
+        )
     }
 
     /// Number of live child scopes (for memory tests).
