@@ -1,6 +1,7 @@
 //! One request, one budget: a 100 ms edge budget stops a 350 ms dependency call early, the
 //! dependency that would have come after it is never called, and the request scope proves it
-//! has stopped.
+//! has stopped. The handler is a task whose receipt follows its result (`spawn_fallible`): it
+//! ends `Failed`, and the report says why.
 //!
 //! Run with `cargo run --example request_budget`.
 
@@ -21,7 +22,7 @@ async fn main() {
 
     let handler = {
         let external_called = external_called.clone();
-        request.spawn(async move {
+        request.spawn_fallible(async move {
             // Inventory: 350 ms of work, with 10 ms kept for our own response.
             let inventory = Scope::current()
                 .child()
@@ -61,6 +62,9 @@ async fn main() {
         "[{:>4} ms] request scope: {report}",
         start.elapsed().as_millis()
     );
+    for failure in report.failures() {
+        println!("             failed: {failure}");
+    }
     println!(
         "external-stub called: {}",
         external_called.load(Ordering::SeqCst)
@@ -68,6 +72,7 @@ async fn main() {
 
     let ok = !external_called.load(Ordering::SeqCst)
         && report.state() == Lifecycle::CancelledStable
+        && report.failures().len() == 1
         && start.elapsed() < Duration::from_millis(350);
     if !ok {
         eprintln!("unexpected outcome");

@@ -53,7 +53,7 @@
 //! |---|---|
 //! | [`budget`] | pure budget arithmetic |
 //! | [`Scope`] | the tree, deadlines, cancel, the current scope |
-//! | [`Ticket`], [`Receipt`], [`Scope::spawn`] | registered children and their receipts |
+//! | [`Ticket`], [`Receipt`], [`Scope::spawn`], [`Scope::spawn_fallible`] | registered children and their receipts |
 //! | [`Permit`], [`Tethered`] | resources counted against a scope |
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
 //! | [`retry`] | retries and hedges within one budget, with a ledger per call |
@@ -146,7 +146,9 @@ pub mod wire;
 pub use cause::Cause;
 #[doc(hidden)]
 pub use child::OwnTicket as __OwnTicket;
-pub use child::{ChildSpec, Dispatched, Effect, EffectRecord, JoinHandle, Receipt, Ticket};
+pub use child::{
+    ChildSpec, Dispatched, Effect, EffectRecord, Failure, JoinHandle, Receipt, Ticket,
+};
 pub use error::Error;
 pub use guard::{Permit, Tethered};
 pub use quiesce::{Lifecycle, Quiesce, Report};

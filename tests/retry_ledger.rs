@@ -387,7 +387,7 @@ async fn a_report_counts_the_notes_its_scope_dropped_and_says_so() {
     assert!(
         report
             .to_string()
-            .ends_with("; 6 older notes dropped (retry ledgers)"),
+            .ends_with("; 6 older notes dropped (retry ledgers and failures)"),
         "{report}"
     );
 
@@ -406,7 +406,7 @@ async fn a_report_counts_the_notes_its_scope_dropped_and_says_so() {
     );
     assert!(report
         .to_string()
-        .ends_with("; 1 older note dropped (retry ledgers)"));
+        .ends_with("; 1 older note dropped (retry ledgers and failures)"));
     let child = children[0].quiesce().await;
     assert_eq!((child.retry_ledgers().len(), child.dropped_notes()), (1, 0));
     assert!(!child.to_string().contains("dropped"), "{child}");

@@ -90,12 +90,13 @@ async fn spawn_blocking_yields_the_output_and_succeeds() {
 /// Blocks its thread until released, ignoring any cancel; says when it started.
 type Stuck = Box<dyn FnOnce() + Send>;
 
-/// Starts a child with `start` (which runs the `Stuck` it is given, then returns "late") in a
+/// Starts a child with `start` (which runs the `Stuck` it is given, then returns `late`) in a
 /// scope with a short grace period, cancels the scope while the child is stuck, and checks that
 /// `quiesce()` quarantines it under `name` and that its late outcome changes nothing.
-async fn stuck_child_is_quarantined(
+async fn stuck_child_is_quarantined<T: PartialEq + std::fmt::Debug>(
     name: &str,
-    start: impl FnOnce(&Scope, Stuck) -> cancel_scope::JoinHandle<&'static str>,
+    late: T,
+    start: impl FnOnce(&Scope, Stuck) -> cancel_scope::JoinHandle<T>,
 ) {
     let s = Scope::new()
         .child()
@@ -119,13 +120,13 @@ async fn stuck_child_is_quarantined(
     assert_eq!(report.state(), Lifecycle::CancelledStable);
     // The late outcome is ignored: the report does not change.
     release_tx.send(()).unwrap();
-    assert_eq!(h.await.unwrap(), "late");
+    assert_eq!(h.await.unwrap(), late);
     assert_eq!(s.quiesce().await, report);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
-    stuck_child_is_quarantined("blocking", |s, stuck| {
+    stuck_child_is_quarantined("blocking", "late", |s, stuck| {
         s.spawn_blocking(move || {
             stuck();
             "late"
@@ -137,7 +138,7 @@ async fn a_blocking_child_that_outlives_the_grace_period_is_quarantined() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_ignores_the_cancel_is_quarantined_and_its_late_outcome_ignored() {
-    stuck_child_is_quarantined("task", |s, stuck| {
+    stuck_child_is_quarantined("task", "late", |s, stuck| {
         // Blocks its worker thread: the cancel cannot stop it at an await point.
         s.spawn(async move {
             stuck();
@@ -146,6 +147,82 @@ async fn a_task_that_ignores_the_cancel_is_quarantined_and_its_late_outcome_igno
         .unwrap()
     })
     .await;
+}
+
+/// A fallible task quarantined while stuck, whose late `Err` comes after `quiesce()`
+/// resolved: neither its receipt nor its error reaches the report, which is final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantined_fallible_tasks_late_error_is_not_in_the_report() {
+    stuck_child_is_quarantined("task", Err("late"), |s, stuck| {
+        s.spawn_fallible(async move {
+            stuck();
+            Err::<(), _>("late")
+        })
+        .unwrap()
+    })
+    .await;
+}
+
+/// `spawn_fallible`: a task that returns `Err` ends `Failed`, its error listed (with where
+/// it ran) in the report of its scope and of the request above it, while the caller gets the
+/// error value itself; `Ok` is `Succeeded`. `spawn` receipts completion: its `Err` is a
+/// success as far as the scope knows.
+#[tokio::test]
+async fn a_fallible_task_that_returns_err_is_failed_with_its_error_in_the_report() {
+    #[derive(Debug, PartialEq)]
+    struct OutOfStock(u32);
+    impl std::fmt::Display for OutOfStock {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "item {} is out of stock", self.0)
+        }
+    }
+    let request = Scope::new();
+    let handler = request.child().name("checkout").build().unwrap();
+    let ok = handler
+        .spawn_fallible(async { Ok::<_, OutOfStock>(3) })
+        .unwrap();
+    let bad = handler
+        .spawn_fallible(async { Err::<u32, _>(OutOfStock(42)) })
+        .unwrap();
+    let plain = handler
+        .spawn(async { Err::<u32, _>(OutOfStock(7)) })
+        .unwrap();
+    assert_eq!(ok.await.unwrap(), Ok(3));
+    assert_eq!(bad.await.unwrap(), Err(OutOfStock(42)));
+    assert_eq!(plain.await.unwrap(), Err(OutOfStock(7)));
+
+    request.close();
+    for report in [request.quiesce().await, handler.quiesce().await] {
+        assert_eq!((report.succeeded(), report.failed()), (2, 1), "{report}");
+        let failures = report.failures();
+        assert_eq!(failures.len(), 1, "{report}");
+        assert_eq!(failures[0].scope(), Some("checkout"));
+        assert_eq!(failures[0].child(), "task");
+        assert_eq!(failures[0].error(), "item 42 is out of stock");
+        assert_eq!(report.state(), Lifecycle::Completed);
+    }
+}
+
+/// An error whose `Display` panics is the task's panic: `Failed`, nothing listed, the handle
+/// says it panicked, and the scope goes quiet.
+#[tokio::test]
+async fn a_fallible_task_whose_error_cannot_be_displayed_records_failed() {
+    #[derive(Debug)]
+    struct Unprintable;
+    impl std::fmt::Display for Unprintable {
+        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            panic!("cannot print this error")
+        }
+    }
+    let s = Scope::new();
+    let h = s
+        .spawn_fallible(async { Err::<(), _>(Unprintable) })
+        .unwrap();
+    assert!(h.await.unwrap_err().is_panic());
+    s.close();
+    let report = s.quiesce().await;
+    assert_eq!((report.failed(), report.total()), (1, 1), "{report}");
+    assert!(report.failures().is_empty());
 }
 
 /// A blocking child still queued for a thread of the blocking pool when its scope is

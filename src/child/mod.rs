@@ -5,10 +5,12 @@
 //! scope was cancelled, and finally ends with exactly one [`Receipt`] — also when it is
 //! dropped or panics. [`Scope::spawn`](crate::Scope::spawn) does all three for a tokio task.
 
+mod failure;
 mod receipt;
 mod task;
 mod ticket;
 
+pub use failure::Failure;
 pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};
 pub(crate) use task::task_spec;
 pub use task::JoinHandle;

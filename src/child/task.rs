@@ -2,12 +2,14 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
+use super::failure::Failure;
 use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
 use crate::error::Error;
@@ -15,8 +17,9 @@ use crate::scope::{now_stamp, with_current, Scope};
 use crate::tree::{self, Kind, TaskKey};
 use crate::Cause;
 
-/// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_blocking`] or
-/// [`Scope::shield`]: yields its output, or the error that stopped it.
+/// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_fallible`],
+/// [`Scope::spawn_blocking`] or [`Scope::shield`]: yields its output, or the error that
+/// stopped it.
 ///
 /// Dropping the handle does not stop the task (it is stopped by its scope).
 ///
@@ -114,14 +117,41 @@ impl TaskReceipt {
     }
 }
 
+/// How a task's output decides its receipt.
+trait Outcome<T> {
+    /// The text of the error an output that is a failure carries (`None`: it succeeded). Runs
+    /// the user's `Display`, while the task's work is polled (a panic there is the task's).
+    fn failure(out: &T) -> Option<String>;
+}
+
+/// [`Scope::spawn`]: a task that completes has succeeded, whatever it returned.
+enum Completion {}
+
+impl<T> Outcome<T> for Completion {
+    #[inline(always)]
+    fn failure(_: &T) -> Option<String> {
+        None
+    }
+}
+
+/// [`Scope::spawn_fallible`]: a task that returns `Err` has failed, with that error.
+enum ResultOf {}
+
+impl<T, E: fmt::Display> Outcome<Result<T, E>> for ResultOf {
+    fn failure(out: &Result<T, E>) -> Option<String> {
+        out.as_ref().err().map(ToString::to_string)
+    }
+}
+
 pin_project! {
-    /// The future of a task spawned with [`Scope::spawn`]: runs `fut` with the scope current,
-    /// stops it when the scope is cancelled, and records the task's receipt.
+    /// The future of a task spawned with [`Scope::spawn`] (or [`Scope::spawn_fallible`]: `O`
+    /// says how its output decides its receipt): runs `fut` with the scope current, stops it
+    /// when the scope is cancelled, and records the task's receipt.
     ///
     /// One struct instead of nested `async` blocks: it holds one handle of the scope (moved
     /// into the current-scope slot for each poll) and the task's in-flight key, so the task
     /// that tokio allocates and moves stays small.
-    struct Task<F> {
+    struct Task<F, O> {
         // `None` once stopped: the work is dropped before its receipt is recorded, as a
         // stopped child must have stopped before it is counted (invariant 6).
         #[pin]
@@ -136,9 +166,10 @@ pin_project! {
         // Set while `fut` is polled: if the task is dropped with it set, that poll unwound,
         // and the receipt is `Failed`.
         polling: bool,
+        outcome: PhantomData<fn() -> O>,
     }
 
-    impl<F> PinnedDrop for Task<F> {
+    impl<F, O> PinnedDrop for Task<F, O> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some(task) = this.task.take() {
@@ -168,23 +199,28 @@ fn stop<F>(mut fut: Pin<&mut Option<F>>, scope: &mut Option<Scope>, task: TaskKe
     }
 }
 
+/// What a task's work ended with: its output, the panic of its drop if any, and the error of
+/// an output that is a failure (see [`Outcome`]).
+type Ended<T> = (T, std::thread::Result<()>, Option<String>);
+
 /// Polls a task's work; the caller has made its scope current. Work that finishes is dropped
 /// at once, still with its scope current, as [`stop`] would drop it (with one swap of the
 /// current scope per task instead of two); the drop's panic, if any, is returned with the
-/// output.
-fn poll_work<F: Future>(
+/// output, and so is the error of an output that is a failure.
+fn poll_work<F: Future, O: Outcome<F::Output>>(
     mut fut: Pin<&mut Option<F>>,
     cx: &mut Context<'_>,
-) -> Poll<(F::Output, std::thread::Result<()>)> {
+) -> Poll<Ended<F::Output>> {
     let Some(work) = fut.as_mut().as_pin_mut() else {
         unreachable!("checked before the poll");
     };
     let out = std::task::ready!(work.poll(cx));
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.set(None)));
-    Poll::Ready((out, dropped))
+    let failure = O::failure(&out);
+    Poll::Ready((out, dropped, failure))
 }
 
-impl<F: Future> Future for Task<F> {
+impl<F: Future, O: Outcome<F::Output>> Future for Task<F, O> {
     type Output = Result<F::Output, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -197,7 +233,7 @@ impl<F: Future> Future for Task<F> {
             assert!(this.fut.is_some(), "a scope task polled after it completed");
             let fut = this.fut.as_mut();
             *this.polling = true;
-            let polled = with_current(this.scope, || poll_work(fut, cx));
+            let polled = with_current(this.scope, || poll_work::<F, O>(fut, cx));
             *this.polling = false;
             let Some(scope) = this.scope.as_ref() else {
                 unreachable!("the scope is back after every poll");
@@ -205,16 +241,31 @@ impl<F: Future> Future for Task<F> {
             match polled {
                 // The work has finished and is dropped (invariant 6: stopped before it is
                 // counted); if its drop panicked, the receipt is `Failed` and the panic goes
-                // on once it is recorded.
-                Poll::Ready((out, dropped)) => {
-                    let kind = if dropped.is_ok() {
+                // on once it is recorded. So it is if it returned a failure, whose error is
+                // attached to the report with the receipt.
+                Poll::Ready((out, dropped, failure)) => {
+                    let kind = if dropped.is_ok() && failure.is_none() {
                         Kind::Succeeded
                     } else {
                         Kind::Failed
                     };
                     if let Some(task) = this.task.take() {
-                        // Invariant 5: unless a quarantine took the task first.
-                        tree::record_task_receipt(&scope.node, task, kind, true, now_stamp);
+                        // Invariant 5: unless a quarantine took the task first (then its late
+                        // failure is not attached either: the report may be final already).
+                        let listed = || {
+                            if let Some(error) = failure {
+                                let child = task_spec().shared_name();
+                                scope.add_note(Failure::note(scope, child, error));
+                            }
+                        };
+                        tree::record_task_receipt_and(
+                            &scope.node,
+                            task,
+                            kind,
+                            true,
+                            now_stamp,
+                            listed,
+                        );
                     }
                     if let Err(panic) = dropped {
                         std::panic::resume_unwind(panic);
@@ -396,8 +447,10 @@ impl Scope {
     /// step: after a cancel or close it is refused without being run.
     ///
     /// The task sees this scope as [`Scope::current`], is stopped at its next `.await` when the
-    /// scope is cancelled, and ends with a receipt: `Succeeded` when `fut` completes,
-    /// `Cancelled` when it was stopped, `Failed` when it panicked.
+    /// scope is cancelled, and ends with a receipt: `Succeeded` when `fut` completes (whatever
+    /// it returns: for a task whose `Err` is a failure, see
+    /// [`spawn_fallible`](Scope::spawn_fallible)), `Cancelled` when it was stopped, `Failed`
+    /// when it panicked.
     ///
     /// # Errors
     ///
@@ -426,18 +479,65 @@ impl Scope {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let inner = tokio::spawn(self.task(fut)?);
+        let inner = tokio::spawn(self.task::<F, Completion>(fut)?);
+        Ok(JoinHandle { inner })
+    }
+
+    /// Spawns `fut`, which returns a `Result`, as [`spawn`](Scope::spawn) does, with a receipt
+    /// that follows the result: `Succeeded` for `Ok`, `Failed` for `Err` — and the error's
+    /// text listed, with the scope's name, in the report of this scope and of every scope
+    /// above it ([`Report::failures`](crate::Report::failures); the receipt itself carries
+    /// nothing) — besides `Cancelled` when it was stopped and `Failed` when it panicked.
+    ///
+    /// The handle yields what `fut` returned, the error value itself included, or the error
+    /// that stopped the task. A quarantined task's late `Err` is neither its receipt nor in the
+    /// report (the report may be final already).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::is_cancelled`] / [`Error::is_closed`]: the scope accepts no new work.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let ok = s.spawn_fallible(async { Ok::<_, std::io::Error>(7) }).unwrap();
+    /// assert_eq!(ok.await.unwrap().unwrap(), 7);
+    /// let bad = s.spawn_fallible(async { "x".parse::<u32>() }).unwrap();
+    /// assert!(bad.await.unwrap().is_err()); // the error, for the caller...
+    ///
+    /// s.close();
+    /// let report = s.quiesce().await;
+    /// assert_eq!((report.succeeded(), report.failed()), (1, 1));
+    /// assert_eq!(report.failures()[0].error(), "invalid digit found in string"); // ...and the report
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn spawn_fallible<F, T, E>(&self, fut: F) -> Result<JoinHandle<Result<T, E>>, Error>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let inner = tokio::spawn(self.task::<F, ResultOf>(fut)?);
         Ok(JoinHandle { inner })
     }
 
     /// The future of a task: registered and dispatched, not spawned yet.
-    fn task<F: Future>(&self, fut: F) -> Result<Task<F>, Error> {
+    fn task<F: Future, O>(&self, fut: F) -> Result<Task<F, O>, Error> {
         let task = self.register_task()?;
         Ok(Task {
             fut: Some(fut),
             scope: Some(self.clone()),
             task: Some(task),
             polling: false,
+            outcome: PhantomData,
         })
     }
 
@@ -449,7 +549,7 @@ impl Scope {
         &self,
         fut: F,
     ) -> Result<impl Future<Output = Result<F::Output, Error>>, Error> {
-        self.task(fut)
+        self.task::<F, Completion>(fut)
     }
 
     /// Registers a task and dispatches it at once.

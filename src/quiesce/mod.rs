@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::cause::Cause;
-use crate::child::{ChildSpec, EffectRecord};
+use crate::child::{ChildSpec, EffectRecord, Failure};
 use crate::scope::{instant_of, nanos, now_stamp, sleepable_after, Core, Note, Scope};
 use crate::sync::{downgrade, Arc, Weak};
 use crate::tree::{self, Kind, Wait, WaiterKey};
@@ -106,8 +106,8 @@ pub struct Report {
     quarantined_children: Vec<ChildSpec>,
     cancel_to_quiet: Option<Duration>,
     orphan_work: Duration,
-    /// Values the layers above attached to the scope or below it (retry ledgers), oldest
-    /// first.
+    /// Values the layers above attached to the scope or below it (retry ledgers, failures),
+    /// oldest first.
     notes: Vec<Note>,
     /// How many older notes the scope dropped (it keeps the newest 64).
     dropped_notes: u64,
@@ -324,10 +324,28 @@ impl Report {
         self.orphan_work
     }
 
-    /// How many notes — the [retry ledgers](Report::retry_ledgers) of this scope and the
-    /// scopes below it — the scope dropped, oldest first, to keep the newest 64 (a long-lived
-    /// scope keeps flat memory). The lists in this report miss that many; the receipt counts
-    /// miss nothing.
+    /// The children of this scope and of the scopes below it that ended with an error that
+    /// the report could list (tasks spawned with [`Scope::spawn_fallible`] that returned
+    /// `Err`), oldest first: the newest 64 notes at most, as for
+    /// [`retry_ledgers`](Report::retry_ledgers), the older ones counted in
+    /// [`dropped_notes`](Report::dropped_notes). [`failed`](Report::failed) counts every
+    /// `Failed` receipt, also those that carry no error to list (a panic, a ticket's
+    /// [`fail`](crate::Dispatched::fail)).
+    ///
+    /// # Examples
+    ///
+    /// See [`Failure`].
+    pub fn failures(&self) -> Vec<&Failure> {
+        self.notes
+            .iter()
+            .filter_map(|n| n.get::<Failure>())
+            .collect()
+    }
+
+    /// How many notes — the [retry ledgers](Report::retry_ledgers) and
+    /// [failures](Report::failures) of this scope and the scopes below it — the scope
+    /// dropped, oldest first, to keep the newest 64 (a long-lived scope keeps flat memory).
+    /// The lists in this report miss that many; the receipt counts miss nothing.
     ///
     /// # Examples
     ///
@@ -380,8 +398,8 @@ impl fmt::Display for Report {
         }
         match self.dropped_notes {
             0 => {}
-            1 => f.write_str("; 1 older note dropped (retry ledgers)")?,
-            n => write!(f, "; {n} older notes dropped (retry ledgers)")?,
+            1 => f.write_str("; 1 older note dropped (retry ledgers and failures)")?,
+            n => write!(f, "; {n} older notes dropped (retry ledgers and failures)")?,
         }
         Ok(())
     }

@@ -49,8 +49,8 @@ pub(crate) struct ScopeExt {
     /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
     /// [`Scope::has_mark`]).
     marked: bool,
-    /// Immutable values attached for this scope's [`Report`](crate::Report) (retry ledgers)
-    /// here or below, oldest first, at most [`MAX_NOTES`]; allocated by the first one.
+    /// Immutable values attached for this scope's [`Report`](crate::Report) (retry ledgers,
+    /// failures) here or below, oldest first, at most [`MAX_NOTES`]; allocated by the first.
     notes: LazyBox<Mutex<Notes>>,
 }
 

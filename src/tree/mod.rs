@@ -1412,8 +1412,24 @@ pub(crate) fn record_task_receipt<X, R: Clone>(
     ran: bool,
     clock: impl Fn() -> u64,
 ) -> bool {
+    record_task_receipt_and(node, task, kind, ran, clock, || ())
+}
+
+/// [`record_task_receipt`], running `won` once the receipt is the task's (a quarantine did not
+/// take the task first) and before it is counted and its unit released: what the scope layer
+/// attaches to the report with the receipt (a failure's error) then makes it into the report,
+/// and never into one made after quiet (invariant 6). `won` must not take a tree lock.
+pub(crate) fn record_task_receipt_and<X, R: Clone>(
+    node: &Node<X, R>,
+    task: TaskKey,
+    kind: Kind,
+    ran: bool,
+    clock: impl Fn() -> u64,
+    won: impl FnOnce(),
+) -> bool {
     let listed = node.in_flight.get().is_some_and(|f| f.unlist_task(task));
     if listed {
+        won();
         count_receipt(node, kind, &[], ran.then_some(0), &clock);
         release_unit(node);
     }
