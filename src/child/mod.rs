@@ -7,6 +7,7 @@
 
 mod failure;
 mod receipt;
+mod shield;
 mod task;
 mod ticket;
 

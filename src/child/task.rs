@@ -4,8 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
@@ -15,7 +14,6 @@ use super::ticket::Dispatched;
 use crate::error::Error;
 use crate::scope::{now_stamp, with_current, Scope};
 use crate::tree::{self, Kind, TaskKey};
-use crate::Cause;
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_fallible`],
 /// [`Scope::spawn_blocking`] or [`Scope::shield`]: yields its output, or the error that
@@ -39,7 +37,7 @@ use crate::Cause;
 /// ```
 #[must_use = "futures do nothing unless polled"]
 pub struct JoinHandle<T> {
-    inner: tokio::task::JoinHandle<Result<T, Error>>,
+    pub(super) inner: tokio::task::JoinHandle<Result<T, Error>>,
 }
 
 impl<T> JoinHandle<T> {
@@ -100,17 +98,17 @@ impl<T> fmt::Debug for JoinHandle<T> {
 
 /// Receipt of a task: `Failed` if it unwinds, `Cancelled` if it is dropped (abort, runtime
 /// shutdown) — both through `Dispatched`'s drop.
-struct TaskReceipt(Option<Dispatched>);
+pub(super) struct TaskReceipt(pub(super) Option<Dispatched>);
 
 impl TaskReceipt {
-    fn finish(&mut self, receipt: Receipt) {
+    pub(super) fn finish(&mut self, receipt: Receipt) {
         if let Some(d) = self.0.take() {
             d.finish(receipt);
         }
     }
 
     /// See [`Dispatched::finish_unknown`].
-    fn finish_unknown(&mut self, effects: &[ChildSpec]) {
+    pub(super) fn finish_unknown(&mut self, effects: &[ChildSpec]) {
         if let Some(d) = self.0.take() {
             d.finish_unknown(effects);
         }
@@ -298,142 +296,7 @@ impl<F: Future, O: Outcome<F::Output>> Future for Task<F, O> {
     }
 }
 
-/// The reason of the cancel of a quarantined shield's own scope.
-const SHIELD_QUARANTINED: &str = "the shield was quarantined";
-
-/// The waker a shield's task leaves for the quarantine of its child (see [`Shielded`]).
-struct ShieldStop {
-    root: Scope,
-    /// The scope the shield is a child of: where the effects the cleanup left open in `root`
-    /// are noted when the shield is quarantined. Weak: this waker is kept in the shield's
-    /// ticket, which that scope lists.
-    parent: crate::sync::Weak<crate::scope::Core>,
-    /// The task's own waker, woken after the cancel.
-    task: crate::sync::Mutex<Option<Waker>>,
-}
-
-impl ShieldStop {
-    fn set_task_waker(&self, waker: &Waker) {
-        let mut kept = self.task.lock();
-        let old = tree::keep_waker(&mut kept, waker);
-        drop(kept);
-        drop(old);
-    }
-}
-
-impl std::task::Wake for ShieldStop {
-    fn wake(self: std::sync::Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &std::sync::Arc<Self>) {
-        // Called by the quarantine, before the scope it quarantines can be quiet. A panic of
-        // an `on_cancel` callback in the shield's scope must not cut the quarantine short:
-        // contained and dropped, as the deadline timer does.
-        let root = &self.root;
-        tree::contain_panic(|| {
-            root.cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
-        });
-        // The cleanup's work is quarantined with it: whatever in the cleanup's scope has no
-        // receipt yet is decided now. An effect left open there (a call dispatched and not
-        // answered) may still commit, so it is the parent's pending effect, in the report the
-        // quarantine is about to make final (its receipt is `Quarantined`, and the shield is
-        // read-only: without this the report would count the effect as none).
-        tree::contain_panic(|| {
-            tree::quarantine_subtree(&root.node, &task_spec(), now_stamp());
-        });
-        let unknown = root.unknown_effects();
-        if let Some(parent) = self.parent.upgrade().filter(|_| !unknown.is_empty()) {
-            tree::note_effects(&parent, &unknown);
-        }
-        let task = self.task.lock().take();
-        if let Some(w) = task {
-            w.wake();
-        }
-    }
-}
-
-pin_project! {
-    /// The task of a [`Scope::shield`]: runs the cleanup (under its own root scope) until it
-    /// ends or its child is quarantined, and then stops it and cancels its root (invariant 6:
-    /// once `quiesce()` resolved, the cleanup is not polled again, nor is anything it
-    /// started; a poll already under way on another thread may still finish, as for any
-    /// quarantined child).
-    struct Shielded<F: Future> {
-        #[pin]
-        run: Option<F>,
-        // The cleanup's outcome once it returned, kept while the work it started in its own
-        // scope (closed then) is waited for: that work is part of the cleanup (invariant 6).
-        out: Option<F::Output>,
-        // The quiescence of the cleanup's own scope, once the cleanup returned.
-        quiet: Option<crate::quiesce::Quiesce>,
-        // What the quarantine wakes: it cancels the cleanup's own root scope at once, so that
-        // work the cleanup started there (what `Scope::current()` is inside it) stops too,
-        // and then wakes this task.
-        stop: std::sync::Arc<ShieldStop>,
-        stop_waker: Waker,
-        receipt: TaskReceipt,
-    }
-}
-
-impl<F, T> Future for Shielded<F>
-where
-    F: Future<Output = Result<T, Error>>,
-{
-    type Output = Result<T, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let Some(dispatched) = &this.receipt.0 else {
-            unreachable!("a shield polled after it ended");
-        };
-        this.stop.set_task_waker(cx.waker());
-        if dispatched.poll_quarantined(this.stop_waker) {
-            let err = dispatched.quarantined_error();
-            // Stopped (its root was cancelled by the quarantine); the quarantine recorded the
-            // receipt (the late one is ignored).
-            this.run.set(None);
-            *this.out = None;
-            *this.quiet = None;
-            this.receipt.0 = None;
-            return Poll::Ready(Err(err));
-        }
-        if this.out.is_none() {
-            let Some(run) = this.run.as_mut().as_pin_mut() else {
-                unreachable!("the cleanup goes with the receipt");
-            };
-            let out = std::task::ready!(run.poll(cx));
-            this.run.set(None);
-            *this.out = Some(out);
-            // Work the cleanup started in its own scope and left running is still the
-            // cleanup's: the receipt waits until that scope is quiet (its budget bounds it).
-            this.stop.root.close();
-            *this.quiet = Some(this.stop.root.quiesce());
-        }
-        let Some(quiet) = this.quiet.as_mut() else {
-            unreachable!("the cleanup's scope is waited for once it returned");
-        };
-        std::task::ready!(Pin::new(quiet).poll(cx));
-        *this.quiet = None;
-        let Some(out) = this.out.take() else {
-            unreachable!("the cleanup's outcome is kept until its scope is quiet");
-        };
-        // The cleanup ran under its own root scope: an effect it left unknown there (a call
-        // cut off by the shield's budget) is this child's, and never counts as none.
-        let unknown = this.stop.root.unknown_effects();
-        if unknown.is_empty() {
-            this.receipt.finish(match &out {
-                Ok(_) => Receipt::Succeeded,
-                Err(_) => Receipt::Failed,
-            });
-        } else {
-            this.receipt.finish_unknown(&unknown);
-        }
-        Poll::Ready(out)
-    }
-}
-
-fn cancel_error(scope: &Scope) -> Error {
+pub(super) fn cancel_error(scope: &Scope) -> Error {
     Error::cancelled(scope.cause_or_cancelled())
 }
 
@@ -615,115 +478,5 @@ impl Scope {
             Ok(out)
         });
         Ok(JoinHandle { inner })
-    }
-
-    /// Runs cleanup that must happen even though this scope is cancelled, bounded by its own
-    /// small `budget` (like Trio's shielded scopes or Kotlin's `NonCancellable`).
-    ///
-    /// `fut` runs as its own task under a fresh root scope with `budget` (that is what
-    /// [`Scope::current`] is inside it; it keeps this scope's name and the operation identity
-    /// of its request, as [`detach`](Scope::detach) does), so it goes on when the caller is
-    /// stopped; it is counted in this scope, so [`quiesce`](Scope::quiesce) waits for it. It
-    /// can be started after a cancel as long as the scope is not yet quiet (and its grace
-    /// period has not ended). Keep `budget` within the scope's grace period: a cleanup still
-    /// running when the grace period after the cancel ends is quarantined like any other
-    /// child, and stopped (after `quiesce` nothing of the scope may commit). A cleanup that
-    /// ends with effects left unknown in its own scope (a call cut off by `budget`) ends
-    /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects; so are
-    /// the effects a quarantined cleanup left open (dispatched, not answered), which may still
-    /// commit (its work is quarantined with it, and the report is `NeedsReconciliation`). Work
-    /// the cleanup started in its own scope is part of it: the cleanup ends (its handle
-    /// resolves, its receipt is recorded) once that work has ended too.
-    ///
-    /// # Errors
-    ///
-    /// The scope is already quiet (nothing of it may start any more), or its grace period
-    /// (or that of a cancelled ancestor) has ended, whether or not a `quiesce` has run
-    /// since ([`Error::is_cancelled`]); from the handle: the cleanup ran out of its `budget`
-    /// ([`Error::is_deadline_exceeded`]) or was quarantined ([`Error::is_cancelled`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// use std::time::Duration;
-    /// use cancel_scope::Scope;
-    ///
-    /// let s = Scope::new();
-    /// let work = s.register(cancel_scope::ChildSpec::read_only("request")).unwrap();
-    /// s.cancel();
-    /// // The request is being torn down: release its lease anyway, within 50 ms.
-    /// let cleanup = s.shield(Duration::from_millis(50), async { "released" }).unwrap();
-    /// drop(work);
-    /// assert_eq!(cleanup.await.unwrap(), "released");
-    /// # }
-    /// ```
-    #[track_caller]
-    pub fn shield<F>(&self, budget: Duration, fut: F) -> Result<JoinHandle<F::Output>, Error>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        // Too late once a grace period over this scope has ended, even if no `quiesce` has
-        // quarantined its work yet: the first one would at once.
-        if self.grace_ended() {
-            return Err(cancel_error(self));
-        }
-        let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
-        // The cleanup is still the request's: its operation identity (and priority) go with
-        // it, as with `detach`; the cancel does not.
-        let shielded = Scope::root_after(
-            tokio::time::Instant::now(),
-            budget,
-            self.shared_name(),
-            self.context().cloned(),
-        );
-        let run = shielded.run(fut);
-        let stop = std::sync::Arc::new(ShieldStop {
-            root: shielded,
-            parent: crate::sync::downgrade(&self.node),
-            task: crate::sync::Mutex::new(None),
-        });
-        let inner = tokio::spawn(Shielded {
-            run: Some(run),
-            out: None,
-            quiet: None,
-            stop_waker: Waker::from(stop.clone()),
-            stop,
-            receipt: TaskReceipt(Some(dispatched)),
-        });
-        Ok(JoinHandle { inner })
-    }
-
-    /// A new root for work that must outlive this scope (e.g. sending an async message after
-    /// the response): it keeps this scope's name and the operation identity of its request
-    /// ([`Scope::operation`], if the request was admitted) but not its cancel, and has its own
-    /// bounded budget. This is the one explicit way out of the rule that budgets only shrink.
-    ///
-    /// # Panics
-    ///
-    /// Outside a tokio runtime (the new root has a deadline).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// use std::time::Duration;
-    /// use cancel_scope::Scope;
-    /// let request = Scope::new();
-    /// let outbox = request.detach(Duration::from_secs(30));
-    /// request.cancel();
-    /// assert!(!outbox.is_cancelled());
-    /// assert_eq!(outbox.remaining(), Some(Duration::from_secs(30)));
-    /// # }
-    /// ```
-    #[track_caller]
-    pub fn detach(&self, timeout: Duration) -> Scope {
-        Scope::root_after(
-            tokio::time::Instant::now(),
-            timeout,
-            self.shared_name(),
-            self.context().cloned(),
-        )
     }
 }
