@@ -31,6 +31,15 @@ struct ShieldStop {
 }
 
 impl ShieldStop {
+    /// The stop of a shield of `parent` whose cleanup runs under `root`.
+    fn new(root: Scope, parent: &Scope) -> std::sync::Arc<ShieldStop> {
+        std::sync::Arc::new(ShieldStop {
+            root,
+            parent: crate::sync::downgrade(&parent.node),
+            task: crate::sync::Mutex::new(None),
+        })
+    }
+
     fn set_task_waker(&self, waker: &Waker) {
         let mut kept = self.task.lock();
         let old = tree::keep_waker(&mut kept, waker);
@@ -57,10 +66,21 @@ impl std::task::Wake for ShieldStop {
         // answered) may still commit, so it is the parent's pending effect, in the report the
         // quarantine is about to make final (its receipt is `Quarantined`, and the shield is
         // read-only: without this the report would count the effect as none).
+        //
+        // The cleanup's scope is another tree: the parent's quiet does not wait for its
+        // receipts. One that its owner on another thread (or the cleanup scope's own
+        // `quiesce()`) has won but not recorded yet would land in the cleanup's records after
+        // they are read here: such a receipt in progress on a child that may have had an
+        // effect counts as a pending effect (a false alarm if it succeeded, never a lost
+        // effect; loom models 43–45). The walk finds those; the records are read after it.
+        let mut in_progress = Vec::new();
         tree::contain_panic(|| {
-            tree::quarantine_subtree(&root.node, &task_spec(), now_stamp());
+            let stamp = now_stamp();
+            tree::quarantine_subtree_noting(&root.node, &task_spec(), stamp, &mut in_progress);
         });
-        let unknown = root.unknown_effects();
+        in_progress.retain(|child| child.effect().may_have_effect());
+        let mut unknown = in_progress;
+        unknown.extend(root.unknown_effects());
         if let Some(parent) = self.parent.upgrade().filter(|_| !unknown.is_empty()) {
             tree::note_effects(&parent, &unknown);
         }
@@ -166,7 +186,11 @@ impl Scope {
     /// ends with effects left unknown in its own scope (a call cut off by `budget`) ends
     /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects; so are
     /// the effects a quarantined cleanup left open (dispatched, not answered), which may still
-    /// commit (its work is quarantined with it, and the report is `NeedsReconciliation`). Work
+    /// commit (its work is quarantined with it, and the report is `NeedsReconciliation`). A
+    /// child of the cleanup that may have had an effect and whose receipt was being recorded
+    /// (on another thread, or by the cleanup scope's own `quiesce`) as the quarantine came
+    /// counts as a pending effect too: a false alarm if it turns out to have succeeded, never
+    /// a lost effect. Work
     /// the cleanup started in its own scope is part of it: the cleanup ends (its handle
     /// resolves, its receipt is recorded) once that work has ended too.
     ///
@@ -214,11 +238,7 @@ impl Scope {
             self.context().cloned(),
         );
         let run = shielded.run(fut);
-        let stop = std::sync::Arc::new(ShieldStop {
-            root: shielded,
-            parent: crate::sync::downgrade(&self.node),
-            task: crate::sync::Mutex::new(None),
-        });
+        let stop = ShieldStop::new(shielded, self);
         let inner = tokio::spawn(Shielded {
             run: Some(run),
             out: None,
@@ -228,6 +248,21 @@ impl Scope {
             receipt: TaskReceipt(Some(dispatched)),
         });
         Ok(JoinHandle { inner })
+    }
+
+    /// A shield's child of this scope whose cleanup runs under `cleanup` (a root), with the
+    /// shield's stop armed on it as its task arms it, but no task, no budget and no timer: the
+    /// quarantine of this scope then stops `cleanup` and notes its open effects here as
+    /// [`shield`](Scope::shield)'s does. For the loom models; the returned ticket is the
+    /// shield's receipt side.
+    #[doc(hidden)]
+    pub fn __shield_of(&self, cleanup: &Scope) -> Result<super::Dispatched, Error> {
+        let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
+        let stop = Waker::from(ShieldStop::new(cleanup.clone(), self));
+        if dispatched.poll_quarantined(&stop) {
+            stop.wake();
+        }
+        Ok(dispatched)
     }
 
     /// A new root for work that must outlive this scope (e.g. sending an async message after
@@ -260,5 +295,67 @@ impl Scope {
             self.shared_name(),
             self.context().cloned(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{ChildSpec, EffectRecord, Lifecycle, Receipt, Scope};
+
+    /// A quarantined shield's report keeps an effect whose receipt its owner has won but not
+    /// recorded yet when the quarantine stops the cleanup (loom model 43 explores every
+    /// interleaving; here the owner is held between its two steps): the call may have
+    /// charged, so the scope's report lists it (before, it said `CancelledStable`: the record
+    /// landed in the cleanup's own scope after the quarantine had read it).
+    #[tokio::test(start_paused = true)]
+    async fn a_receipt_in_progress_in_a_quarantined_shield_is_a_pending_effect() {
+        let scope = Scope::new();
+        let (sent, call) = tokio::sync::oneshot::channel();
+        let cleanup = scope
+            .shield(Duration::from_secs(60), async move {
+                let pay = ChildSpec::side_effecting("pay", "pay-1");
+                let pay = Scope::current().register(pay).unwrap().dispatch().unwrap();
+                sent.send(pay).unwrap();
+                std::future::pending::<()>().await;
+            })
+            .unwrap();
+        let pay = call.await.unwrap();
+        let record = pay.win_receipt(Receipt::EffectUnknown(EffectRecord::new("pay-1")));
+
+        scope.cancel();
+        // The grace period ends: the quarantine stops the cleanup and makes the report.
+        let report = scope.quiesce().await;
+        record(); // the owner's record, too late for that report
+        assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+        let pending = report.pending_effects();
+        assert_eq!(pending.len(), 1, "{report:?}");
+        assert_eq!(pending[0].effect_id(), "pay-1");
+        assert!(cleanup.await.unwrap_err().is_cancelled());
+        assert_eq!(scope.quiesce().await, report, "the report never changes");
+    }
+
+    /// The conservative count is only for children that may have had an effect: a read-only
+    /// one whose receipt is in progress is no pending effect.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_only_receipt_in_progress_is_no_pending_effect() {
+        let scope = Scope::new();
+        let (sent, call) = tokio::sync::oneshot::channel();
+        let _cleanup = scope
+            .shield(Duration::from_secs(60), async move {
+                let get = ChildSpec::read_only("get");
+                let get = Scope::current().register(get).unwrap().dispatch().unwrap();
+                sent.send(get).unwrap();
+                std::future::pending::<()>().await;
+            })
+            .unwrap();
+        let get = call.await.unwrap();
+        let record = get.win_receipt(Receipt::Cancelled);
+        scope.cancel();
+        let report = scope.quiesce().await;
+        record();
+        assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+        assert!(report.pending_effects().is_empty());
     }
 }

@@ -517,3 +517,28 @@ impl fmt::Debug for OwnTicket {
         d.finish()
     }
 }
+
+#[cfg(test)]
+impl Dispatched {
+    /// Wins this child's receipt, `receipt`, by the ticket's state CAS without recording it:
+    /// where an owner on another thread is between the two steps of its receipt. The
+    /// returned closure takes the second step (records it and releases the unit).
+    pub(crate) fn win_receipt(self, receipt: Receipt) -> impl FnOnce() {
+        let inner = self.inner;
+        let won = inner.cell.finish_as(TicketState::Done);
+        assert_eq!(won, Some(TicketState::Dispatched), "not the owner's to win");
+        move || {
+            let record = inner.spec.listed_by(&receipt);
+            let kind = receipt.kind();
+            let records = record.as_slice();
+            tree::record_receipt(
+                &inner.scope.node,
+                &inner.cell,
+                kind,
+                records,
+                true,
+                now_stamp,
+            );
+        }
+    }
+}

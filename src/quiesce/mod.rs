@@ -249,7 +249,9 @@ impl Report {
 
     /// Effects to reconcile: every `EffectUnknown` receipt, quarantined children that may
     /// have had an effect, and the effects a quarantined [`shield`](Scope::shield)'s cleanup
-    /// left open in its own scope (no receipt of this scope counts those) — one record per
+    /// left open in its own scope (no receipt of this scope counts those; a receipt being
+    /// recorded there as the quarantine came counts, if that child may have had an effect) —
+    /// one record per
     /// effect (a retry attempt and the call inside it that both end `EffectUnknown` report the
     /// same effect once; the receipt counts keep both). Records of one effect id that disagree
     /// (two provider handles or payload digests) are listed each.

@@ -378,6 +378,10 @@ const OWN_DISPATCHED: u8 = 1;
 const OWN_DONE: u8 = 2;
 /// `Node::own`: a quarantine of an ancestor recorded its receipt.
 const OWN_QUARANTINED: u8 = 3;
+/// Flag in `Node::own`, beside `OWN_DONE` or `OWN_QUARANTINED`: the receipt's records are
+/// written (set by the winner of the CAS once it counted the receipt, before it releases the
+/// unit). Until then the receipt is in progress (see [`quarantine_subtree_noting`]).
+const OWN_RECORDED: u8 = 4;
 
 /// A node of the cancellation tree. `X` is the scope layer's per-node data, `R` its record type
 /// for unknown effects and quarantined children.
@@ -393,7 +397,7 @@ pub(crate) struct Node<X, R> {
     /// Whether this node is itself a ticket of its parent, and where that ticket is:
     /// `OWN_NONE`, or `OWN_DISPATCHED` until one CAS moves it to `OWN_DONE` (its owner's
     /// receipt) or `OWN_QUARANTINED` (a quarantine's): invariant 5 (see
-    /// [`new_child_dispatched`]).
+    /// [`new_child_dispatched`]); with `OWN_RECORDED` once that receipt is recorded.
     own: AtomicU8,
     /// The way to the parent (`None` for a root); `key` is this node's slot in the parent's
     /// registry shard `up.shard`.
@@ -1589,6 +1593,9 @@ fn end_own<X, R: Clone>(
             .last_stamp
             .fetch_max(clock(), Ordering::AcqRel);
     }
+    // Release: a quarantine that reads the flag (Acquire) then finds the records written
+    // (see `own_in_progress`). Only the CAS's winner writes `own` from here on.
+    node.own.store(to | OWN_RECORDED, Ordering::Release);
     match caught {
         Some(caught) => release_unit_caught(node, caught),
         None => release_unit(node),
@@ -1598,7 +1605,7 @@ fn end_own<X, R: Clone>(
 
 /// Whether `node`'s own ticket (see [`new_child_dispatched`]) was quarantined.
 pub(crate) fn own_quarantined<X, R>(node: &Node<X, R>) -> bool {
-    node.own.load(Ordering::Acquire) == OWN_QUARANTINED
+    node.own.load(Ordering::Acquire) & !OWN_RECORDED == OWN_QUARANTINED
 }
 
 /// What `node` is as a ticket of its parent (see [`new_child_dispatched`]).
@@ -1694,9 +1701,40 @@ pub(crate) fn quarantine_subtree<X, R: Clone>(
     task_info: &R,
     stamp: u64,
 ) -> usize {
+    quarantine_subtree_then(node, task_info, stamp, None)
+}
+
+/// [`quarantine_subtree`], putting into `in_progress` what each child of the subtree is
+/// whose receipt someone else won (its owner, or another quarantine: the subtree's own
+/// `quiesce()`) and may not have recorded yet: what a caller that reads the subtree's records
+/// right after (a quarantined shield's stop, noting the effects its cleanup left open) must
+/// take as possibly unknown, since that record may land after its read.
+///
+/// Found during the walk: a ticket still listed in flight though decided (its owner unlists it
+/// under the shard lock after it has counted the receipt and written its records), a node
+/// whose own ticket ended without `OWN_RECORDED` (set, Release, after the records). One that
+/// is neither has its records written before the walk passed it (through that shard lock, or
+/// that flag read with Acquire), so a read of the records after this call finds them. A
+/// receipt that was in fact recorded, or that lists no effect, is put in too: the caller
+/// filters, and a false alarm is the price of never missing one (loom models 43–45).
+pub(crate) fn quarantine_subtree_noting<X, R: Clone>(
+    node: &Arc<Node<X, R>>,
+    task_info: &R,
+    stamp: u64,
+    in_progress: &mut Vec<R>,
+) -> usize {
+    quarantine_subtree_then(node, task_info, stamp, Some(in_progress))
+}
+
+fn quarantine_subtree_then<X, R: Clone>(
+    node: &Arc<Node<X, R>>,
+    task_info: &R,
+    stamp: u64,
+    in_progress: Option<&mut Vec<R>>,
+) -> usize {
     let quarantine = || {
         let mut caught = Caught::default();
-        let n = quarantine_walk(node, task_info, stamp, &mut caught);
+        let n = quarantine_walk(node, task_info, stamp, &mut caught, in_progress);
         (n, caught)
     };
     // A waker's panic comes out once the whole quarantine is done (after the cancel walk's
@@ -1715,6 +1753,7 @@ fn quarantine_walk<X, R: Clone>(
     task_info: &R,
     stamp: u64,
     caught: &mut Caught,
+    mut in_progress: Option<&mut Vec<R>>,
 ) -> usize {
     let mut work = vec![node.clone()];
     let mut n_quarantined = 0;
@@ -1723,13 +1762,22 @@ fn quarantine_walk<X, R: Clone>(
         // be about to make it and list itself, and must find it marked quarantined (see
         // `InFlight::list_ticket`). Only a quarantine pays for it.
         let in_flight = n.in_flight.get_or_init();
-        n_quarantined += quarantine_in_flight(&n, in_flight, task_info, stamp, caught);
+        n_quarantined += quarantine_in_flight(
+            &n,
+            in_flight,
+            task_info,
+            stamp,
+            caught,
+            in_progress.as_deref_mut(),
+        );
         let first_child = work.len();
         push_children(&n, &mut work);
         // Children that are tickets of `n` (see `new_child_dispatched`), with no lock held.
         for child in &work[first_child..] {
             if quarantine_own(child, stamp, caught) {
                 n_quarantined += 1;
+            } else if let Some(in_progress) = in_progress.as_deref_mut() {
+                in_progress.extend(own_in_progress(child).cloned());
             }
         }
     }
@@ -1753,38 +1801,57 @@ fn quarantine_own<X, R: Clone>(child: &Node<X, R>, stamp: u64, caught: &mut Caug
     )
 }
 
+/// What `child` is as its parent's ticket, if that ticket's receipt was won and is not
+/// recorded yet (see [`quarantine_subtree_noting`]).
+fn own_in_progress<X, R>(child: &Node<X, R>) -> Option<&R> {
+    // Acquire: pairs with the Release store of `OWN_RECORDED` in `end_own`.
+    let own = child.own.load(Ordering::Acquire);
+    let decided = own != OWN_NONE && own != OWN_DISPATCHED;
+    (decided && own & OWN_RECORDED == 0)
+        .then_some(child.own_info.as_ref())
+        .flatten()
+}
+
 /// Quarantines the children in flight in `n` (see [`quarantine_subtree`]); returns how many.
+/// Tickets found listed but decided by someone else go into `in_progress`, if given (see
+/// [`quarantine_subtree_noting`]).
 fn quarantine_in_flight<X, R: Clone>(
     n: &Node<X, R>,
     in_flight: &InFlight<R>,
     task_info: &R,
     stamp: u64,
     caught: &mut Caught,
+    mut in_progress: Option<&mut Vec<R>>,
 ) -> usize {
     let mut count = 0;
     let (cells, tasks) = in_flight.take_for_quarantine(caught);
     for cell in cells {
-        if let Some(was) = cell.finish_as(TicketState::Quarantined) {
-            if was == TicketState::Dispatched {
-                let info = [cell.info()];
-                count_receipt(n, Kind::Quarantined, &info, Some(cell.started()), &|| stamp);
-                count += 1;
-            } else {
-                // Never dispatched, and now it never can be: it sent nothing and holds
-                // nothing of the scope's, so it is not listed as quarantined work, and a
-                // side-effecting one is no unknown effect (that was a false alarm).
-                count_receipt(n, Kind::Cancelled, &[], None, &|| stamp);
+        let Some(was) = cell.finish_as(TicketState::Quarantined) else {
+            // Decided, and still listed: its receipt may not be recorded yet.
+            if let Some(in_progress) = in_progress.as_deref_mut() {
+                in_progress.push(cell.info());
             }
-            // An owner that waits for it is told (with no lock held) before its unit goes
-            // back, which may make the node quiet: a shield's waker cancels the shield's own
-            // scope right here, so that nothing it started is still open once `quiesce()`
-            // resolves (invariant 6).
-            cell.wake_quarantined(caught);
-            in_flight.unlist_ticket(cell.key());
-            // A `quiesce()` waker's panic (the release may make `n` quiet) is kept: the
-            // quarantine goes on to its end.
-            release_unit_caught(n, caught);
+            continue;
+        };
+        if was == TicketState::Dispatched {
+            let info = [cell.info()];
+            count_receipt(n, Kind::Quarantined, &info, Some(cell.started()), &|| stamp);
+            count += 1;
+        } else {
+            // Never dispatched, and now it never can be: it sent nothing and holds
+            // nothing of the scope's, so it is not listed as quarantined work, and a
+            // side-effecting one is no unknown effect (that was a false alarm).
+            count_receipt(n, Kind::Cancelled, &[], None, &|| stamp);
         }
+        // An owner that waits for it is told (with no lock held) before its unit goes
+        // back, which may make the node quiet: a shield's waker cancels the shield's own
+        // scope right here, so that nothing it started is still open once `quiesce()`
+        // resolves (invariant 6).
+        cell.wake_quarantined(caught);
+        in_flight.unlist_ticket(cell.key());
+        // A `quiesce()` waker's panic (the release may make `n` quiet) is kept: the
+        // quarantine goes on to its end.
+        release_unit_caught(n, caught);
     }
     // Tasks taken out of the list or the unlisted count are decided: their late receipts (and
     // listings) find nothing (invariant 5).
