@@ -152,7 +152,9 @@ pub use child::{
 pub use error::Error;
 pub use guard::{Permit, Tethered};
 pub use quiesce::{Lifecycle, Quiesce, Report};
-pub use scope::{Cancelled, ChildBuilder, OnCancel, Run, Scope, DEFAULT_GRACE};
+pub use scope::{
+    Cancelled, ChildBuilder, OnCancel, Run, Scope, DEFAULT_CLEANUP_BUDGET, DEFAULT_GRACE,
+};
 
 /// The README's example is compiled and run as a doc test.
 #[cfg(doctest)]

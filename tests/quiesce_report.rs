@@ -1004,3 +1004,58 @@ async fn one_effect_left_unknown_by_an_attempt_and_the_call_inside_it_is_listed_
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
+
+/// With the defaults a shield's cleanup ends before the quarantine would cut it: the default
+/// cleanup budget is shorter than the default grace period (by half of it), so a cleanup
+/// shielded soon after its scope's cancel (here 200 ms after, as a handler that notices the
+/// cancel at its next `.await`) and cut off by its own budget ends with its own receipt (the
+/// call it left open is its `EffectUnknown`), and the quarantine at the grace end finds only
+/// the work that really was stuck. (A budget as long as the grace period, as a pool's 1 s
+/// cleanup budget, has the quarantine cut the cleanup instead.)
+#[tokio::test(start_paused = true)]
+async fn a_shield_with_the_default_budget_ends_before_the_default_grace_period() {
+    use cancel_scope::{DEFAULT_CLEANUP_BUDGET, DEFAULT_GRACE};
+    assert!(DEFAULT_CLEANUP_BUDGET < DEFAULT_GRACE);
+    let s = Scope::new();
+    let stuck = s.register(ChildSpec::read_only("request")).unwrap();
+    let stuck = stuck.dispatch().unwrap();
+    let cancelled_at = tokio::time::Instant::now();
+    s.cancel();
+    // As a server layer does: the report is awaited from the cancel on.
+    let report = tokio::spawn({
+        let s = s.clone();
+        async move { s.quiesce().await }
+    });
+    tokio::time::sleep(ms(200)).await;
+    let t0 = tokio::time::Instant::now();
+    let cleanup = s
+        .shield(DEFAULT_CLEANUP_BUDGET, async {
+            let release = ChildSpec::side_effecting("release-lease", "lease-7");
+            let _sent = Scope::current()
+                .register(release)
+                .unwrap()
+                .dispatch()
+                .unwrap();
+            std::future::pending::<()>().await
+        })
+        .unwrap();
+    let err = cleanup.await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert_eq!(t0.elapsed(), DEFAULT_CLEANUP_BUDGET);
+
+    let report = report.await.unwrap();
+    assert_eq!(cancelled_at.elapsed(), DEFAULT_GRACE);
+    let quarantined: Vec<_> = report
+        .quarantined_children()
+        .iter()
+        .map(ChildSpec::name)
+        .collect();
+    assert_eq!(quarantined, ["request"], "{report}");
+    assert_eq!(
+        report.effect_unknown(),
+        1,
+        "the shield's own receipt: {report}"
+    );
+    assert_eq!(report.pending_effects()[0].effect_id(), "lease-7");
+    drop(stuck);
+}

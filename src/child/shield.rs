@@ -180,9 +180,11 @@ impl Scope {
     /// of its request, as [`detach`](Scope::detach) does), so it goes on when the caller is
     /// stopped; it is counted in this scope, so [`quiesce`](Scope::quiesce) waits for it. It
     /// can be started after a cancel as long as the scope is not yet quiet (and its grace
-    /// period has not ended). Keep `budget` within the scope's grace period: a cleanup still
-    /// running when the grace period after the cancel ends is quarantined like any other
-    /// child, and stopped (after `quiesce` nothing of the scope may commit). A cleanup that
+    /// period has not ended). Keep `budget` within the scope's grace period
+    /// ([`DEFAULT_CLEANUP_BUDGET`](crate::DEFAULT_CLEANUP_BUDGET) is within the default one,
+    /// [`DEFAULT_GRACE`](crate::DEFAULT_GRACE)): a cleanup still running when the grace period
+    /// after the cancel ends is quarantined like any other child, and stopped (after
+    /// `quiesce` nothing of the scope may commit). A cleanup that
     /// ends with effects left unknown in its own scope (a call cut off by `budget`) ends
     /// [`Receipt::EffectUnknown`], and those effects are this scope's pending effects; so are
     /// the effects a quarantined cleanup left open (dispatched, not answered), which may still

@@ -31,6 +31,29 @@ pub(crate) type Context = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 /// quarantines children that have not stopped.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
 
+/// The budget to give a [`shield`](crate::Scope::shield)ed cleanup when there is no better
+/// figure: half of [`DEFAULT_GRACE`], so that with the defaults a cleanup shielded as its
+/// scope is cancelled, stopped by its own deadline at its next `.await`, ends with its own
+/// receipt (its effects cut off listed as `EffectUnknown`) before the grace period ends and
+/// the quarantine would cut it.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use cancel_scope::{ChildSpec, Scope, DEFAULT_CLEANUP_BUDGET, DEFAULT_GRACE};
+/// assert!(DEFAULT_CLEANUP_BUDGET < DEFAULT_GRACE);
+/// let s = Scope::new();
+/// let request = s.register(ChildSpec::read_only("request")).unwrap();
+/// s.cancel();
+/// let cleanup = s.shield(DEFAULT_CLEANUP_BUDGET, std::future::pending::<()>()).unwrap();
+/// drop(request);
+/// assert!(cleanup.await.unwrap_err().is_deadline_exceeded()); // its own budget, not the quarantine
+/// assert_eq!(s.quiesce().await.quarantined(), 0);
+/// # }
+/// ```
+pub const DEFAULT_CLEANUP_BUDGET: Duration = Duration::from_millis(500);
+
 /// [`ScopeExt::timer`]: the scope has an entry in its tree's timers.
 const ARMED: u8 = 1;
 
