@@ -7,6 +7,7 @@
 //! cargo run --example service_chain                     # both modes
 //! cargo run --example service_chain -- --mode per-hop   # or: scoped, both
 //! cargo run --example service_chain -- --client-ms 60 --inventory-ms 500
+//! cargo run --example service_chain -- --time-scale 5   # every duration x5 (a loaded machine)
 //! cargo run --example service_chain 2>/dev/null         # the report without the log lines
 //! ```
 //!

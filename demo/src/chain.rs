@@ -28,13 +28,14 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::options::Mode;
+use crate::options::{Mode, Timing};
 use crate::record::{Hop, Recorder, What};
 
 /// The header that carries the request id from hop to hop.
 pub(crate) const REQUEST_ID: &str = "x-request-id";
 
-/// Per-hop mode: frontend's fixed timeout for its call to orders.
+/// Per-hop mode: frontend's fixed timeout for its call to orders (before the time scale, as
+/// every duration below).
 pub const FRONTEND_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// Per-hop mode: orders' fixed timeout for each of its calls (inventory, external-stub).
 pub const ORDERS_TIMEOUT: Duration = Duration::from_millis(1_000);
@@ -47,17 +48,17 @@ pub const TRANSPORT_PAD: Duration = Duration::from_millis(5);
 pub const MIN_USEFUL: Duration = Duration::from_millis(10);
 
 /// The edge's policy: callers are untrusted (their budget can only shorten ours, up to 5 s;
-/// 1 s if they declare none).
-fn edge_policy() -> EndpointPolicy {
-    EndpointPolicy::new(Duration::from_secs(5), Duration::from_secs(1))
-        .reserve(RESERVE)
-        .transport_pad(TRANSPORT_PAD)
-        .min_useful(MIN_USEFUL)
+/// 1 s if they declare none, times the time scale).
+fn edge_policy(t: &Timing) -> EndpointPolicy {
+    EndpointPolicy::new(t.edge_max, t.edge_default)
+        .reserve(t.reserve)
+        .transport_pad(t.pad)
+        .min_useful(t.min_useful)
 }
 
 /// The inner hops' policy: the same, but the caller is one of ours (its operation id is kept).
-fn inner_policy() -> EndpointPolicy {
-    edge_policy().trust(Trust::Trusted)
+fn inner_policy(t: &Timing) -> EndpointPolicy {
+    edge_policy(t).trust(Trust::Trusted)
 }
 
 /// One service of one chain.
@@ -69,8 +70,8 @@ struct Service {
     http: reqwest::Client,
     /// The services it calls, in order.
     downstream: Vec<String>,
-    /// Inventory: how long a quote takes.
-    work: Duration,
+    /// The run's durations: inventory's quote, the per-hop timeouts, the policies.
+    timing: Timing,
 }
 
 /// A running chain; its servers stop when it is dropped.
@@ -82,9 +83,32 @@ pub(crate) struct Chain {
 }
 
 impl Chain {
-    /// Starts external-stub, inventory, orders and frontend (innermost first, so that each
-    /// knows where the next one listens).
-    pub(crate) async fn start(mode: Mode, work: Duration, rec: &Recorder) -> io::Result<Chain> {
+    /// Starts external-stub, inventory, orders and frontend, each on an ephemeral loopback
+    /// port.
+    pub(crate) fn start(mode: Mode, timing: &Timing, rec: &Recorder) -> io::Result<Chain> {
+        Chain::start_with(mode, timing, rec, |_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+        })
+    }
+
+    /// [`start`](Self::start), with `bind` making each hop's listener. Every hop gets its
+    /// listener before any server starts (so that each knows where the next one listens):
+    /// if one cannot listen, the listeners made so far are closed as they are dropped and no
+    /// server was started, so a start that fails part way leaves nothing listening or
+    /// running (before, the servers started until then went on serving, their handles
+    /// dropped: detached, not stopped).
+    fn start_with(
+        mode: Mode,
+        timing: &Timing,
+        rec: &Recorder,
+        mut bind: impl FnMut(Hop) -> io::Result<std::net::TcpListener>,
+    ) -> io::Result<Chain> {
+        let mut listen = |hop| bind(hop).and_then(Listening::new);
+        let external = listen(Hop::External)?;
+        let inventory = listen(Hop::Inventory)?;
+        let orders = listen(Hop::Orders)?;
+        let frontend = listen(Hop::Frontend)?;
+        // Nothing fails from here on.
         let http = reqwest::Client::new();
         let service = |hop, downstream| Service {
             hop,
@@ -92,18 +116,37 @@ impl Chain {
             rec: rec.clone(),
             http: http.clone(),
             downstream,
-            work,
+            timing: *timing,
         };
-        let mut servers = Vec::new();
-        let external = serve(service(Hop::External, vec![]), &mut servers).await?;
-        let inventory = serve(service(Hop::Inventory, vec![]), &mut servers).await?;
-        let orders = serve(
-            service(Hop::Orders, vec![inventory, external]),
-            &mut servers,
-        )
-        .await?;
-        let frontend = serve(service(Hop::Frontend, vec![orders]), &mut servers).await?;
-        Ok(Chain { frontend, servers })
+        let mut chain = Chain {
+            frontend: frontend.url.clone(),
+            servers: Vec::new(),
+        };
+        let (inventory_url, external_url) = (inventory.url.clone(), external.url.clone());
+        chain.serve(service(Hop::External, vec![]), external);
+        chain.serve(service(Hop::Inventory, vec![]), inventory);
+        let orders_url = orders.url.clone();
+        let downstream = vec![inventory_url, external_url];
+        chain.serve(service(Hop::Orders, downstream), orders);
+        chain.serve(service(Hop::Frontend, vec![orders_url]), frontend);
+        Ok(chain)
+    }
+}
+
+/// A hop's listener, and the URL it is reached at.
+struct Listening {
+    listener: TcpListener,
+    url: String,
+}
+
+impl Listening {
+    fn new(listener: std::net::TcpListener) -> io::Result<Listening> {
+        listener.set_nonblocking(true)?;
+        let url = format!("http://{}/", listener.local_addr()?);
+        Ok(Listening {
+            listener: TcpListener::from_std(listener)?,
+            url,
+        })
     }
 }
 
@@ -115,20 +158,28 @@ impl Drop for Chain {
     }
 }
 
-/// Serves `svc` on an ephemeral loopback port; returns its URL.
-async fn serve(svc: Service, servers: &mut Vec<JoinHandle<()>>) -> io::Result<String> {
+impl Chain {
+    /// Serves `svc` on `on`; the server stops when the chain is dropped.
+    fn serve(&mut self, svc: Service, on: Listening) {
+        let task = server(svc, on.listener);
+        self.servers.push(tokio::spawn(task));
+    }
+}
+
+/// The server of `svc` on `listener`.
+fn server(svc: Service, listener: TcpListener) -> impl std::future::Future<Output = ()> {
     let handler = match svc.hop {
         Hop::Frontend => get(frontend),
         Hop::Orders => get(orders),
         Hop::Inventory => get(inventory),
         Hop::External => get(external),
     };
-    let (hop, mode, rec) = (svc.hop, svc.mode, svc.rec.clone());
+    let (hop, mode, rec, timing) = (svc.hop, svc.mode, svc.rec.clone(), svc.timing);
     let mut app = Router::new().route("/", handler).with_state(svc);
     if mode == Mode::Scoped {
         let policy = match hop {
-            Hop::Frontend => edge_policy(),
-            _ => inner_policy(),
+            Hop::Frontend => edge_policy(&timing),
+            _ => inner_policy(&timing),
         };
         // Once a request's scope is quiet (its handler answered or was stopped, and all its
         // work has a receipt), the layer hands over the report.
@@ -148,14 +199,11 @@ async fn serve(svc: Service, servers: &mut Vec<JoinHandle<()>>) -> io::Result<St
     // it. The run waits on these, not only on the handlers, because a server on a loaded
     // machine can read a request after its caller has given up.
     app = app.layer(middleware::from_fn_with_state((hop, rec), arrival));
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/", listener.local_addr()?);
-    servers.push(tokio::spawn(async move {
+    async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(%hop, error = %e, "server stopped");
         }
-    }));
-    Ok(url)
+    }
 }
 
 /// Records that a request reached `hop`'s server, then that the server is done with it.
@@ -230,7 +278,7 @@ async fn orders(State(svc): State<Service>, headers: HeaderMap) -> Response {
 /// cancellation itself; where its work runs decides whether anything can stop it.
 async fn inventory(State(svc): State<Service>, headers: HeaderMap) -> Response {
     let run = Run::start(&svc, &headers);
-    let work = quote(svc.rec.clone(), run.id.clone(), svc.work);
+    let work = quote(svc.rec.clone(), run.id.clone(), svc.timing.quote);
     let quoted = match svc.mode {
         // Like the seed's Go handler that sleeps without watching its context: the work is
         // not tied to the request. When the caller hangs up, this handler is dropped, but the
@@ -387,8 +435,8 @@ impl Service {
         let called = match self.mode {
             Mode::PerHop => {
                 let timeout = match self.hop {
-                    Hop::Frontend => FRONTEND_TIMEOUT,
-                    _ => ORDERS_TIMEOUT,
+                    Hop::Frontend => self.timing.frontend_timeout,
+                    _ => self.timing.orders_timeout,
                 };
                 match request.timeout(timeout).send().await {
                     Ok(res) => {
@@ -443,4 +491,40 @@ fn scoped_failure(to: Hop, e: &CallError) -> (StatusCode, String) {
         StatusCode::BAD_GATEWAY
     };
     (status, format!("{to}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::Options;
+
+    /// A chain whose third server cannot listen leaves nothing listening or running: the two
+    /// listeners made before are closed (a connection to them is refused at once) and no
+    /// server was started. (Before, the servers started until then went on serving: their
+    /// handles were dropped, which detaches a tokio task rather than stopping it.)
+    #[tokio::test]
+    async fn a_chain_that_cannot_start_leaves_no_server_behind() {
+        let mut bound = Vec::new();
+        let started = Chain::start_with(
+            Mode::Scoped,
+            &Options::default().timing(),
+            &Recorder::new(),
+            |hop| {
+                if hop == Hop::Orders {
+                    return Err(io::Error::new(io::ErrorKind::AddrInUse, "taken"));
+                }
+                let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+                bound.push((hop, listener.local_addr()?));
+                Ok(listener)
+            },
+        );
+        let err = started.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        let hops: Vec<_> = bound.iter().map(|(hop, _)| *hop).collect();
+        assert_eq!(hops, [Hop::External, Hop::Inventory]);
+        for (hop, addr) in bound {
+            let refused = std::net::TcpStream::connect(addr).unwrap_err();
+            assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused, "{hop}");
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo run --example service_chain            # both modes; exits non-zero if a claim fails
 //! cargo run --example service_chain -- --mode scoped --client-ms 60 --inventory-ms 500
+//! cargo run --example service_chain -- --time-scale 5   # every duration x5, for a loaded machine
 //! ```
 //!
 //! Four axum servers on 127.0.0.1 (ephemeral ports, one process) call each other with reqwest:
@@ -30,14 +31,18 @@
 //!   external-stub never sees the request, and every hop reports stable quiescence.
 //!
 //! The services are in `chain.rs`; what differs between the modes is a few marked lines.
-//! The report checks its own claims; [`cli`] returns 1 if one does not hold.
+//! The report checks its own claims; [`cli`] returns 1 if one does not hold. The claims are
+//! about order and causes, with margins of tens of milliseconds at the default scale; on a
+//! loaded machine `--time-scale N` multiplies every duration of the run (the client budgets,
+//! the quote, the hop timeouts, the reserves and pads) so that they keep their proportions
+//! with N times the margin. The demonstration's own tests run at scale 5.
 //!
 //! # Examples
 //!
 //! ```
 //! # #[tokio::main] async fn main() {
 //! let (mut out, mut err) = (Vec::new(), Vec::new());
-//! let args = ["--mode", "scoped"].map(String::from);
+//! let args = ["--mode", "scoped", "--time-scale", "5"].map(String::from);
 //! let status = cancel_scope_demo::cli(args, &mut out, &mut err).await;
 //! let report = String::from_utf8(out).unwrap();
 //! assert_eq!(status, 0, "{report}");
@@ -64,7 +69,7 @@ mod run;
 pub use chain::{FRONTEND_TIMEOUT, MIN_USEFUL, ORDERS_TIMEOUT, RESERVE, TRANSPORT_PAD};
 pub use options::{
     Mode, Options, OptionsError, Parsed, DEFAULT_CLIENT_BUDGET, DEFAULT_INVENTORY_WORK, MAX_MS,
-    SUCCESS_BUDGET, USAGE,
+    MAX_TIME_SCALE, SUCCESS_BUDGET, USAGE,
 };
 pub use record::Hop;
 pub use render::summary;

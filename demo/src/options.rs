@@ -1,7 +1,11 @@
-//! The command line: `--mode per-hop|scoped|both`, `--client-ms N`, `--inventory-ms N`.
+//! The command line: `--mode per-hop|scoped|both`, `--client-ms N`, `--inventory-ms N`,
+//! `--time-scale N`.
 
 use std::fmt;
 use std::time::Duration;
+
+use crate::chain::{FRONTEND_TIMEOUT, MIN_USEFUL, ORDERS_TIMEOUT, RESERVE, TRANSPORT_PAD};
+use crate::run::{ARRIVAL, PATIENCE};
 
 /// How the services of the chain treat time.
 ///
@@ -61,14 +65,19 @@ pub const SUCCESS_BUDGET: Duration = Duration::from_secs(2);
 /// The largest value `--client-ms` and `--inventory-ms` take: the demonstration should finish
 /// in seconds.
 pub const MAX_MS: u64 = 60_000;
+/// The largest `--time-scale`.
+pub const MAX_TIME_SCALE: u32 = 20;
 
 /// The usage text.
 pub const USAGE: &str = "\
-usage: cargo run --example service_chain -- [--mode per-hop|scoped|both] [--client-ms N] [--inventory-ms N]
+usage: cargo run --example service_chain -- [--mode per-hop|scoped|both] [--client-ms N] [--inventory-ms N] [--time-scale N]
 
   --mode MODE        which chain to run (default: both)
   --client-ms N      the failure group's client budget in ms, 1..=60000 (default: 100)
   --inventory-ms N   inventory's work per request in ms, 0..=60000 (default: 350)
+  --time-scale N     multiplies every duration of the run, 1..=20 (default: 1): the client
+                     budgets, the quote, the hop timeouts, the reserves and pads keep their
+                     proportions with N times the margin, for a loaded machine
   -h, --help         this text
 
 The report goes to stdout, the services' log lines to stderr. The exit status is 0 when every
@@ -86,15 +95,18 @@ claim of the report holds, 1 when one does not, 2 for bad options or servers tha
 /// assert_eq!(o.modes(), [Mode::PerHop, Mode::Scoped]);
 /// assert_eq!(o.client_budget, Duration::from_millis(100));
 /// assert_eq!(o.inventory_work, Duration::from_millis(350));
+/// assert_eq!(o.time_scale, 1);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// One mode, or `None` for both (per-hop first).
     pub mode: Option<Mode>,
-    /// The failure group's client budget.
+    /// The failure group's client budget, before the time scale.
     pub client_budget: Duration,
-    /// How long inventory works on a quote.
+    /// How long inventory works on a quote, before the time scale.
     pub inventory_work: Duration,
+    /// What every duration of the run is multiplied by (1 ..= [`MAX_TIME_SCALE`]).
+    pub time_scale: u32,
 }
 
 impl Default for Options {
@@ -103,8 +115,38 @@ impl Default for Options {
             mode: None,
             client_budget: DEFAULT_CLIENT_BUDGET,
             inventory_work: DEFAULT_INVENTORY_WORK,
+            time_scale: 1,
         }
     }
+}
+
+/// The durations of one run, on its time scale: every one of them is multiplied by it, so
+/// that they keep their proportions (the client gives up long before the quote ends, the
+/// quote ends long before a hop's fixed timeout) with that much more margin for a loaded
+/// machine's delays, which do not grow with it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    pub(crate) scale: u32,
+    /// The failure group's client budget.
+    pub(crate) client: Duration,
+    /// The success group's client budget.
+    pub(crate) success: Duration,
+    /// Inventory's quote.
+    pub(crate) quote: Duration,
+    /// Per-hop mode: frontend's fixed timeout, and orders'.
+    pub(crate) frontend_timeout: Duration,
+    pub(crate) orders_timeout: Duration,
+    /// Scoped mode: each hop's reserve, each call's transport pad, the least useful budget.
+    pub(crate) reserve: Duration,
+    pub(crate) pad: Duration,
+    pub(crate) min_useful: Duration,
+    /// Scoped mode: the edge's maximum budget, and its budget for a caller that declares none.
+    pub(crate) edge_max: Duration,
+    pub(crate) edge_default: Duration,
+    /// How long the run waits for a request on its way to a hop to arrive, and (past the
+    /// budgets and the quote) for the services to be done with a request.
+    pub(crate) arrival: Duration,
+    pub(crate) patience: Duration,
 }
 
 /// The result of parsing the command line.
@@ -117,6 +159,40 @@ pub enum Parsed {
 }
 
 impl Options {
+    /// `d` on this run's time scale.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope_demo::Options;
+    /// let o = Options { time_scale: 5, ..Options::default() };
+    /// assert_eq!(o.scaled(o.client_budget), Duration::from_millis(500));
+    /// ```
+    pub fn scaled(&self, d: Duration) -> Duration {
+        d.saturating_mul(self.time_scale.max(1))
+    }
+
+    /// Every duration of the run, on its time scale.
+    pub(crate) fn timing(&self) -> Timing {
+        let s = |d| self.scaled(d);
+        Timing {
+            scale: self.time_scale.max(1),
+            client: s(self.client_budget),
+            success: s(SUCCESS_BUDGET),
+            quote: s(self.inventory_work),
+            frontend_timeout: s(FRONTEND_TIMEOUT),
+            orders_timeout: s(ORDERS_TIMEOUT),
+            reserve: s(RESERVE),
+            pad: s(TRANSPORT_PAD),
+            min_useful: s(MIN_USEFUL),
+            edge_max: s(Duration::from_secs(5)),
+            edge_default: s(Duration::from_secs(1)),
+            arrival: s(ARRIVAL),
+            patience: s(PATIENCE),
+        }
+    }
+
     /// The modes to run, in order.
     pub fn modes(&self) -> Vec<Mode> {
         match self.mode {
@@ -138,9 +214,10 @@ impl Options {
     /// use std::time::Duration;
     /// use cancel_scope_demo::{Mode, Options, Parsed};
     ///
-    /// let args = ["--mode", "scoped", "--client-ms=80"].map(String::from);
+    /// let args = ["--mode", "scoped", "--client-ms=80", "--time-scale", "5"].map(String::from);
     /// let Parsed::Run(o) = Options::parse(args)? else { unreachable!() };
     /// assert_eq!((o.mode, o.client_budget), (Some(Mode::Scoped), Duration::from_millis(80)));
+    /// assert_eq!(o.time_scale, 5);
     ///
     /// assert!(Options::parse(["--client-ms", "-5"].map(String::from)).is_err());
     /// assert_eq!(Options::parse(["-h".to_string()])?, Parsed::Help);
@@ -159,6 +236,7 @@ impl Options {
                 "--mode" => "--mode",
                 "--client-ms" => "--client-ms",
                 "--inventory-ms" => "--inventory-ms",
+                "--time-scale" => "--time-scale",
                 _ => return Err(OptionsError::Unknown(name)),
             };
             let value = inline
@@ -174,6 +252,7 @@ impl Options {
                     }
                 }
                 "--client-ms" => o.client_budget = millis(option, &value, 1)?,
+                "--time-scale" => o.time_scale = scale(&value)?,
                 _ => o.inventory_work = millis(option, &value, 0)?,
             }
         }
@@ -183,19 +262,32 @@ impl Options {
 
 /// A whole number of milliseconds in `min..=MAX_MS`.
 fn millis(option: &'static str, value: &str, min: u64) -> Result<Duration, OptionsError> {
-    let bad = || OptionsError::BadMillis {
-        option,
-        value: value.to_owned(),
-        min,
-    };
-    // Digits only: no sign, no spaces, no units (u64's parser would take a leading `+`).
+    whole(value, min, MAX_MS)
+        .map(Duration::from_millis)
+        .ok_or_else(|| OptionsError::BadMillis {
+            option,
+            value: value.to_owned(),
+            min,
+        })
+}
+
+/// A whole number in `min..=max`, digits only: no sign, no spaces, no units (u64's parser
+/// would take a leading `+`).
+fn whole(value: &str, min: u64, max: u64) -> Option<u64> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
+        return None;
     }
-    match value.parse::<u64>() {
-        Ok(n) if (min..=MAX_MS).contains(&n) => Ok(Duration::from_millis(n)),
-        _ => Err(bad()),
-    }
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+}
+
+/// A time scale in `1..=MAX_TIME_SCALE`.
+fn scale(value: &str) -> Result<u32, OptionsError> {
+    whole(value, 1, MAX_TIME_SCALE.into())
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| OptionsError::BadTimeScale(value.to_owned()))
 }
 
 /// Why the command line was not understood. The `Display` text is for humans.
@@ -225,6 +317,9 @@ pub enum OptionsError {
         /// The smallest value the option takes.
         min: u64,
     },
+    /// `--time-scale` with something other than a whole number from 1 to
+    /// [`MAX_TIME_SCALE`].
+    BadTimeScale(String),
 }
 
 impl fmt::Display for OptionsError {
@@ -238,6 +333,10 @@ impl fmt::Display for OptionsError {
             OptionsError::BadMillis { option, value, min } => write!(
                 f,
                 "{option} takes a whole number of milliseconds from {min} to {MAX_MS}, not {value:?}"
+            ),
+            OptionsError::BadTimeScale(v) => write!(
+                f,
+                "--time-scale takes a whole number from 1 to {MAX_TIME_SCALE}, not {v:?}"
             ),
         }
     }

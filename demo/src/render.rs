@@ -6,7 +6,6 @@ use std::time::Duration;
 use cancel_scope::{Cause, Report};
 use tokio::time::Instant;
 
-use crate::chain::{FRONTEND_TIMEOUT, ORDERS_TIMEOUT, RESERVE, TRANSPORT_PAD};
 use crate::options::Mode;
 use crate::record::{Hop, What};
 use crate::run::{describe_work, millis, yes, ClientOutcome, ModeRun, RequestRun, Work};
@@ -15,7 +14,8 @@ impl ModeRun {
     /// The mode's report: how the chain was set up, each request hop by hop, the checks.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let work = self.options.inventory_work.as_millis();
+        let t = self.options.timing();
+        let work = t.quote.as_millis();
         let _ = writeln!(s, "\n== {} ==", self.mode.title());
         let _ = match self.mode {
             Mode::PerHop => writeln!(
@@ -23,18 +23,25 @@ impl ModeRun {
                 "Each hop calls the next with a fixed timeout of its own (frontend {} ms, orders {} ms\n\
                  per call) and ignores the client's grpc-timeout; inventory runs its {work} ms quote\n\
                  with tokio::spawn, so nothing stops it.",
-                FRONTEND_TIMEOUT.as_millis(),
-                ORDERS_TIMEOUT.as_millis(),
+                t.frontend_timeout.as_millis(),
+                t.orders_timeout.as_millis(),
             ),
             Mode::Scoped => writeln!(
                 s,
                 "The edge admits the client's grpc-timeout; every hop runs its request in a scope\n\
                  (AdmitLayer), keeps {} ms for its answer and tells the next hop {} ms less than it has\n\
                  (send_scoped); inventory runs its {work} ms quote with Scope::current().spawn.",
-                RESERVE.as_millis(),
-                TRANSPORT_PAD.as_millis(),
+                t.reserve.as_millis(),
+                t.pad.as_millis(),
             ),
         };
+        if t.scale > 1 {
+            let _ = writeln!(
+                s,
+                "Every duration is {} times the default's (--time-scale {}).",
+                t.scale, t.scale
+            );
+        }
         for r in [&self.success, &self.failure] {
             request(&mut s, r);
         }
@@ -202,7 +209,7 @@ pub fn summary(runs: &[ModeRun]) -> String {
     let Some(first) = runs.first() else {
         return "nothing ran\n".to_owned();
     };
-    let o = &first.options;
+    let t = first.options.timing();
     let _ = writeln!(
         s,
         "\n== {}: the failure request (client budget {} ms, inventory quote {} ms) ==",
@@ -210,8 +217,8 @@ pub fn summary(runs: &[ModeRun]) -> String {
             .map(|r| r.mode.title())
             .collect::<Vec<_>>()
             .join(" vs "),
-        o.client_budget.as_millis(),
-        o.inventory_work.as_millis()
+        t.client.as_millis(),
+        t.quote.as_millis()
     );
     let mut row = |label: &str, cell: &dyn Fn(&ModeRun) -> String| {
         let mut line = format!("  {label:<29}");

@@ -10,17 +10,18 @@ use cancel_scope::{Cause, Report};
 use tokio::time::Instant;
 
 use crate::chain::{Chain, REQUEST_ID};
-use crate::options::{Mode, Options, SUCCESS_BUDGET};
+use crate::options::{Mode, Options};
 use crate::record::{Event, Hop, Recorder, What};
 
 /// How long past the budgets and the work the run waits for the services to be done with a
-/// request before it calls that a failure (a bound on waiting for events, never a sleep).
+/// request before it calls that a failure (a bound on waiting for events, never a sleep),
+/// before the time scale.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// How long the run waits, after the client's call, for a request on its way to a hop to
 /// reach that hop's server. On a loaded machine a server can read a request well after its
 /// caller gave up; but a caller that gave up before its connection wrote the request (while
-/// connecting, say) sent nothing, and no event tells the two apart.
+/// connecting, say) sent nothing, and no event tells the two apart. Before the time scale.
 pub(crate) const ARRIVAL: Duration = Duration::from_secs(1);
 
 /// The two requests of a mode (the seed's groups).
@@ -347,7 +348,7 @@ impl std::error::Error for DemoError {
 
 /// Starts `mode`'s chain, sends the success request (2 s budget) and then the failure request
 /// (`options.client_budget`), waits until the services are done with each, and checks the
-/// claims.
+/// claims. Every duration is multiplied by `options.time_scale`.
 ///
 /// # Errors
 ///
@@ -359,26 +360,26 @@ impl std::error::Error for DemoError {
 /// # #[tokio::main] async fn main() -> Result<(), cancel_scope_demo::DemoError> {
 /// use cancel_scope_demo::{run_mode, Mode, Options, Work};
 ///
-/// let run = run_mode(Mode::Scoped, &Options::default()).await?;
+/// let run = run_mode(Mode::Scoped, &Options { time_scale: 5, ..Options::default() }).await?;
 /// assert!(run.passed());
 /// assert!(matches!(run.failure().inventory_work(), Work::Stopped { .. }));
 /// # Ok(()) }
 /// ```
 pub async fn run_mode(mode: Mode, options: &Options) -> Result<ModeRun, DemoError> {
     let rec = Recorder::new();
-    let chain = Chain::start(mode, options.inventory_work, &rec)
-        .await
-        .map_err(DemoError)?;
+    let t = options.timing();
+    let chain = Chain::start(mode, &t, &rec).map_err(DemoError)?;
     let bench = Bench {
         mode,
         // The client is not one of the services: its own connection pool.
         client: reqwest::Client::new(),
         url: chain.frontend.clone(),
         rec,
-        patience: SUCCESS_BUDGET.max(options.client_budget) + options.inventory_work + PATIENCE,
+        arrival: t.arrival,
+        patience: t.success.max(t.client) + t.quote + t.patience,
     };
-    let success = bench.send(Group::Success, SUCCESS_BUDGET).await;
-    let failure = bench.send(Group::Failure, options.client_budget).await;
+    let success = bench.send(Group::Success, t.success).await;
+    let failure = bench.send(Group::Failure, t.client).await;
     drop(chain);
     let checks = checks(mode, options, &success, &failure);
     Ok(ModeRun {
@@ -396,6 +397,7 @@ struct Bench {
     client: reqwest::Client,
     url: String,
     rec: Recorder,
+    arrival: Duration,
     patience: Duration,
 }
 
@@ -411,7 +413,7 @@ impl Bench {
         // First every request on its way arrives (or, after a while, is taken never to have
         // been sent), then every service that read it is done with it.
         let arrived = |events: &[Event]| settled(events, &id, mode, &client, true);
-        let settled = rec.wait_until(ARRIVAL, arrived).await
+        let settled = rec.wait_until(self.arrival, arrived).await
             || rec
                 .wait_until(self.patience, |events| {
                     settled(events, &id, mode, &client, false)
@@ -575,7 +577,8 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
         ),
     ));
 
-    let work = ms(options.inventory_work);
+    let quote = options.timing().quote;
+    let work = ms(quote);
     match mode {
         // The seed's observation: the quote ran on after the client had left (when it did,
         // not when its budget said it would: its timer can fire late).
@@ -605,15 +608,17 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
             ));
         }
         Mode::Scoped => {
+            // Only a quote that started and then stopped shows that the scope stopped it: one
+            // that never started (the request refused, or its budget spent before inventory)
+            // proves nothing.
             let w = failure.inventory_work();
             let passed = match &w {
-                Work::NotStarted => true,
-                Work::Stopped { worked, .. } => *worked < options.inventory_work,
-                Work::Running | Work::Finished { .. } => false,
+                Work::Stopped { worked, .. } => *worked < quote,
+                Work::NotStarted | Work::Running | Work::Finished { .. } => false,
             };
             out.push(check(
                 failure,
-                format!("inventory stopped before finishing its {work} ms quote"),
+                format!("inventory started its {work} ms quote and stopped before finishing it"),
                 passed,
                 describe_work(&w, failure),
             ));

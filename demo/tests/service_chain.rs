@@ -1,7 +1,10 @@
 //! The service chain demonstration run in-process: four real axum servers on loopback, real
 //! reqwest calls, the real clock. The assertions are about outcomes, order and causes, never
 //! exact milliseconds; every wait inside the run is on an event (a response, a log entry, a
-//! quiescence report), bounded so that a bug fails instead of hanging.
+//! quiescence report), bounded so that a bug fails instead of hanging. The runs are at time
+//! scale 5 (`--time-scale 5`): every duration five times the default's, so that a loaded
+//! machine's delays (a timer firing late, a server reading a request late) stay well inside
+//! the margins between the client's budget, the quote and the hop timeouts.
 
 use std::time::Duration;
 
@@ -11,8 +14,19 @@ use cancel_scope_demo::{
     EXIT_CLAIM_FAILED, EXIT_OK, EXIT_USAGE,
 };
 
+/// The time scale of every run in these tests.
+const SCALE: &str = "5";
+
 fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The default options at the tests' time scale.
+fn scaled() -> Options {
+    Options {
+        time_scale: SCALE.parse().unwrap(),
+        ..Options::default()
+    }
 }
 
 fn went_through(r: &RequestRun) -> bool {
@@ -25,7 +39,7 @@ fn went_through(r: &RequestRun) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_hop_timeouts_let_inventory_work_on_after_the_client_left() {
-    let options = Options::default();
+    let options = scaled();
     let run = run_mode(Mode::PerHop, &options).await.unwrap();
     assert!(run.passed(), "{}", run.render());
 
@@ -44,7 +58,7 @@ async fn per_hop_timeouts_let_inventory_work_on_after_the_client_left() {
     match failed.inventory_work() {
         Work::Finished { at, worked } => {
             assert!(at > failed.client_done(), "{}", run.render());
-            assert!(worked >= options.inventory_work);
+            assert!(worked >= options.scaled(options.inventory_work));
         }
         w => panic!("{w:?}\n{}", run.render()),
     }
@@ -58,13 +72,13 @@ async fn per_hop_timeouts_let_inventory_work_on_after_the_client_left() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
-    let options = Options::default();
+    let options = scaled();
     let run = run_mode(Mode::Scoped, &options).await.unwrap();
     assert!(run.passed(), "{}", run.render());
 
     let ok = run.success();
     assert!(went_through(ok), "{:?}", ok.client());
-    // The budget shrinks from hop to hop: frontend > orders > inventory, all within 2 s.
+    // The budget shrinks from hop to hop: frontend > orders > inventory, all within 10 s.
     let budgets: Vec<_> = [Hop::Frontend, Hop::Orders, Hop::Inventory]
         .map(|h| ok.budget_at(h).unwrap())
         .to_vec();
@@ -82,10 +96,14 @@ async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
     assert!(failed.client().gave_up(), "{:?}", failed.client());
     assert!(!failed.called(Hop::Orders, Hop::External));
     assert!(!failed.saw(Hop::External));
-    // Inventory's quote was stopped by its scope long before its 350 ms...
+    // Inventory's quote started, and was stopped by its scope long before its 1750 ms...
     match failed.inventory_work() {
         Work::Stopped { worked, cause, .. } => {
-            assert!(worked < options.inventory_work, "{}", run.render());
+            assert!(
+                worked < options.scaled(options.inventory_work),
+                "{}",
+                run.render()
+            );
             let cause = cause.unwrap();
             assert!(
                 cause.is_deadline_exceeded() || cause.is_client_gone(),
@@ -108,15 +126,17 @@ async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_program_reports_both_modes_and_exits_zero() {
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let status = cli(Vec::new(), &mut out, &mut err).await;
+    let status = cli(args(&["--time-scale", SCALE]), &mut out, &mut err).await;
     let out = String::from_utf8(out).unwrap();
     assert_eq!(status, EXIT_OK, "{out}");
     for line in [
         "== per-hop timeouts ==",
         "== scoped budgets ==",
-        "request per-hop/failure (client budget 100 ms)",
-        "request scoped/failure (client budget 100 ms)",
-        "== per-hop timeouts vs scoped budgets: the failure request",
+        "Every duration is 5 times the default's (--time-scale 5).",
+        "request per-hop/failure (client budget 500 ms)",
+        "request scoped/failure (client budget 500 ms)",
+        "== per-hop timeouts vs scoped budgets: the failure request (client budget 500 ms, \
+         inventory quote 1750 ms)",
         "Every claim holds.",
     ] {
         assert!(out.contains(line), "{line:?} missing from\n{out}");
@@ -129,20 +149,50 @@ async fn the_program_reports_both_modes_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_does_not_hold_makes_the_exit_status_non_zero() {
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let a = args(&["--client-ms", "1000", "--inventory-ms", "20"]);
+    let a = args(&[
+        "--client-ms",
+        "1000",
+        "--inventory-ms",
+        "20",
+        "--time-scale",
+        SCALE,
+    ]);
     let status = cli(a, &mut out, &mut err).await;
     let out = String::from_utf8(out).unwrap();
     assert_eq!(status, EXIT_CLAIM_FAILED, "{out}");
     assert!(out.contains("These claims do not hold:"), "{out}");
     for claim in [
-        "per-hop/failure: the client got no quote within its 1000 ms",
+        "per-hop/failure: the client got no quote within its 5000 ms",
         "per-hop/failure: external-stub never saw the request id",
-        "per-hop/failure: inventory still finished its 20 ms quote after the client gave up",
-        "scoped/failure: the client got no quote within its 1000 ms",
-        "scoped/failure: inventory stopped before finishing its 20 ms quote",
+        "per-hop/failure: inventory still finished its 100 ms quote after the client gave up",
+        "scoped/failure: the client got no quote within its 5000 ms",
+        "scoped/failure: inventory started its 100 ms quote and stopped before finishing it",
     ] {
         assert!(out.contains(claim), "{claim:?} not reported in\n{out}");
     }
+}
+
+/// "Inventory stopped before finishing" holds only for a quote that started: a client budget
+/// the edge refuses at once (12 ms, scaled: less than the reserve and the minimum useful
+/// budget) never reaches inventory, which proves nothing, and the program says so (before,
+/// a quote that never started counted as stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quote_that_never_started_does_not_count_as_stopped() {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let a = args(&[
+        "--mode",
+        "scoped",
+        "--client-ms",
+        "12",
+        "--time-scale",
+        SCALE,
+    ]);
+    let status = cli(a, &mut out, &mut err).await;
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(status, EXIT_CLAIM_FAILED, "{out}");
+    let claim = "scoped/failure: inventory started its 1750 ms quote and stopped before \
+                 finishing it (never started)";
+    assert!(out.contains(claim), "{claim:?} not reported in\n{out}");
 }
 
 #[tokio::test]
@@ -194,7 +244,22 @@ async fn bad_options_get_a_typed_error_and_exit_status_2() {
             mode: Some(Mode::PerHop),
             client_budget: Duration::from_secs(60),
             inventory_work: Duration::ZERO,
+            time_scale: 1,
         }))
+    );
+    for bad in ["0", "21", "-1", "+2", "1.5", "x", ""] {
+        assert_eq!(
+            parse(&["--time-scale", bad]),
+            Err(OptionsError::BadTimeScale(bad.into())),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        parse(&["--time-scale=20"]).map(|p| match p {
+            Parsed::Run(o) => o.time_scale,
+            Parsed::Help => 0,
+        }),
+        Ok(20)
     );
     assert_eq!(parse(&["--client-ms", "7", "--help"]), Ok(Parsed::Help));
 
