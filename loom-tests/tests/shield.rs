@@ -12,7 +12,7 @@
 //! period.
 #![cfg(loom)]
 
-use cancel_scope::{ChildSpec, Lifecycle, Report, Scope};
+use cancel_scope::{ChildSpec, Dispatched, Lifecycle, Report, Scope};
 use cancel_scope_loom_tests::model;
 use loom::thread;
 
@@ -30,6 +30,39 @@ fn assert_the_effect_is_pending(report: &Report) {
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
 }
 
+/// A scope with a shield whose cleanup's own scope has dispatched a side-effecting call
+/// (`pay-1`): the scope, the cleanup's scope, the call and the shield's ticket.
+fn a_shield_with_a_call() -> (Scope, Scope, Dispatched, Dispatched) {
+    let scope = Scope::new();
+    let cleanup = Scope::new();
+    let pay = cleanup
+        .register(ChildSpec::side_effecting("pay", "pay-1"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    let shield = scope.__shield_of(&cleanup).unwrap();
+    (scope, cleanup, pay, shield)
+}
+
+/// Drops `call` (the owner's end of the cleanup's call, `EffectUnknown` when dropped) on
+/// another thread while `scope` is cancelled and its grace period ends (which quarantines
+/// `shield` and so stops the cleanup); checks the report, and that it never changes.
+fn dropped_as_the_shield_is_quarantined<T: Send + 'static>(
+    scope: &Scope,
+    shield: Dispatched,
+    call: T,
+) {
+    let owner = thread::spawn(move || drop(call));
+    scope.cancel();
+    scope.__quarantine_now();
+    let report = loom::future::block_on(scope.quiesce());
+    owner.join().unwrap();
+
+    assert_the_effect_is_pending(&report);
+    drop(shield);
+    assert_eq!(loom::future::block_on(scope.quiesce()), report);
+}
+
 /// Model 43: the cleanup's side-effecting call ends without an answer (its handle dropped:
 /// `EffectUnknown`) on one thread while the scope is cancelled and its grace period ends on
 /// the other, which quarantines the shield and so stops the cleanup.
@@ -42,24 +75,8 @@ fn assert_the_effect_is_pending(report: &Report) {
 #[test]
 fn a_receipt_recorded_as_the_shield_is_quarantined() {
     model("a_receipt_recorded_as_the_shield_is_quarantined", || {
-        let scope = Scope::new();
-        let cleanup = Scope::new();
-        let pay = cleanup
-            .register(ChildSpec::side_effecting("pay", "pay-1"))
-            .unwrap()
-            .dispatch()
-            .unwrap();
-        let shield = scope.__shield_of(&cleanup).unwrap();
-
-        let owner = thread::spawn(move || drop(pay));
-        scope.cancel();
-        scope.__quarantine_now();
-        let report = loom::future::block_on(scope.quiesce());
-        owner.join().unwrap();
-
-        assert_the_effect_is_pending(&report);
-        drop(shield);
-        assert_eq!(loom::future::block_on(scope.quiesce()), report);
+        let (scope, _cleanup, pay, shield) = a_shield_with_a_call();
+        dropped_as_the_shield_is_quarantined(&scope, shield, pay);
     });
 }
 
@@ -70,14 +87,7 @@ fn a_receipt_recorded_as_the_shield_is_quarantined() {
 #[test]
 fn the_cleanups_own_quarantine_racing_the_shields() {
     model("the_cleanups_own_quarantine_racing_the_shields", || {
-        let scope = Scope::new();
-        let cleanup = Scope::new();
-        let pay = cleanup
-            .register(ChildSpec::side_effecting("pay", "pay-1"))
-            .unwrap()
-            .dispatch()
-            .unwrap();
-        let shield = scope.__shield_of(&cleanup).unwrap();
+        let (scope, cleanup, pay, shield) = a_shield_with_a_call();
 
         let own = {
             let cleanup = cleanup.clone();
@@ -116,16 +126,7 @@ fn an_attempts_receipt_recorded_as_the_shield_is_quarantined() {
                 .unwrap();
             drop(attempt);
             let shield = scope.__shield_of(&cleanup).unwrap();
-
-            let owner = thread::spawn(move || drop(ticket));
-            scope.cancel();
-            scope.__quarantine_now();
-            let report = loom::future::block_on(scope.quiesce());
-            owner.join().unwrap();
-
-            assert_the_effect_is_pending(&report);
-            drop(shield);
-            assert_eq!(loom::future::block_on(scope.quiesce()), report);
+            dropped_as_the_shield_is_quarantined(&scope, shield, ticket);
         },
     );
 }

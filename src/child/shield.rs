@@ -304,7 +304,21 @@ impl Scope {
 mod tests {
     use std::time::Duration;
 
-    use crate::{ChildSpec, EffectRecord, Lifecycle, Receipt, Scope};
+    use crate::{ChildSpec, Dispatched, EffectRecord, JoinHandle, Lifecycle, Receipt, Scope};
+
+    /// A shield of `scope` whose cleanup dispatches a call described by `spec` in its own
+    /// scope and then waits for ever; the call's handle.
+    async fn shield_calling(scope: &Scope, spec: ChildSpec) -> (JoinHandle<()>, Dispatched) {
+        let (sent, call) = tokio::sync::oneshot::channel();
+        let cleanup = scope
+            .shield(Duration::from_secs(60), async move {
+                let call = Scope::current().register(spec).unwrap().dispatch().unwrap();
+                sent.send(call).unwrap();
+                std::future::pending::<()>().await;
+            })
+            .unwrap();
+        (cleanup, call.await.unwrap())
+    }
 
     /// A quarantined shield's report keeps an effect whose receipt its owner has won but not
     /// recorded yet when the quarantine stops the cleanup (loom model 43 explores every
@@ -314,16 +328,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_receipt_in_progress_in_a_quarantined_shield_is_a_pending_effect() {
         let scope = Scope::new();
-        let (sent, call) = tokio::sync::oneshot::channel();
-        let cleanup = scope
-            .shield(Duration::from_secs(60), async move {
-                let pay = ChildSpec::side_effecting("pay", "pay-1");
-                let pay = Scope::current().register(pay).unwrap().dispatch().unwrap();
-                sent.send(pay).unwrap();
-                std::future::pending::<()>().await;
-            })
-            .unwrap();
-        let pay = call.await.unwrap();
+        let (cleanup, pay) =
+            shield_calling(&scope, ChildSpec::side_effecting("pay", "pay-1")).await;
         let record = pay.win_receipt(Receipt::EffectUnknown(EffectRecord::new("pay-1")));
 
         scope.cancel();
@@ -343,16 +349,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_read_only_receipt_in_progress_is_no_pending_effect() {
         let scope = Scope::new();
-        let (sent, call) = tokio::sync::oneshot::channel();
-        let _cleanup = scope
-            .shield(Duration::from_secs(60), async move {
-                let get = ChildSpec::read_only("get");
-                let get = Scope::current().register(get).unwrap().dispatch().unwrap();
-                sent.send(get).unwrap();
-                std::future::pending::<()>().await;
-            })
-            .unwrap();
-        let get = call.await.unwrap();
+        let (_cleanup, get) = shield_calling(&scope, ChildSpec::read_only("get")).await;
         let record = get.win_receipt(Receipt::Cancelled);
         scope.cancel();
         let report = scope.quiesce().await;
