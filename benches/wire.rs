@@ -52,17 +52,6 @@ fn codecs(c: &mut Criterion) {
     g.finish();
 }
 
-fn incoming(headers: &HeaderMap) -> Incoming {
-    let mut inc = Incoming::new();
-    for v in headers.get_all(GRPC_TIMEOUT) {
-        inc = inc.grpc_timeout(v.as_bytes());
-    }
-    for v in headers.get_all(SERVICE_BUDGET) {
-        inc = inc.service_budget(v.as_bytes());
-    }
-    inc
-}
-
 fn per_request(c: &mut Criterion) {
     // A worker thread runs the deadline drivers that every admitted root spawns (one per tree
     // with a deadline), as a server's runtime would.
@@ -84,7 +73,10 @@ fn per_request(c: &mut Criterion) {
         HeaderValue::from_static("v=1, rem=3600000, gen=3, op=\"checkout-7f3a\", prio=2"),
     );
     let (root, _) = policy
-        .admit(incoming(&request), tokio::time::Instant::now())
+        .admit(
+            Incoming::from_headers(&request),
+            tokio::time::Instant::now(),
+        )
         .unwrap();
     let egress = EgressPolicy::for_scope(&root);
 
@@ -104,7 +96,10 @@ fn per_request(c: &mut Criterion) {
     g.bench_function("admit (decode both headers, root scope)", |b| {
         b.iter(|| {
             policy
-                .admit(incoming(black_box(&request)), tokio::time::Instant::now())
+                .admit(
+                    Incoming::from_headers(black_box(&request)),
+                    tokio::time::Instant::now(),
+                )
                 .unwrap()
         })
     });

@@ -18,7 +18,9 @@ use axum::routing::{any, get};
 use axum::{Extension, Router};
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::integrations::tower::AdmitLayer;
-use cancel_scope::wire::{Admission, EgressPolicy, EndpointPolicy, PrioritySource, Trust};
+use cancel_scope::wire::{
+    Admission, BudgetSource, EgressPolicy, EndpointPolicy, OperationSource, PrioritySource, Trust,
+};
 use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use futures::StreamExt as _;
 use tokio::sync::{mpsc, oneshot};
@@ -268,6 +270,108 @@ async fn malformed_budget_headers_get_400_and_never_reach_the_handler() {
     assert_eq!(res.status(), 200);
     assert_eq!(res.headers()["grpc-status"], "3");
     assert_eq!(calls.0.load(Ordering::SeqCst), 0);
+}
+
+/// A trusted inner service: answers with the operation, generation and priority it was
+/// admitted under, and the budget its handler got, in ms.
+async fn inner(Extension(a): Extension<Admission>) -> String {
+    let left = Scope::current().remaining().unwrap();
+    format!(
+        "{} {} {} {}",
+        a.operation_id(),
+        a.generation(),
+        a.priority(),
+        left.as_millis()
+    )
+}
+
+/// An edge behind Envoy: what it was admitted under, then what its call to `inner` saw.
+async fn edge(State(next): State<String>, Extension(a): Extension<Admission>) -> String {
+    let below = reqwest::Client::new()
+        .get(&next)
+        .send_scoped()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    format!(
+        "{} {:?} {:?} {:?} {} {} {} | {below}",
+        a.operation_id(),
+        a.budget_source(),
+        a.priority_source(),
+        a.operation_source(),
+        a.generation(),
+        a.priority(),
+        a.initial_remaining().as_millis(),
+    )
+}
+
+/// An edge behind Envoy reads Envoy's timeout and nothing else from its clients: a client
+/// that also sends priority 0 and someone else's operation and generation gets the edge's
+/// priority and a fresh local operation at generation 0, and that is what the trusted service
+/// behind it sees (it is never told the client's values).
+#[tokio::test]
+async fn an_edge_behind_envoy_reads_its_timeout_but_not_the_clients_priority_or_operation() {
+    let trusted = EndpointPolicy::new(ms(30_000), ms(10_000)).trust(Trust::Trusted);
+    let inner_url = serve(
+        Router::new()
+            .route("/", get(inner))
+            .layer(AdmitLayer::new(trusted)),
+    )
+    .await;
+    let edge_policy = EndpointPolicy::new(ms(20_000), ms(10_000))
+        .trust(Trust::Untrusted)
+        .envoy_timeout(true)
+        .priority(4);
+    let edge_url = serve(
+        Router::new()
+            .route("/", get(edge))
+            .with_state(inner_url)
+            .layer(AdmitLayer::new(edge_policy)),
+    )
+    .await;
+    let text = reqwest::Client::new()
+        .get(&edge_url)
+        .header("x-envoy-expected-rq-timeout-ms", "15000")
+        .header(
+            "service-budget",
+            "v=1, rem=86400000, prio=0, op=\"victim-op\", gen=9",
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (at_edge, below) = text.split_once(" | ").unwrap();
+    let at_edge: Vec<_> = at_edge.split(' ').collect();
+    let [op, budget_source, priority_source, operation_source, gen, prio, left] = at_edge[..]
+    else {
+        panic!("{text}");
+    };
+    assert_eq!(
+        budget_source,
+        format!("{:?}", BudgetSource::Envoy),
+        "{text}"
+    );
+    assert!(left.parse::<u64>().unwrap() <= 15_000, "{text}");
+    assert_eq!(
+        priority_source,
+        format!("{:?}", PrioritySource::Policy),
+        "{text}"
+    );
+    assert_eq!(
+        operation_source,
+        format!("{:?}", OperationSource::Local),
+        "{text}"
+    );
+    assert_ne!(op, "victim-op");
+    assert_eq!((gen, prio), ("0", "4"), "{text}");
+    // The trusted service behind it runs under the edge's operation, not the client's.
+    let below: Vec<_> = below.split(' ').collect();
+    assert_eq!(below[..3], [op, "0", "4"], "{text}");
+    assert!(below[3].parse::<u64>().unwrap() <= 15_000, "{text}");
 }
 
 /// A handler that starts a child doing 60 s of work and then waits for it.

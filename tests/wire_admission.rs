@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use cancel_scope::wire::{
-    service_budget, BudgetSource, EgressPolicy, EndpointPolicy, Incoming, OnBadInput, OverCap,
-    PrioritySource, ServiceBudget, Trust,
+    service_budget, BudgetSource, EgressPolicy, EndpointPolicy, Incoming, OnBadInput,
+    OperationSource, OverCap, PrioritySource, ServiceBudget, Trust,
 };
 use cancel_scope::{Cause, Scope};
 use proptest::prelude::*;
@@ -266,7 +266,12 @@ async fn operation_ids_come_from_trusted_callers_only() {
     assert_eq!(a.caller_operation_id(), Some("checkout-7"));
     assert_ne!(a.operation_id(), "checkout-7");
     assert_eq!(scope.name(), Some(a.operation_id()));
-    assert_eq!(a.generation(), 4);
+    assert_eq!(a.operation_source(), OperationSource::Local);
+    // A fresh local operation starts from generation 0: the caller's `gen` is kept for audit,
+    // never used (and so never forwarded).
+    assert_eq!(a.generation(), 0);
+    assert_eq!(scope.operation().unwrap().generation(), 0);
+    assert_eq!(a.caller_budget().unwrap().generation(), 4);
     assert_eq!(a.header_version(), Some(1));
 
     let (scope, a) = policy()
@@ -275,11 +280,140 @@ async fn operation_ids_come_from_trusted_callers_only() {
         .unwrap();
     assert_eq!(a.operation_id(), "checkout-7");
     assert_eq!(scope.operation().unwrap().id(), "checkout-7");
+    assert_eq!(a.generation(), 4);
+    assert_eq!(a.operation_source(), OperationSource::Caller);
+
+    // A trusted caller's `gen` without an `op` belongs to no operation of ours: a fresh one.
+    let (_, a) = policy()
+        .trust(Trust::Trusted)
+        .admit(
+            Incoming::new().service_budget(b"v=1, rem=500, gen=4"),
+            Instant::now(),
+        )
+        .unwrap();
+    assert_eq!(
+        (a.operation_source(), a.generation()),
+        (OperationSource::Local, 0)
+    );
 
     // Fresh ids differ.
     let (_, a1) = policy().admit(Incoming::new(), Instant::now()).unwrap();
     let (_, a2) = policy().admit(Incoming::new(), Instant::now()).unwrap();
     assert_ne!(a1.operation_id(), a2.operation_id());
+}
+
+/// The settings of trust are separate decisions: an edge behind Envoy reads Envoy's timeout
+/// and still gives its clients neither their priority nor their operation; each of the others
+/// can be turned on alone; a setting after a preset changes that setting only.
+#[tokio::test(start_paused = true)]
+async fn trust_is_several_decisions() {
+    let hostile = || {
+        Incoming::new()
+            .envoy_expected_timeout(b"400")
+            .service_budget(b"v=1, rem=86400000, prio=0, op=victim-op, gen=9")
+    };
+    let admit = |p: EndpointPolicy| p.admit(hostile(), Instant::now()).unwrap().1;
+    let sources = |a: &cancel_scope::wire::Admission| {
+        (a.budget_source(), a.priority_source(), a.operation_source())
+    };
+
+    let edge = admit(policy().trust(Trust::Untrusted).envoy_timeout(true));
+    assert_eq!(
+        sources(&edge),
+        (
+            BudgetSource::Envoy,
+            PrioritySource::Policy,
+            OperationSource::Local
+        )
+    );
+    assert_eq!(edge.initial_remaining(), ms(350));
+    assert_eq!((edge.priority(), edge.generation()), (3, 0));
+    assert_ne!(edge.operation_id(), "victim-op");
+
+    let untrusted = admit(policy());
+    assert_eq!(
+        sources(&untrusted),
+        (
+            BudgetSource::ServiceBudget,
+            PrioritySource::Policy,
+            OperationSource::Local
+        )
+    );
+    assert_eq!(untrusted.initial_remaining(), ms(1950)); // clamped, Envoy's 400 ignored
+    assert_eq!(untrusted.envoy_timeout(), Some(ms(400))); // but kept for audit
+
+    let priority_only = admit(policy().caller_priority(true));
+    assert_eq!(
+        sources(&priority_only),
+        (
+            BudgetSource::ServiceBudget,
+            PrioritySource::Caller,
+            OperationSource::Local
+        )
+    );
+    assert_eq!(priority_only.priority(), 0);
+
+    let operation_only = admit(policy().caller_operation(true));
+    assert_eq!(
+        sources(&operation_only),
+        (
+            BudgetSource::ServiceBudget,
+            PrioritySource::Policy,
+            OperationSource::Caller
+        )
+    );
+    assert_eq!(
+        (operation_only.operation_id(), operation_only.generation()),
+        ("victim-op", 9)
+    );
+
+    let trusted = policy().trust(Trust::Trusted);
+    assert_eq!(
+        sources(&admit(trusted)),
+        (
+            BudgetSource::Envoy,
+            PrioritySource::Caller,
+            OperationSource::Caller
+        )
+    );
+    let all_but_operation = admit(trusted.caller_operation(false));
+    assert_eq!(
+        sources(&all_but_operation),
+        (
+            BudgetSource::Envoy,
+            PrioritySource::Caller,
+            OperationSource::Local
+        )
+    );
+}
+
+/// A `service-budget` header on two lines is ambiguous: under a falling-back policy its
+/// shortest line still shortens the budget, but none of its claims counts, however trusted
+/// the caller (a smuggled second line must not pick the priority or the operation).
+#[tokio::test(start_paused = true)]
+async fn the_claims_of_a_repeated_service_budget_count_for_nothing() {
+    let p = policy()
+        .trust(Trust::Trusted)
+        .on_bad_input(OnBadInput::Fallback(ms(800)));
+    let twice = Incoming::new()
+        .service_budget(b"v=1, rem=500, prio=5, op=first, gen=1")
+        .service_budget(b"v=1, rem=900, prio=0, op=victim-op, gen=9");
+    let (_, a) = p.admit(twice, Instant::now()).unwrap();
+    assert_eq!(a.initial_remaining(), ms(450));
+    assert_eq!(
+        (a.priority_source(), a.operation_source()),
+        (PrioritySource::Policy, OperationSource::Local)
+    );
+    assert_eq!((a.priority(), a.generation()), (3, 0));
+    assert!(a.caller_budget().is_none());
+    assert_eq!(a.header_version(), None);
+
+    // A malformed second line likewise.
+    let bad_second = Incoming::new()
+        .service_budget(b"v=1, rem=500, op=first")
+        .service_budget(b"(((");
+    let (_, a) = p.admit(bad_second, Instant::now()).unwrap();
+    assert_eq!(a.operation_source(), OperationSource::Local);
 }
 
 #[tokio::test(start_paused = true)]
@@ -540,6 +674,337 @@ proptest! {
     }
 }
 
+/// Admission of real header maps, through the scan the tower layer makes
+/// (`Incoming::take_from`): disagreeing, repeated, malformed and hostile lines of all three
+/// budget headers, under every combination of the trust settings. A model written here from
+/// the documented rules gives what each value must be (budget, refusal, priority, operation
+/// id, generation, and which source decided each).
+#[cfg(feature = "tower")]
+mod header_maps {
+    use super::*;
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    /// A `service-budget` line's claims, as the model reads them.
+    #[derive(Clone, Debug)]
+    struct Claims {
+        rem: Duration,
+        prio: Option<u8>,
+        op: Option<&'static str>,
+        gen: u64,
+    }
+
+    /// One header line: its bytes and, if it is valid, what it says.
+    #[derive(Clone, Debug)]
+    enum Line {
+        Grpc(Vec<u8>, Option<Duration>),
+        Budget(Vec<u8>, Option<Claims>),
+        Envoy(Vec<u8>, Option<Duration>),
+    }
+
+    /// One of `values`, each invalid for its header, as a line made by `line`.
+    fn malformed(
+        values: Vec<&'static [u8]>,
+        line: fn(Vec<u8>) -> Line,
+    ) -> impl Strategy<Value = Line> {
+        prop::sample::select(values).prop_map(move |b| line(b.to_vec()))
+    }
+
+    fn grpc_line() -> impl Strategy<Value = Line> {
+        type Unit = (&'static str, fn(u64) -> Duration);
+        let units: [Unit; 6] = [
+            ("n", Duration::from_nanos),
+            ("u", Duration::from_micros),
+            ("m", Duration::from_millis),
+            ("S", Duration::from_secs),
+            ("M", |v| Duration::from_secs(v * 60)),
+            ("H", |v| Duration::from_secs(v * 3600)),
+        ];
+        let valid = (0u64..=99_999_999, 0usize..6).prop_map(move |(v, u)| {
+            let (unit, of) = units[u];
+            Line::Grpc(format!("{v}{unit}").into_bytes(), Some(of(v)))
+        });
+        let hostile = Just(Line::Grpc(
+            b"99999999H".to_vec(),
+            Some(Duration::from_secs(99_999_999 * 3600)),
+        ));
+        let malformed = malformed(
+            vec![
+                b"-1S",
+                b"+5S",
+                b" 5S",
+                b"1 hour",
+                b"",
+                b"123456789m",
+                b"1s",
+                b"5",
+                b"S",
+                b"0x10S",
+                b"\xff5S",
+            ],
+            |b| Line::Grpc(b, None),
+        );
+        prop_oneof![4 => valid, 1 => hostile, 2 => malformed]
+    }
+
+    fn budget_line() -> impl Strategy<Value = Line> {
+        let ops = prop::sample::select(vec!["checkout-7", "victim-op", "a b"]);
+        let valid = (
+            0u64..=86_400_000,
+            proptest::option::of(0u8..=7),
+            proptest::option::of(ops),
+            proptest::option::of(0u64..1_000),
+        )
+            .prop_map(|(rem, prio, op, gen)| {
+                let mut v = format!("v=1, rem={rem}");
+                if let Some(p) = prio {
+                    v.push_str(&format!(", prio={p}"));
+                }
+                if let Some(o) = op {
+                    v.push_str(&format!(", op=\"{o}\""));
+                }
+                if let Some(g) = gen {
+                    v.push_str(&format!(", gen={g}"));
+                }
+                let claims = Claims {
+                    rem: ms(rem),
+                    prio,
+                    op,
+                    gen: gen.unwrap_or(0),
+                };
+                Line::Budget(v.into_bytes(), Some(claims))
+            });
+        let hostile = Just(Line::Budget(
+            b"v=1, rem=86400000, prio=0, op=\"victim-op\", gen=999999999999999".to_vec(),
+            Some(Claims {
+                rem: ms(86_400_000),
+                prio: Some(0),
+                op: Some("victim-op"),
+                gen: 999_999_999_999_999,
+            }),
+        ));
+        let malformed = malformed(
+            vec![
+                b"v=2, rem=10",
+                b"v=1, rem=-1",
+                b"v=1, rem=86400001",
+                b"v=1, rem=10, rem=99999",
+                b"v=1, rem=1.5",
+                b"v=1, rem=10, prio=9",
+                b"v=1, rem=10, op=\"\"",
+                b"v=1",
+                b"(((",
+                b"",
+                b"\xff\xfe",
+            ],
+            |b| Line::Budget(b, None),
+        );
+        prop_oneof![4 => valid, 1 => hostile, 2 => malformed]
+    }
+
+    fn envoy_line() -> impl Strategy<Value = Line> {
+        let valid = (0u64..=9_999_999_999)
+            .prop_map(|v| Line::Envoy(v.to_string().into_bytes(), Some(ms(v))));
+        let malformed = malformed(vec![b"-5", b"soon", b"", b"1.5", b"99999999999"], |b| {
+            Line::Envoy(b, None)
+        });
+        prop_oneof![3 => valid, 1 => malformed]
+    }
+
+    /// 0 to 3 lines of each header, interleaved in a random order.
+    fn lines() -> impl Strategy<Value = Vec<Line>> {
+        (
+            prop::collection::vec(grpc_line(), 0..=3),
+            prop::collection::vec(budget_line(), 0..=3),
+            prop::collection::vec(envoy_line(), 0..=3),
+        )
+            .prop_flat_map(|(a, b, c)| {
+                let all: Vec<Line> = a.into_iter().chain(b).chain(c).collect();
+                Just(all).prop_shuffle()
+            })
+    }
+
+    /// The lines of one header as the model reads them: how many, any bad one, the shortest
+    /// valid value.
+    #[derive(Default)]
+    struct Header {
+        lines: usize,
+        bad: bool,
+        shortest: Option<Duration>,
+    }
+
+    impl Header {
+        fn add(&mut self, value: Option<Duration>) {
+            self.lines += 1;
+            match value {
+                Some(d) => self.shortest = Some(self.shortest.map_or(d, |s| s.min(d))),
+                None => self.bad = true,
+            }
+        }
+
+        /// Bad input: a malformed line, or more than one line.
+        fn is_bad(&self) -> bool {
+            self.bad || self.lines > 1
+        }
+    }
+
+    /// Header names as a client may spell them (HTTP names are case-insensitive).
+    fn name(lower: &'static str, shout: bool) -> HeaderName {
+        if shout {
+            HeaderName::from_bytes(lower.to_ascii_uppercase().as_bytes()).unwrap()
+        } else {
+            HeaderName::from_static(lower)
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn admission_of_hostile_header_maps_follows_the_policy(
+            lines in lines(),
+            shout in any::<bool>(),
+            max_ms in 1u64..100_000,
+            default_ms in 1u64..100_000,
+            reserve_ms in 0u64..1_000,
+            policy_priority in 0u8..=7,
+            fallback in proptest::option::of(0u64..100_000),
+            reject_over_cap in any::<bool>(),
+        ) {
+            let mut map = HeaderMap::new();
+            map.insert("x-request-id", HeaderValue::from_static("7"));
+            let mut grpc = Header::default();
+            let mut budget = Header::default();
+            let mut envoy = Header::default();
+            let mut budget_lines = vec![];
+            for line in &lines {
+                let (header, bytes) = match line {
+                    Line::Grpc(b, v) => {
+                        grpc.add(*v);
+                        ("grpc-timeout", b)
+                    }
+                    Line::Budget(b, c) => {
+                        budget.add(c.as_ref().map(|c| c.rem));
+                        budget_lines.push(c.clone());
+                        ("service-budget", b)
+                    }
+                    Line::Envoy(b, v) => {
+                        envoy.add(*v);
+                        ("x-envoy-expected-rq-timeout-ms", b)
+                    }
+                };
+                map.append(name(header, shout), HeaderValue::from_bytes(bytes).unwrap());
+            }
+            // The claims count only from one valid line.
+            let claims = match budget_lines.as_slice() {
+                [Some(c)] => Some(c.clone()),
+                _ => None,
+            };
+            // Entered, not run: the paused clock stands still for the whole case.
+            let runtime = paused_runtime();
+            let _entered = runtime.enter();
+            for settings in 0u8..8 {
+                let (read_envoy, accept_prio, accept_op) =
+                    (settings & 1 != 0, settings & 2 != 0, settings & 4 != 0);
+                let mut p = EndpointPolicy::new(ms(max_ms), ms(default_ms))
+                    .reserve(ms(reserve_ms))
+                    .priority(policy_priority)
+                    .envoy_timeout(read_envoy)
+                    .caller_priority(accept_prio)
+                    .caller_operation(accept_op);
+                if let Some(f) = fallback {
+                    p = p.on_bad_input(OnBadInput::Fallback(ms(f)));
+                }
+                if reject_over_cap {
+                    p = p.over_cap(OverCap::Reject);
+                }
+                let mut headers = map.clone();
+                let incoming = Incoming::take_from(&mut headers);
+                // The handler would see none of them, and everything else.
+                prop_assert!(!headers.contains_key("grpc-timeout"));
+                prop_assert!(!headers.contains_key("service-budget"));
+                prop_assert!(!headers.contains_key("x-envoy-expected-rq-timeout-ms"));
+                prop_assert_eq!(headers.len(), 1);
+                let admitted = p.admit(incoming, Instant::now());
+
+                // The model.
+                let read: Vec<&Header> = [Some(&budget), Some(&grpc), read_envoy.then_some(&envoy)]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let bad = read.iter().any(|h| h.is_bad());
+                let mut declared = read.iter().filter_map(|h| h.shortest).min();
+                if bad {
+                    let Some(f) = fallback else {
+                        let err = admitted.map(|_| ()).unwrap_err();
+                        prop_assert!(err.is_invalid() && !err.is_over_cap(), "{}", err);
+                        continue;
+                    };
+                    let f = ms(f).min(p.default_budget());
+                    declared = Some(declared.map_or(f, |d| d.min(f)));
+                }
+                if reject_over_cap && declared.is_some_and(|d| d > ms(max_ms)) {
+                    let err = admitted.map(|_| ()).unwrap_err();
+                    prop_assert!(err.is_over_cap(), "{}", err);
+                    continue;
+                }
+                let expected = declared
+                    .unwrap_or(p.default_budget())
+                    .min(ms(max_ms))
+                    .saturating_sub(ms(reserve_ms));
+                if expected.is_zero() {
+                    let err = admitted.map(|_| ()).unwrap_err();
+                    prop_assert!(err.is_exhausted(), "{}", err);
+                    continue;
+                }
+                let (scope, a) = match admitted {
+                    Ok(ok) => ok,
+                    Err(e) => return Err(TestCaseError::fail(format!("refused: {e}"))),
+                };
+                prop_assert_eq!(a.initial_remaining(), expected);
+                prop_assert_eq!(scope.remaining(), Some(expected));
+                prop_assert_eq!(a.declared(), declared);
+                prop_assert!(a.budget_source() != BudgetSource::Envoy || read_envoy);
+                // Values kept for audit, read or not.
+                prop_assert_eq!(a.grpc_timeout(), grpc.shortest);
+                prop_assert_eq!(a.envoy_timeout(), envoy.shortest);
+                prop_assert_eq!(a.caller_budget().is_some(), claims.is_some());
+
+                // Priority: the caller's if accepted, or if it asks for less urgency.
+                let asked = claims.as_ref().and_then(|c| c.prio);
+                let (priority, priority_source) = match asked {
+                    Some(prio) if accept_prio || prio > policy_priority => {
+                        (prio, PrioritySource::Caller)
+                    }
+                    _ => (policy_priority, PrioritySource::Policy),
+                };
+                prop_assert_eq!(a.priority(), priority);
+                prop_assert_eq!(a.priority_source(), priority_source);
+                prop_assert_eq!(scope.operation().unwrap().priority(), priority);
+
+                // Operation: the caller's id and gen only if accepted and it sent an id.
+                let theirs = claims
+                    .as_ref()
+                    .filter(|_| accept_op)
+                    .and_then(|c| Some((c.op?, c.gen)));
+                match theirs {
+                    Some((id, gen)) => {
+                        prop_assert_eq!(a.operation_id(), id);
+                        prop_assert_eq!(a.generation(), gen);
+                        prop_assert_eq!(a.operation_source(), OperationSource::Caller);
+                    }
+                    None => {
+                        prop_assert_eq!(a.operation_id().len(), 16);
+                        prop_assert!(a.operation_id().bytes().all(|b| b.is_ascii_hexdigit()));
+                        prop_assert_eq!(a.generation(), 0);
+                        prop_assert_eq!(a.operation_source(), OperationSource::Local);
+                    }
+                }
+                let op = scope.operation().unwrap();
+                prop_assert_eq!(op.id(), a.operation_id());
+                prop_assert_eq!(op.generation(), a.generation());
+            }
+        }
+    }
+}
+
 #[test]
 fn auto_traits() {
     fn send_sync<T: Send + Sync + 'static>() {}
@@ -548,6 +1013,7 @@ fn auto_traits() {
     send_sync::<EgressPolicy>();
     send_sync::<Incoming>();
     send_sync::<cancel_scope::wire::Admission>();
+    send_sync::<OperationSource>();
     send_sync::<cancel_scope::wire::Operation>();
     send_sync::<cancel_scope::wire::Outgoing>();
     error::<cancel_scope::wire::AdmissionError>();

@@ -40,6 +40,31 @@
 //! default, as its policy says. The `Display` text of those errors is for humans and logs; it is
 //! not API and may change.
 //!
+//! # Header ownership and trust
+//!
+//! * **Admission owns the incoming budget headers.** They are decoded into the
+//!   [`Admission`] and taken off the request the handler sees (`Incoming::take_from`, as the
+//!   tower layer does): a handler that copies its incoming headers onto a call of its own
+//!   cannot pass a caller's budget, priority, operation id or generation on. Egress writes the
+//!   outgoing headers from the call's own scope and the request's [`Operation`].
+//! * **A caller's budget can only shorten what a hop gets**: the handler gets
+//!   `min(declared, endpoint maximum) − queued − reserve`, whatever the caller sends and
+//!   however much it is trusted.
+//! * **Trust is several decisions**, each a setting of [`EndpointPolicy`], with [`Trust`] as
+//!   presets: reading Envoy's `x-envoy-expected-rq-timeout-ms`
+//!   ([`envoy_timeout`](EndpointPolicy::envoy_timeout)), taking a caller's priority
+//!   ([`caller_priority`](EndpointPolicy::caller_priority); otherwise it may only ask for
+//!   less urgency), adopting its operation id and generation
+//!   ([`caller_operation`](EndpointPolicy::caller_operation); otherwise a fresh local
+//!   operation starts at generation 0, so a caller's `gen` is never forwarded). An edge
+//!   behind Envoy reads Envoy's timeout without letting its clients pick priority 0 or an
+//!   operation.
+//! * **Claims come from one unambiguous header.** A budget header sent on more than one line
+//!   is bad input; the `op`, `gen` and `prio` of a `service-budget` header count only if it
+//!   came on one line and was valid. The [`Admission`] records which source decided the
+//!   budget ([`BudgetSource`]), the priority ([`PrioritySource`]) and the operation
+//!   ([`OperationSource`]), and keeps what the caller sent for audit.
+//!
 //! # Examples
 //!
 //! ```
@@ -66,7 +91,9 @@ mod operation;
 mod policy;
 pub mod service_budget;
 
-pub use admission::{Admission, AdmissionError, BudgetSource, Incoming, PrioritySource};
+pub use admission::{
+    Admission, AdmissionError, BudgetSource, Incoming, OperationSource, PrioritySource,
+};
 pub use egress::{EgressPolicy, Outgoing};
 pub use envoy::EnvoyTimeoutError;
 pub use grpc_timeout::GrpcTimeoutError;

@@ -94,19 +94,24 @@ impl Operation {
         self.priority
     }
 
-    /// The cancel generation the caller's budget was cut from (`gen`; `0` at the edge),
-    /// passed on unchanged to every downstream call.
+    /// The cancel generation the operation's budget was cut from: the caller's `gen` where
+    /// admission adopted the caller's operation
+    /// ([`caller_operation`](super::EndpointPolicy::caller_operation)), else `0`, the start of
+    /// a fresh local operation. Passed on unchanged to every downstream call.
     ///
     /// # Examples
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Trust};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
-    /// let incoming = Incoming::new().service_budget(b"v=1, rem=500, gen=4");
-    /// let (scope, _) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// let incoming = || Incoming::new().service_budget(b"v=1, rem=500, op=checkout-7, gen=4");
+    /// let edge = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (scope, _) = edge.admit(incoming(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation().unwrap().generation(), 0);
+    /// let inner = edge.trust(Trust::Trusted);
+    /// let (scope, _) = inner.admit(incoming(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().generation(), 4);
     /// # }
     /// ```

@@ -6,23 +6,33 @@ use super::egress::EgressPolicy;
 use super::service_budget::MAX_PRIORITY;
 use crate::budget::EndpointBudget;
 
-/// Whether the callers of an endpoint are trusted peers or come across an untrusted boundary.
+/// Presets for how far an endpoint believes its callers: all of the policy's trust settings at
+/// once.
 ///
-/// Neither can extend a budget past the endpoint's maximum. What trust adds:
+/// Trust is several decisions, each a setting of [`EndpointPolicy`] of its own; the presets set
+/// them all:
 ///
-/// | | [`Untrusted`](Trust::Untrusted) (default) | [`Trusted`](Trust::Trusted) |
+/// | setting | [`Untrusted`](Trust::Untrusted) (default) | [`Trusted`](Trust::Trusted) |
 /// |---|---|---|
-/// | priority | the policy's; a caller may only ask for *less* urgency | the caller's, else the policy's |
-/// | operation id | a fresh local one (the caller's is kept for audit) | the caller's, else a fresh one |
-/// | `x-envoy-expected-rq-timeout-ms` | ignored | read, like the other budget headers |
+/// | [`envoy_timeout`](EndpointPolicy::envoy_timeout): `x-envoy-expected-rq-timeout-ms` | ignored | read, like the other budget headers |
+/// | [`caller_priority`](EndpointPolicy::caller_priority): `prio` | the policy's; a caller may only ask for *less* urgency | the caller's, else the policy's |
+/// | [`caller_operation`](EndpointPolicy::caller_operation): `op` and `gen` | a fresh local id, generation 0 (the caller's are kept for audit) | the caller's, if it sends an `op` |
+///
+/// Neither can extend a budget past the endpoint's maximum, and the raw budget headers never
+/// reach the handler (see [`Incoming`](super::Incoming)). An edge behind Envoy starts from
+/// `Untrusted` and reads Envoy's timeout, without letting its clients pick their priority or
+/// operation id:
 ///
 /// # Examples
 ///
 /// ```
 /// use cancel_scope::wire::{EndpointPolicy, Trust};
 /// use std::time::Duration;
-/// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
-/// assert_eq!(p.trust_level(), Trust::Untrusted);
+/// let edge = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1))
+///     .trust(Trust::Untrusted)
+///     .envoy_timeout(true);
+/// assert!(edge.reads_envoy_timeout());
+/// assert!(!edge.accepts_caller_priority() && !edge.accepts_caller_operation());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -33,6 +43,25 @@ pub enum Trust {
     Untrusted,
     /// Our own services, or a proxy that sets the headers itself.
     Trusted,
+}
+
+/// Which of a caller's claims the policy believes (see [`Trust`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Believed {
+    envoy_timeout: bool,
+    priority: bool,
+    operation: bool,
+}
+
+impl Believed {
+    const fn preset(trust: Trust) -> Self {
+        let all = matches!(trust, Trust::Trusted);
+        Believed {
+            envoy_timeout: all,
+            priority: all,
+            operation: all,
+        }
+    }
 }
 
 /// What admission does with a budget header it cannot decode (garbage, unknown version,
@@ -80,8 +109,9 @@ pub enum OverCap {
 const DEFAULT_PRIORITY: u8 = 3;
 
 /// An endpoint's budget rules: the maximum a caller can get, the default when it declares
-/// none, the endpoint's own reserve, the defaults for its outgoing calls, how far callers are
-/// trusted, what to do with bad or over-long headers, a version for audits and a priority.
+/// none, the endpoint's own reserve, the defaults for its outgoing calls, which of a caller's
+/// claims are believed (see [`Trust`]), what to do with bad or over-long headers, a version for
+/// audits and a priority.
 ///
 /// Admission ([`EndpointPolicy::admit`]) computes
 ///
@@ -113,7 +143,7 @@ const DEFAULT_PRIORITY: u8 = 3;
 pub struct EndpointPolicy {
     budget: EndpointBudget,
     egress: EgressPolicy,
-    trust: Trust,
+    believed: Believed,
     on_bad_input: OnBadInput,
     over_cap: OverCap,
     version: u32,
@@ -137,7 +167,7 @@ impl EndpointPolicy {
         EndpointPolicy {
             budget: EndpointBudget::new(max, default),
             egress: EgressPolicy::new(),
-            trust: Trust::Untrusted,
+            believed: Believed::preset(Trust::Untrusted),
             on_bad_input: OnBadInput::Reject,
             over_cap: OverCap::Clamp,
             version: 0,
@@ -196,7 +226,8 @@ impl EndpointPolicy {
         self
     }
 
-    /// How far callers are trusted (see [`Trust`]).
+    /// Sets every trust setting to a preset (see [`Trust`]); a setting made after this one
+    /// changes that setting only.
     ///
     /// # Examples
     ///
@@ -205,10 +236,67 @@ impl EndpointPolicy {
     /// use cancel_scope::wire::{EndpointPolicy, Trust};
     /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
     ///     .trust(Trust::Trusted);
-    /// assert_eq!(p.trust_level(), Trust::Trusted);
+    /// assert!(p.reads_envoy_timeout() && p.accepts_caller_priority());
+    /// assert!(p.accepts_caller_operation());
     /// ```
     pub const fn trust(mut self, trust: Trust) -> Self {
-        self.trust = trust;
+        self.believed = Believed::preset(trust);
+        self
+    }
+
+    /// Whether Envoy's `x-envoy-expected-rq-timeout-ms` is read, like the other budget headers
+    /// (the shortest wins, a malformed one is bad input). Turn it on only behind an Envoy that
+    /// sets the header itself: from anyone else it is just a number a client chose (which can
+    /// only shorten the budget, but can also fail the request as bad input).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .envoy_timeout(true);
+    /// assert!(p.reads_envoy_timeout());
+    /// ```
+    pub const fn envoy_timeout(mut self, read: bool) -> Self {
+        self.believed.envoy_timeout = read;
+        self
+    }
+
+    /// Whether a caller's `prio` is taken as it is. If not, the request gets the policy's
+    /// [`priority`](Self::priority), unless the caller asks for less urgency (a larger number),
+    /// which is always granted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .caller_priority(true);
+    /// assert!(p.accepts_caller_priority());
+    /// ```
+    pub const fn caller_priority(mut self, accept: bool) -> Self {
+        self.believed.priority = accept;
+        self
+    }
+
+    /// Whether a caller's operation (its `op` id and the `gen` that goes with it) is adopted.
+    /// If not, or if the caller sends no `op`, the request runs under a fresh local operation
+    /// id with generation 0, and the caller's values are kept for audit only (in the
+    /// [`Admission`](super::Admission)): they are never forwarded downstream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .caller_operation(true);
+    /// assert!(p.accepts_caller_operation());
+    /// ```
+    pub const fn caller_operation(mut self, accept: bool) -> Self {
+        self.believed.operation = accept;
         self
     }
 
@@ -363,18 +451,48 @@ impl EndpointPolicy {
         self.egress.min_useful_budget()
     }
 
-    /// The trust level.
+    /// Whether Envoy's timeout header is read (see [`envoy_timeout`](Self::envoy_timeout)).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, Trust};
+    /// use cancel_scope::wire::EndpointPolicy;
     /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
-    /// assert_eq!(p.trust_level(), Trust::Untrusted);
+    /// assert!(!p.reads_envoy_timeout());
     /// ```
-    pub const fn trust_level(&self) -> Trust {
-        self.trust
+    pub const fn reads_envoy_timeout(&self) -> bool {
+        self.believed.envoy_timeout
+    }
+
+    /// Whether a caller's priority is taken as it is (see
+    /// [`caller_priority`](Self::caller_priority)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert!(!p.accepts_caller_priority());
+    /// ```
+    pub const fn accepts_caller_priority(&self) -> bool {
+        self.believed.priority
+    }
+
+    /// Whether a caller's operation id and generation are adopted (see
+    /// [`caller_operation`](Self::caller_operation)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert!(!p.accepts_caller_operation());
+    /// ```
+    pub const fn accepts_caller_operation(&self) -> bool {
+        self.believed.operation
     }
 
     /// The bad-input rule.

@@ -1,0 +1,180 @@
+//! Why a request was not admitted.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::super::envoy::{self, EnvoyTimeoutError};
+use super::super::grpc_timeout::{self, GrpcTimeoutError};
+use super::super::service_budget::{self, ServiceBudgetError};
+use crate::budget::BudgetExhausted;
+
+/// Why a request was not admitted.
+///
+/// One opaque type with predicates: [`is_invalid`](Self::is_invalid) (answer HTTP 400 / gRPC
+/// `INVALID_ARGUMENT`; [`is_over_cap`](Self::is_over_cap) among them) and
+/// [`is_exhausted`](Self::is_exhausted) (too little budget was left on arrival: HTTP 504 /
+/// gRPC `DEADLINE_EXCEEDED`).
+///
+/// The `Display` text is for logs and is not API.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::wire::{EndpointPolicy, Incoming};
+///
+/// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// let err = p.admit(Incoming::new().grpc_timeout(b"-1S"), tokio::time::Instant::now())
+///     .unwrap_err();
+/// assert!(err.is_invalid());
+/// assert_eq!(err.header(), Some("grpc-timeout"));
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct AdmissionError {
+    pub(super) kind: ErrorKind,
+}
+
+#[derive(Debug)]
+pub(super) enum ErrorKind {
+    GrpcTimeout(GrpcTimeoutError),
+    ServiceBudget(ServiceBudgetError),
+    Envoy(EnvoyTimeoutError),
+    Repeated(&'static str),
+    OverCap { declared: Duration, max: Duration },
+    Exhausted(BudgetExhausted),
+}
+
+impl AdmissionError {
+    /// A budget header was malformed, repeated or (with
+    /// [`OverCap::Reject`](crate::wire::OverCap::Reject)) over the maximum: the caller's fault.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let twice = Incoming::new().grpc_timeout(b"1S").grpc_timeout(b"2S");
+    /// assert!(p.admit(twice, tokio::time::Instant::now()).unwrap_err().is_invalid());
+    /// # }
+    /// ```
+    pub fn is_invalid(&self) -> bool {
+        !self.is_exhausted()
+    }
+
+    /// Less than the minimum useful budget was left on arrival.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(50));
+    /// let short = Incoming::new().grpc_timeout(b"10m");
+    /// assert!(p.admit(short, tokio::time::Instant::now()).unwrap_err().is_exhausted());
+    /// # }
+    /// ```
+    pub fn is_exhausted(&self) -> bool {
+        matches!(self.kind, ErrorKind::Exhausted(_))
+    }
+
+    /// The budget declared was over the maximum and the policy rejects that
+    /// ([`OverCap::Reject`](crate::wire::OverCap::Reject)); also
+    /// [`is_invalid`](Self::is_invalid).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, OverCap};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .over_cap(OverCap::Reject);
+    /// let err = p.admit(Incoming::new().grpc_timeout(b"5S"), tokio::time::Instant::now())
+    ///     .unwrap_err();
+    /// assert!(err.is_over_cap() && err.is_invalid());
+    /// # }
+    /// ```
+    pub fn is_over_cap(&self) -> bool {
+        matches!(self.kind, ErrorKind::OverCap { .. })
+    }
+
+    /// The header at fault, if one was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let bad = Incoming::new().service_budget(b"v=2, rem=10");
+    /// let err = p.admit(bad, tokio::time::Instant::now()).unwrap_err();
+    /// assert_eq!(err.header(), Some("service-budget"));
+    /// # }
+    /// ```
+    pub fn header(&self) -> Option<&'static str> {
+        match &self.kind {
+            ErrorKind::GrpcTimeout(_) => Some(grpc_timeout::HEADER),
+            ErrorKind::ServiceBudget(_) => Some(service_budget::HEADER),
+            ErrorKind::Envoy(_) => Some(envoy::EXPECTED_RQ_TIMEOUT_MS),
+            ErrorKind::Repeated(h) => Some(h),
+            ErrorKind::OverCap { .. } | ErrorKind::Exhausted(_) => None,
+        }
+    }
+
+    /// The shortfall, when [`is_exhausted`](Self::is_exhausted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(50));
+    /// let err = p.admit(Incoming::new().grpc_timeout(b"10m"), tokio::time::Instant::now())
+    ///     .unwrap_err();
+    /// assert_eq!(err.budget().unwrap().available(), Duration::from_millis(10));
+    /// # }
+    /// ```
+    pub fn budget(&self) -> Option<&BudgetExhausted> {
+        match &self.kind {
+            ErrorKind::Exhausted(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for AdmissionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ErrorKind::GrpcTimeout(e) => write!(f, "bad request budget: {e}"),
+            ErrorKind::ServiceBudget(e) => write!(f, "bad request budget: {e}"),
+            ErrorKind::Envoy(e) => write!(f, "bad request budget: {e}"),
+            ErrorKind::Repeated(h) => write!(f, "bad request budget: {h} sent more than once"),
+            ErrorKind::OverCap { declared, max } => write!(
+                f,
+                "bad request budget: {declared:?} is over this endpoint's maximum of {max:?}"
+            ),
+            ErrorKind::Exhausted(b) => write!(f, "request arrived with too little budget: {b}"),
+        }
+    }
+}
+
+impl std::error::Error for AdmissionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::GrpcTimeout(e) => Some(e),
+            ErrorKind::ServiceBudget(e) => Some(e),
+            ErrorKind::Envoy(e) => Some(e),
+            ErrorKind::Exhausted(b) => Some(b),
+            ErrorKind::Repeated(_) | ErrorKind::OverCap { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The budget headers of an incoming request, decoded line by line.
+
+use std::time::Duration;
+
+use super::super::envoy::{self, EnvoyTimeoutError};
+use super::super::grpc_timeout::{self, GrpcTimeoutError};
+use super::super::service_budget::{ServiceBudget, ServiceBudgetError};
+
+/// One budget header, decoded line by line as the request's lines are added.
+#[derive(Debug)]
+pub(super) struct Field<E> {
+    pub(super) lines: u32,
+    /// The shortest valid value among the lines.
+    pub(super) shortest: Option<Duration>,
+    /// The first decoding error among the lines.
+    pub(super) error: Option<E>,
+}
+
+impl<E> Field<E> {
+    const fn new() -> Self {
+        Field {
+            lines: 0,
+            shortest: None,
+            error: None,
+        }
+    }
+
+    fn add(&mut self, line: Result<Duration, E>) {
+        self.lines = self.lines.saturating_add(1);
+        match line {
+            Ok(d) => self.shortest = Some(self.shortest.map_or(d, |s| s.min(d))),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+}
+
+/// The budget headers of an incoming request, for
+/// [`EndpointPolicy::admit`](crate::wire::EndpointPolicy::admit).
+///
+/// Call a setter once per header line, with the raw bytes of the value; each line is decoded
+/// as it is added (with the `tower` feature, `Incoming::from_headers` reads an
+/// `http::HeaderMap`, and `Incoming::take_from` also removes the headers from it). A header
+/// sent on more than one line is ambiguous (a smuggled second `grpc-timeout: 99999999H` behind
+/// a proxy that read the first is exactly what an attacker would try) and counts as bad input;
+/// if the policy falls back rather than rejects, the shortest valid line still counts, so a
+/// repeat can never lengthen the budget, and the claims of a `service-budget` header (`op`,
+/// `gen`, `prio`) count only when it came on one line and was valid.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::wire::Incoming;
+///
+/// let incoming = Incoming::new()
+///     .grpc_timeout(b"250m")
+///     .service_budget(b"v=1, rem=240, op=checkout-7");
+/// # let _ = incoming;
+/// ```
+#[derive(Debug)]
+pub struct Incoming {
+    pub(super) grpc_timeout: Field<GrpcTimeoutError>,
+    pub(super) service_budget: Field<ServiceBudgetError>,
+    pub(super) envoy: Field<EnvoyTimeoutError>,
+    /// The first valid `service-budget` line (operation id, priority, generation).
+    pub(super) caller: Option<ServiceBudget>,
+}
+
+impl Incoming {
+    /// A request without budget headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::Incoming;
+    /// let incoming = Incoming::new();
+    /// # let _ = incoming;
+    /// ```
+    pub const fn new() -> Self {
+        Incoming {
+            grpc_timeout: Field::new(),
+            service_budget: Field::new(),
+            envoy: Field::new(),
+            caller: None,
+        }
+    }
+
+    /// Adds a `grpc-timeout` header line.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::Incoming;
+    /// let incoming = Incoming::new().grpc_timeout(b"1S");
+    /// # let _ = incoming;
+    /// ```
+    pub fn grpc_timeout(mut self, value: &[u8]) -> Self {
+        self.grpc_timeout.add(grpc_timeout::decode_bytes(value));
+        self
+    }
+
+    /// Adds a `service-budget` header line.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::Incoming;
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=100");
+    /// # let _ = incoming;
+    /// ```
+    pub fn service_budget(mut self, value: &[u8]) -> Self {
+        let parsed = ServiceBudget::parse(value).map(|b| {
+            let rem = b.remaining();
+            self.caller.get_or_insert(b);
+            rem
+        });
+        self.service_budget.add(parsed);
+        self
+    }
+
+    /// Adds an `x-envoy-expected-rq-timeout-ms` header line (it counts only when the policy
+    /// [reads it](crate::wire::EndpointPolicy::envoy_timeout); it is kept for audit in any
+    /// case).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::Incoming;
+    /// let incoming = Incoming::new().envoy_expected_timeout(b"15000");
+    /// # let _ = incoming;
+    /// ```
+    pub fn envoy_expected_timeout(mut self, value: &[u8]) -> Self {
+        self.envoy.add(envoy::decode_expected_timeout_bytes(value));
+        self
+    }
+}
+
+impl Default for Incoming {
+    fn default() -> Self {
+        Incoming::new()
+    }
+}
+
+/// The budget headers, as `http` names them.
+#[cfg(feature = "tower")]
+mod names {
+    use http::HeaderName;
+
+    use super::super::super::{envoy, grpc_timeout, service_budget};
+
+    pub(super) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(grpc_timeout::HEADER);
+    pub(super) const SERVICE_BUDGET: HeaderName = HeaderName::from_static(service_budget::HEADER);
+    pub(super) const ENVOY: HeaderName = HeaderName::from_static(envoy::EXPECTED_RQ_TIMEOUT_MS);
+}
+
+#[cfg(feature = "tower")]
+impl Incoming {
+    /// The budget headers of a request (`grpc-timeout`, `service-budget`,
+    /// `x-envoy-expected-rq-timeout-ms`), every line of each, in order. This is the scan the
+    /// tower layer ([`Admit`](crate::integrations::tower::Admit)) makes. Feature `tower`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use http::{HeaderMap, HeaderValue};
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.append("grpc-timeout", HeaderValue::from_static("1S"));
+    /// headers.append("grpc-timeout", HeaderValue::from_static("99999999H")); // smuggled
+    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let err = policy.admit(Incoming::from_headers(&headers), tokio::time::Instant::now());
+    /// assert!(err.unwrap_err().is_invalid()); // a repeated budget header is ambiguous
+    /// # }
+    /// ```
+    pub fn from_headers(headers: &http::HeaderMap) -> Self {
+        let mut inc = Incoming::new();
+        for v in headers.get_all(names::GRPC_TIMEOUT) {
+            inc = inc.grpc_timeout(v.as_bytes());
+        }
+        for v in headers.get_all(names::SERVICE_BUDGET) {
+            inc = inc.service_budget(v.as_bytes());
+        }
+        for v in headers.get_all(names::ENVOY) {
+            inc = inc.envoy_expected_timeout(v.as_bytes());
+        }
+        inc
+    }
+
+    /// [`from_headers`](Self::from_headers), and removes every line of the three budget
+    /// headers from `headers`, as the tower layer does before its handler sees the request:
+    /// what they said is in the [`Admission`](super::Admission), and a handler that copies its
+    /// incoming headers onto an outgoing call cannot pass a caller's budget, priority,
+    /// operation id or generation on. Feature `tower`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use cancel_scope::wire::Incoming;
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("service-budget", HeaderValue::from_static("v=1, rem=86400000, prio=0"));
+    /// headers.insert("x-request-id", HeaderValue::from_static("7"));
+    /// let incoming = Incoming::take_from(&mut headers);
+    /// assert!(!headers.contains_key("service-budget"));
+    /// assert!(headers.contains_key("x-request-id"));
+    /// # let _ = incoming;
+    /// ```
+    pub fn take_from(headers: &mut http::HeaderMap) -> Self {
+        let inc = Incoming::from_headers(headers);
+        // Only the headers that are there: a request without them pays no second lookup.
+        if inc.grpc_timeout.lines > 0 {
+            headers.remove(names::GRPC_TIMEOUT);
+        }
+        if inc.service_budget.lines > 0 {
+            headers.remove(names::SERVICE_BUDGET);
+        }
+        if inc.envoy.lines > 0 {
+            headers.remove(names::ENVOY);
+        }
+        inc
+    }
+}

@@ -1,0 +1,276 @@
+//! Ingress admission: from the budget headers of an incoming request to its root scope.
+
+mod error;
+mod incoming;
+mod record;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::envoy;
+use super::grpc_timeout;
+use super::operation::Operation;
+use super::policy::{EndpointPolicy, OnBadInput, OverCap};
+use super::service_budget::{self, ServiceBudget};
+use crate::budget::ChildBudget;
+use crate::scope::deadline_after;
+use crate::Scope;
+use error::ErrorKind;
+use incoming::Field;
+
+pub use error::AdmissionError;
+pub use incoming::Incoming;
+pub use record::{Admission, BudgetSource, OperationSource, PrioritySource};
+
+/// The budgets the caller declared, and what was wrong with them.
+struct Declared {
+    /// The shortest valid declared budget and where it came from.
+    best: Option<(Duration, BudgetSource)>,
+    /// The first bad header, if any.
+    bad: Option<ErrorKind>,
+}
+
+impl Declared {
+    /// Counts `field` (unless it is not `read`: then it decides nothing, and its shortest
+    /// valid line is only returned, for audit).
+    fn take<E>(
+        &mut self,
+        field: Field<E>,
+        read: bool,
+        source: BudgetSource,
+        header: &'static str,
+        kind: impl FnOnce(E) -> ErrorKind,
+    ) -> Option<Duration> {
+        if !read {
+            return field.shortest;
+        }
+        if let Some(d) = field.shortest {
+            // Strictly shorter wins: the earlier source keeps ties.
+            if self.best.is_none_or(|(b, _)| d < b) {
+                self.best = Some((d, source));
+            }
+        }
+        let bad = match field.error {
+            Some(e) => Some(kind(e)),
+            None if field.lines > 1 => Some(ErrorKind::Repeated(header)),
+            None => None,
+        };
+        if let Some(bad) = bad {
+            self.bad.get_or_insert(bad);
+        }
+        field.shortest
+    }
+}
+
+/// What the budget headers said: the budgets declared, and the values kept for audit.
+struct Decoded {
+    declared: Declared,
+    /// The caller's `service-budget`, if it came on one line and was valid: only then do its
+    /// claims (`op`, `gen`, `prio`) count (a smuggled second line must not pick them).
+    caller: Option<ServiceBudget>,
+    grpc_timeout: Option<Duration>,
+    envoy_timeout: Option<Duration>,
+}
+
+fn decode(incoming: Incoming, policy: &EndpointPolicy) -> Decoded {
+    let mut declared = Declared {
+        best: None,
+        bad: None,
+    };
+    let unambiguous = incoming.service_budget.lines == 1 && incoming.service_budget.error.is_none();
+    let caller = incoming.caller.filter(|_| unambiguous);
+    declared.take(
+        incoming.service_budget,
+        true,
+        BudgetSource::ServiceBudget,
+        service_budget::HEADER,
+        ErrorKind::ServiceBudget,
+    );
+    let grpc_timeout = declared.take(
+        incoming.grpc_timeout,
+        true,
+        BudgetSource::GrpcTimeout,
+        grpc_timeout::HEADER,
+        ErrorKind::GrpcTimeout,
+    );
+    // Envoy's header is only believed from behind an Envoy that sets it.
+    let envoy_timeout = declared.take(
+        incoming.envoy,
+        policy.reads_envoy_timeout(),
+        BudgetSource::Envoy,
+        envoy::EXPECTED_RQ_TIMEOUT_MS,
+        ErrorKind::Envoy,
+    );
+    Decoded {
+        declared,
+        caller,
+        grpc_timeout,
+        envoy_timeout,
+    }
+}
+
+/// A fresh operation id: 16 hex digits from a randomly keyed hash (std's `RandomState` gets
+/// new keys for every instance), no shared counter.
+fn fresh_operation_id() -> Arc<str> {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u8(0);
+    format!("{:016x}", h.finish()).into()
+}
+
+impl EndpointPolicy {
+    /// Admits an incoming request: decodes its budget headers, applies this policy, and
+    /// returns the request's root scope and its admission record.
+    ///
+    /// `ingress` is when the request arrived; the time since then counts as queued and is
+    /// taken off the budget:
+    ///
+    /// ```text
+    /// remaining = min(declared or default, max) − (now − ingress) − reserve
+    /// ```
+    ///
+    /// The declared budget is the shortest valid one among `service-budget`, `grpc-timeout`
+    /// and (where the policy [reads it](EndpointPolicy::envoy_timeout)) Envoy's header. A
+    /// caller can never get more than the policy's maximum nor more than it declared, whatever
+    /// it sends. Its priority, operation id and generation count only where the policy
+    /// accepts them ([`caller_priority`](EndpointPolicy::caller_priority),
+    /// [`caller_operation`](EndpointPolicy::caller_operation); see
+    /// [`Trust`](super::Trust)), and only from a `service-budget` header sent once and valid;
+    /// the [`Admission`] records which source decided each value. The root scope is named
+    /// after the operation id and carries the [`Operation`] (see [`Scope::operation`]).
+    ///
+    /// # Errors
+    ///
+    /// [`AdmissionError::is_invalid`]: a header is malformed or repeated and the policy
+    /// rejects bad input ([`OnBadInput::Reject`]), or it is over the maximum and the policy
+    /// rejects that ([`OverCap::Reject`]). [`AdmissionError::is_exhausted`]: the budget left is
+    /// zero or below the minimum useful budget.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (the root scope's deadline needs tokio's timer).
+    ///
+    /// # Examples
+    ///
+    /// A hostile caller cannot buy more time than the endpoint allows:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let hostile = Incoming::new()
+    ///     .grpc_timeout(b"99999999H")
+    ///     .service_budget(b"v=1, rem=86400000, prio=0");
+    /// let (scope, admission) = policy.admit(hostile, Instant::now()).unwrap();
+    /// assert_eq!(scope.remaining(), Some(Duration::from_secs(2)));
+    /// assert_eq!(admission.priority(), 3);
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn admit(
+        &self,
+        incoming: Incoming,
+        ingress: Instant,
+    ) -> Result<(Scope, Admission), AdmissionError> {
+        let now = Instant::now();
+        let Decoded {
+            mut declared,
+            caller,
+            grpc_timeout,
+            envoy_timeout,
+        } = decode(incoming, self);
+
+        if let Some(bad) = declared.bad.take() {
+            match self.bad_input() {
+                OnBadInput::Reject => return Err(AdmissionError { kind: bad }),
+                OnBadInput::Fallback(f) => {
+                    let fallback = f.min(self.default_budget());
+                    if declared.best.is_none_or(|(b, _)| fallback < b) {
+                        declared.best = Some((fallback, BudgetSource::Fallback));
+                    }
+                }
+            }
+        }
+        let asked = declared.best.map(|(d, _)| d);
+        let budget_source = declared.best.map_or(BudgetSource::Default, |(_, s)| s);
+        let clamped = asked.is_some_and(|d| d > self.max_budget());
+        if clamped && self.over_cap_rule() == OverCap::Reject {
+            return Err(AdmissionError {
+                kind: ErrorKind::OverCap {
+                    declared: asked.unwrap_or_default(),
+                    max: self.max_budget(),
+                },
+            });
+        }
+        let queued = now.saturating_duration_since(ingress);
+        let remaining = self.budget().admit(asked, queued);
+        // The same "useless below the minimum" rule as every child budget.
+        ChildBudget::new()
+            .min_useful(self.min_useful_budget())
+            .compute(Some(remaining))
+            .map_err(|e| AdmissionError {
+                kind: ErrorKind::Exhausted(e),
+            })?;
+
+        let (priority, priority_source) = self.priority_of(caller.as_ref());
+        let adopted = caller
+            .as_ref()
+            .filter(|_| self.accepts_caller_operation())
+            .and_then(|c| Some((c.operation_id()?, c.generation())));
+        let (operation_id, generation, operation_source) = match adopted {
+            Some((id, generation)) => (Arc::from(id), generation, OperationSource::Caller),
+            // A fresh operation starts from generation 0: a caller's `gen` that is not
+            // adopted is never used, and so never forwarded.
+            None => (fresh_operation_id(), 0, OperationSource::Local),
+        };
+        let operation = Arc::new(Operation::new(
+            operation_id,
+            priority,
+            generation,
+            *self.egress(),
+        ));
+        let deadline = deadline_after(now, remaining);
+        let scope = Scope::root_after(
+            now,
+            remaining,
+            Some(operation.id_arc().clone()),
+            Some(operation.clone()),
+        );
+        let admission = Admission {
+            operation,
+            caller,
+            grpc_timeout,
+            envoy_timeout,
+            policy_version: self.policy_version(),
+            ingress,
+            admitted_at: now,
+            deadline,
+            audit_deadline: SystemTime::now()
+                .checked_add(remaining)
+                .unwrap_or_else(SystemTime::now),
+            initial_remaining: remaining,
+            declared: asked,
+            clamped,
+            budget_source,
+            priority_source,
+            operation_source,
+        };
+        Ok((scope, admission))
+    }
+
+    /// The priority of a request whose `service-budget` (if one counts) is `caller`.
+    fn priority_of(&self, caller: Option<&ServiceBudget>) -> (u8, PrioritySource) {
+        match caller.and_then(ServiceBudget::priority) {
+            Some(p) if self.accepts_caller_priority() => (p, PrioritySource::Caller),
+            // Otherwise a caller may ask for less urgency (a larger number), never more.
+            Some(p) if p > self.policy_priority() => (p, PrioritySource::Caller),
+            _ => (self.policy_priority(), PrioritySource::Policy),
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! The audit record of an admitted request, and where each of its values came from.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::super::operation::Operation;
+use super::super::service_budget::ServiceBudget;
+
+/// Where an admitted request's budget came from.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
+///
+/// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// let (_, a) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+/// assert_eq!(a.budget_source(), BudgetSource::Default);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BudgetSource {
+    /// The caller declared nothing: the policy's default.
+    Default,
+    /// The `grpc-timeout` header (the shortest of those present wins).
+    GrpcTimeout,
+    /// The `service-budget` header.
+    ServiceBudget,
+    /// Envoy's `x-envoy-expected-rq-timeout-ms` (only where the policy
+    /// [reads it](crate::wire::EndpointPolicy::envoy_timeout)).
+    Envoy,
+    /// A header was bad and the policy fell back to its local default
+    /// ([`OnBadInput::Fallback`](crate::wire::OnBadInput::Fallback)).
+    Fallback,
+}
+
+/// Where an admitted request's priority came from.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::wire::{EndpointPolicy, Incoming, PrioritySource};
+///
+/// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).priority(3);
+/// // An untrusted caller asking for urgency 0 does not get it.
+/// let incoming = Incoming::new().service_budget(b"v=1, rem=100, prio=0");
+/// let (_, a) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
+/// assert_eq!((a.priority(), a.priority_source()), (3, PrioritySource::Policy));
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PrioritySource {
+    /// The endpoint policy's priority.
+    Policy,
+    /// The caller's `prio`: where the policy
+    /// [accepts it](crate::wire::EndpointPolicy::caller_priority), or where the caller asks
+    /// for less urgency than the policy gives.
+    Caller,
+}
+
+/// Where an admitted request's operation (its id and generation) came from.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::wire::{EndpointPolicy, Incoming, OperationSource};
+///
+/// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// let incoming = Incoming::new().service_budget(b"v=1, rem=100, op=victim-op, gen=9");
+/// let (_, a) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
+/// // Not accepted: a fresh local operation, whose generation starts at 0.
+/// assert_eq!(a.operation_source(), OperationSource::Local);
+/// assert_ne!(a.operation_id(), "victim-op");
+/// assert_eq!(a.generation(), 0);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OperationSource {
+    /// A fresh local operation id, generation 0: the caller sent no `op`, or the policy does
+    /// not [accept](crate::wire::EndpointPolicy::caller_operation) the caller's.
+    Local,
+    /// The caller's `op`, and its `gen` (0 if it sent none).
+    Caller,
+}
+
+/// The audit record of one admitted request: who it is, what it asked for, what it got and
+/// why.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
+///
+/// let ms = Duration::from_millis;
+/// let policy = EndpointPolicy::new(ms(2000), ms(1000)).reserve(ms(50)).version(4);
+/// let ingress = Instant::now();
+/// tokio::time::sleep(ms(60)).await; // queued
+/// let (scope, a) = policy.admit(Incoming::new().grpc_timeout(b"1S"), ingress).unwrap();
+///
+/// assert_eq!(a.initial_remaining(), ms(1000 - 60 - 50));
+/// assert_eq!(scope.deadline(), Some(a.deadline()));
+/// assert_eq!((a.declared(), a.budget_source()), (Some(ms(1000)), BudgetSource::GrpcTimeout));
+/// assert_eq!((a.policy_version(), a.header_version()), (4, None));
+/// assert_eq!(a.queued(), ms(60));
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub(super) operation: Arc<Operation>,
+    /// The caller's `service-budget`, if it sent one valid line.
+    pub(super) caller: Option<ServiceBudget>,
+    /// The shortest valid `grpc-timeout` line.
+    pub(super) grpc_timeout: Option<Duration>,
+    /// The shortest valid `x-envoy-expected-rq-timeout-ms` line, read or not.
+    pub(super) envoy_timeout: Option<Duration>,
+    pub(super) policy_version: u32,
+    pub(super) ingress: Instant,
+    pub(super) admitted_at: Instant,
+    pub(super) deadline: Instant,
+    pub(super) audit_deadline: SystemTime,
+    pub(super) initial_remaining: Duration,
+    pub(super) declared: Option<Duration>,
+    pub(super) clamped: bool,
+    pub(super) budget_source: BudgetSource,
+    pub(super) priority_source: PrioritySource,
+    pub(super) operation_source: OperationSource,
+}
+
+impl Admission {
+    /// The operation id the request runs under (see [`operation_source`](Self::operation_source)
+    /// for where it came from).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.operation_id().len(), 16); // a fresh local id
+    /// # }
+    /// ```
+    pub fn operation_id(&self) -> &str {
+        self.operation.id()
+    }
+
+    /// The operation the request's scopes share (id, priority, generation, egress defaults).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (scope, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation(), Some(a.operation()));
+    /// # }
+    /// ```
+    pub fn operation(&self) -> &Operation {
+        &self.operation
+    }
+
+    /// The operation id the caller sent (`op`), kept for audit even when the caller's id is
+    /// not used.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=10, op=theirs");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.caller_operation_id(), Some("theirs"));
+    /// assert_ne!(a.operation_id(), "theirs"); // not accepted: a local id
+    /// # }
+    /// ```
+    pub fn caller_operation_id(&self) -> Option<&str> {
+        self.caller.as_ref().and_then(ServiceBudget::operation_id)
+    }
+
+    /// The caller's `service-budget` header as it was sent (`rem`, `op`, `gen`, `prio`, `dl`),
+    /// whether or not the policy believed its claims; `None` if the caller sent none, or sent
+    /// one that was malformed or on more than one line (whose claims count for nothing).
+    ///
+    /// The raw header is gone from the request the handler sees: this is where its values
+    /// are.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=86400000, prio=0, gen=7");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// let sent = a.caller_budget().unwrap();
+    /// assert_eq!((sent.priority(), sent.generation()), (Some(0), 7));
+    /// assert_eq!((a.priority(), a.generation()), (3, 0)); // neither was believed
+    /// # }
+    /// ```
+    pub fn caller_budget(&self) -> Option<&ServiceBudget> {
+        self.caller.as_ref()
+    }
+
+    /// The caller's `grpc-timeout` (the shortest valid line), whether or not it decided the
+    /// budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().grpc_timeout(b"5S");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.grpc_timeout(), Some(Duration::from_secs(5)));
+    /// # }
+    /// ```
+    pub fn grpc_timeout(&self) -> Option<Duration> {
+        self.grpc_timeout
+    }
+
+    /// Envoy's `x-envoy-expected-rq-timeout-ms` (the shortest valid line), kept for audit
+    /// also where the policy does not read it (then it decided nothing).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().envoy_expected_timeout(b"300");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.envoy_timeout(), Some(Duration::from_millis(300)));
+    /// assert_eq!(a.budget_source(), BudgetSource::Default); // not read
+    /// # }
+    /// ```
+    pub fn envoy_timeout(&self) -> Option<Duration> {
+        self.envoy_timeout
+    }
+
+    /// The endpoint policy's version.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(2);
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.policy_version(), 2);
+    /// # }
+    /// ```
+    pub fn policy_version(&self) -> u32 {
+        self.policy_version
+    }
+
+    /// The `service-budget` format version the caller sent, if it sent a valid one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=10");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.header_version(), Some(1));
+    /// # }
+    /// ```
+    pub fn header_version(&self) -> Option<u32> {
+        self.caller.as_ref().map(ServiceBudget::version)
+    }
+
+    /// When the request arrived (as given to
+    /// [`EndpointPolicy::admit`](crate::wire::EndpointPolicy::admit)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let at = tokio::time::Instant::now();
+    /// let (_, a) = p.admit(Incoming::new(), at).unwrap();
+    /// assert_eq!(a.ingress(), at);
+    /// # }
+    /// ```
+    pub fn ingress(&self) -> Instant {
+        self.ingress
+    }
+
+    /// When it was admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert!(a.admitted_at() >= a.ingress());
+    /// # }
+    /// ```
+    pub fn admitted_at(&self) -> Instant {
+        self.admitted_at
+    }
+
+    /// How long the request waited between ingress and admission.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.queued(), Duration::ZERO);
+    /// # }
+    /// ```
+    pub fn queued(&self) -> Duration {
+        self.admitted_at.saturating_duration_since(self.ingress)
+    }
+
+    /// The root scope's deadline (monotonic).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (s, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(s.deadline(), Some(a.deadline()));
+    /// # }
+    /// ```
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The deadline on the wall clock, for logs and audits only (never for budget arithmetic).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::{Duration, SystemTime};
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert!(a.audit_deadline() > SystemTime::UNIX_EPOCH);
+    /// # }
+    /// ```
+    pub fn audit_deadline(&self) -> SystemTime {
+        self.audit_deadline
+    }
+
+    /// The budget the handler was given: `min(declared, max) − queued − reserve`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().grpc_timeout(b"99999999H");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.initial_remaining(), Duration::from_secs(1));
+    /// # }
+    /// ```
+    pub fn initial_remaining(&self) -> Duration {
+        self.initial_remaining
+    }
+
+    /// What the caller declared (the shortest valid budget header; the fallback budget when a
+    /// header was bad and the policy falls back), before clamping.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().grpc_timeout(b"5S");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.declared(), Some(Duration::from_secs(5)));
+    /// assert!(a.was_clamped());
+    /// # }
+    /// ```
+    pub fn declared(&self) -> Option<Duration> {
+        self.declared
+    }
+
+    /// Whether the declared budget was over the policy's maximum and clamped to it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert!(!a.was_clamped());
+    /// # }
+    /// ```
+    pub fn was_clamped(&self) -> bool {
+        self.clamped
+    }
+
+    /// Where the budget came from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let incoming = Incoming::new().grpc_timeout(b"500m").service_budget(b"v=1, rem=400");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.budget_source(), BudgetSource::ServiceBudget); // the shorter one
+    /// # }
+    /// ```
+    pub fn budget_source(&self) -> BudgetSource {
+        self.budget_source
+    }
+
+    /// The operation's cancel generation: the caller's `gen` where its operation was adopted
+    /// (see [`operation_source`](Self::operation_source)), else 0, the start of a fresh local
+    /// operation. This is what outgoing calls carry; a `gen` that was not adopted is in
+    /// [`caller_budget`](Self::caller_budget) only.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Trust};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .trust(Trust::Trusted);
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=400, op=checkout-7, gen=2");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.generation(), 2);
+    /// # }
+    /// ```
+    pub fn generation(&self) -> u64 {
+        self.operation.generation()
+    }
+
+    /// The request's priority (RFC 9218 urgency).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).priority(1);
+    /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.priority(), 1);
+    /// # }
+    /// ```
+    pub fn priority(&self) -> u8 {
+        self.operation.priority()
+    }
+
+    /// Where the priority came from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, PrioritySource, Trust};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .trust(Trust::Trusted);
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=400, prio=0");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!((a.priority(), a.priority_source()), (0, PrioritySource::Caller));
+    /// # }
+    /// ```
+    pub fn priority_source(&self) -> PrioritySource {
+        self.priority_source
+    }
+
+    /// Where the operation id and generation came from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, OperationSource};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .caller_operation(true);
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=400, op=checkout-7");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(a.operation_id(), "checkout-7");
+    /// assert_eq!(a.operation_source(), OperationSource::Caller);
+    /// # }
+    /// ```
+    pub fn operation_source(&self) -> OperationSource {
+        self.operation_source
+    }
+}
