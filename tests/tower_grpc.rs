@@ -280,8 +280,12 @@ async fn a_tonic_deadline_reaches_our_server_as_the_handlers_budget() {
     let scope = Duration::from_micros(seen.scope_us.unwrap());
     assert!(scope <= ms(20_000) - reserve, "{answer}");
     assert!(scope + sent.elapsed() >= ms(20_000) - reserve, "{answer}");
+    // tonic's server read `grpc-timeout` before the layer; the layer took it off the request:
+    // the handler sees neither budget header (they are in the `Admission`).
+    assert_eq!((seen.timeout_us, seen.budget_ms), (None, None), "{answer}");
     let (admission, report) = next_report(&mut reports).await;
     assert_eq!(admission.declared(), Some(ms(20_000)));
+    assert_eq!(admission.grpc_timeout(), Some(ms(20_000)));
     assert_eq!(report.state(), Lifecycle::Completed);
 }
 

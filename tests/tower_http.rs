@@ -272,6 +272,75 @@ async fn malformed_budget_headers_get_400_and_never_reach_the_handler() {
     assert_eq!(calls.0.load(Ordering::SeqCst), 0);
 }
 
+/// The budget headers of the attack: a day of budget, the most urgent priority, someone
+/// else's operation and generation, and Envoy's header from a client that is no Envoy.
+const HOSTILE: [(&str, &str); 3] = [
+    ("grpc-timeout", "99999999H"),
+    (
+        "service-budget",
+        "v=1, rem=86400000, prio=0, op=\"victim-op\", gen=9",
+    ),
+    ("x-envoy-expected-rq-timeout-ms", "9999999999"),
+];
+
+/// A plain server (no layer) that answers with the names of the headers it got, sorted.
+async fn header_echo() -> String {
+    async fn names(headers: axum::http::HeaderMap) -> String {
+        let mut names: Vec<_> = headers.keys().map(|k| k.as_str().to_owned()).collect();
+        names.sort();
+        names.join(",")
+    }
+    serve(Router::new().route("/", any(names))).await
+}
+
+/// A handler that copies every header it got onto a call of its own, made with plain reqwest
+/// (no scope, nothing of this crate in the way), and answers with what the callee saw.
+async fn copier(
+    State(next): State<String>,
+    Extension(a): Extension<Admission>,
+    headers: axum::http::HeaderMap,
+) -> String {
+    let seen = reqwest::Client::new()
+        .get(&next)
+        .headers(headers)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let caller = a
+        .caller_budget()
+        .map(|b| b.operation_id().unwrap().to_owned());
+    format!("{seen} {caller:?}")
+}
+
+/// `Admit` takes the raw budget headers off the request: a handler that copies its incoming
+/// headers onto an outgoing request passes none of them on (the callee would otherwise be
+/// told a day of budget, priority 0 and the caller's operation). What they said is still in
+/// the `Admission`.
+#[tokio::test]
+async fn a_handler_that_copies_its_headers_forwards_no_budget_header() {
+    let echo = header_echo().await;
+    let app = Router::new()
+        .route("/", get(copier))
+        .with_state(echo)
+        .layer(AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))));
+    let url = serve(app).await;
+    let mut req = reqwest::Client::new().get(&url).header("x-request-id", "7");
+    for (name, value) in HOSTILE {
+        req = req.header(name, value);
+    }
+    let text = req.send().await.unwrap().text().await.unwrap();
+    let (seen, caller) = text.split_once(' ').unwrap();
+    let seen: Vec<_> = seen.split(',').collect();
+    assert!(seen.contains(&"x-request-id"), "{text}");
+    for (name, _) in HOSTILE {
+        assert!(!seen.contains(&name), "{name} reached the callee: {text}");
+    }
+    assert_eq!(caller, "Some(\"victim-op\")", "{text}");
+}
+
 /// A trusted inner service: answers with the operation, generation and priority it was
 /// admitted under, and the budget its handler got, in ms.
 async fn inner(Extension(a): Extension<Admission>) -> String {

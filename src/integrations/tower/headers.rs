@@ -3,12 +3,8 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
-use crate::wire::{envoy, Incoming};
 use crate::Cause;
 
-use crate::integrations::headers::{GRPC_TIMEOUT, SERVICE_BUDGET};
-
-const ENVOY: HeaderName = HeaderName::from_static(envoy::EXPECTED_RQ_TIMEOUT_MS);
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
@@ -30,21 +26,6 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
             .get(..GRPC.len())
             .is_some_and(|t| t.eq_ignore_ascii_case(GRPC))
     })
-}
-
-/// The budget headers of a request, every line of each.
-pub(crate) fn incoming(headers: &HeaderMap) -> Incoming {
-    let mut inc = Incoming::new();
-    for v in headers.get_all(GRPC_TIMEOUT) {
-        inc = inc.grpc_timeout(v.as_bytes());
-    }
-    for v in headers.get_all(SERVICE_BUDGET) {
-        inc = inc.service_budget(v.as_bytes());
-    }
-    for v in headers.get_all(ENVOY) {
-        inc = inc.envoy_expected_timeout(v.as_bytes());
-    }
-    inc
 }
 
 /// The gRPC code a client sees for a call its own scope stopped: deadline or cancel.

@@ -4,9 +4,11 @@
 //! clients.
 //!
 //! * [`Admit`] / [`AdmitLayer`] (server): admits every request under an
-//!   [`EndpointPolicy`](crate::wire::EndpointPolicy), runs the handler with the request's
-//!   root scope as [`Scope::current`](crate::Scope::current) (also in the request extensions,
-//!   with the [`Admission`](crate::wire::Admission) record), and answers for the scope:
+//!   [`EndpointPolicy`](crate::wire::EndpointPolicy), takes the raw budget headers off the
+//!   request, runs the handler with the request's root scope as
+//!   [`Scope::current`](crate::Scope::current) (also in the request extensions, with the
+//!   [`Admission`](crate::wire::Admission) record, which holds what the headers said), and
+//!   answers for the scope:
 //!
 //!   | what happened | HTTP | gRPC (`content-type: application/grpc*`) |
 //!   |---|---|---|
@@ -19,7 +21,10 @@
 //!   When the response future is dropped (client disconnect, HTTP/2 reset) the scope is
 //!   cancelled with [`Cause::ClientGone`](crate::Cause::ClientGone). Afterwards the scope is
 //!   closed, and once it is quiet its [`Report`](crate::Report) goes to the optional
-//!   [`on_report`](AdmitLayer::on_report) callback.
+//!   [`on_report`](AdmitLayer::on_report) callback. Behind a tonic server, which enforces
+//!   `grpc-timeout` itself (and says `CANCELLED`), give the policy a
+//!   [`reserve`](crate::wire::EndpointPolicy::reserve) that covers the answer's trip, so that
+//!   the layer's `DEADLINE_EXCEEDED` comes first.
 //!
 //! * [`Propagate`] / [`PropagateLayer`] (client): every call gets a child of the current scope
 //!   (outside any scope: of a [`Scope`](crate::Scope) in the request's extensions) cut by an

@@ -11,6 +11,15 @@
 //!
 //! See [the module docs](super) for the status mapping.
 //!
+//! # What the handler sees
+//!
+//! The handler gets the request without its raw budget headers (`grpc-timeout`,
+//! `service-budget`, `x-envoy-expected-rq-timeout-ms`): they are decoded into the
+//! [`Admission`](crate::wire::Admission) in the request's extensions, and a handler that
+//! copies its incoming headers onto a call of its own cannot pass a caller's budget,
+//! priority, operation id or generation on (see
+//! [header ownership](crate::wire#header-ownership-and-trust)).
+//!
 //! # When the request's scope ends
 //!
 //! A handler that answers only at or after the deadline (it held the thread past it, before
@@ -30,8 +39,10 @@
 //! response future, or the body, knows it was being polled when it was dropped).
 //!
 //! Put a response reserve in the policy when a server in front of the layer also enforces
-//! `grpc-timeout` (tonic's server does, and answers `CANCELLED`): with a reserve the layer's
-//! deadline comes first and the caller gets `DEADLINE_EXCEEDED`.
+//! `grpc-timeout` (tonic's server reads it before any layer, and answers its own expiry with
+//! `CANCELLED`; so does a tonic client, on its side): with a reserve the layer's deadline
+//! comes first and the caller gets `DEADLINE_EXCEEDED`. The reserve must cover the answer's
+//! trip back to the client, whose own timer fires at the full `grpc-timeout`.
 //!
 //! # Examples
 //!

@@ -10,7 +10,7 @@ use super::body::ResponseBody;
 use super::future::{Finish, ResponseFuture};
 use super::layer::AdmitLayer;
 use crate::integrations::tower::headers;
-use crate::wire::{Admission, EndpointPolicy};
+use crate::wire::{Admission, EndpointPolicy, Incoming};
 use crate::Report;
 
 pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
@@ -37,7 +37,10 @@ pub struct Ingress(pub Instant);
 /// Admits every request into its own root scope (see [the module docs](super)).
 ///
 /// The handler runs with the request's scope as [`Scope::current`](crate::Scope::current);
-/// the request's extensions also carry the [`Scope`](crate::Scope) and the [`Admission`].
+/// the request's extensions also carry the [`Scope`](crate::Scope) and the [`Admission`]. The
+/// raw budget headers (`grpc-timeout`, `service-budget`, `x-envoy-expected-rq-timeout-ms`)
+/// are taken off the request before the handler sees it ([`Incoming::take_from`]): what they
+/// said is in the `Admission`.
 ///
 /// # Examples
 ///
@@ -208,7 +211,10 @@ where
         let grpc = headers::is_grpc(req.headers());
         // The response to a `HEAD` request has no body to send (the server drops it unread).
         let track_body = req.method() != http::Method::HEAD;
-        let admitted = self.policy.admit(headers::incoming(req.headers()), ingress);
+        // The handler never sees the raw budget headers: a handler that copies its incoming
+        // headers onto a call of its own would pass the caller's claims on unchecked.
+        let incoming = Incoming::take_from(req.headers_mut());
+        let admitted = self.policy.admit(incoming, ingress);
         let (scope, admission) = match admitted {
             Ok(a) => a,
             Err(e) => return ResponseFuture::rejected(&e, grpc),
