@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut};
 use cancel_scope::integrations::tower::{AdmitLayer, Propagate, PropagateLayer};
-use cancel_scope::wire::{grpc_timeout, Admission, EgressPolicy, EndpointPolicy, ServiceBudget};
+use cancel_scope::wire::{
+    grpc_timeout, Admission, EgressPolicy, EndpointPolicy, OverCap, ServiceBudget, Trust,
+};
 use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
@@ -289,10 +291,12 @@ async fn a_tonic_deadline_reaches_our_server_as_the_handlers_budget() {
     assert_eq!(report.state(), Lifecycle::Completed);
 }
 
-/// The server's reserve is what makes its answer reach the client before the client's own
-/// timer fires (tonic's, which says CANCELLED): it must cover the trip of the request and of
-/// the answer, so it is 2.5 s of a 3 s timeout here. (With 50 ms of 400 ms, a loaded machine
-/// lost that race and the test saw tonic's CANCELLED, with no bug behind it.)
+/// tonic's server enforces `grpc-timeout` itself, before any layer, and reports its own
+/// expiry as CANCELLED; so does tonic's client. The server's reserve (as the module docs of
+/// the tower integration say) is what makes our answer come first and reach the client before
+/// the client's own timer fires: it must cover the trip of the request and of the answer, so
+/// it is 2.5 s of a 3 s timeout here. (With 50 ms of 400 ms, a loaded machine lost that race
+/// and the test saw tonic's CANCELLED, with no bug behind it.) The message is the fixed one.
 #[tokio::test]
 async fn a_tonic_client_sees_deadline_exceeded_from_our_server_not_cancelled() {
     let (url, _, mut reports) =
@@ -301,8 +305,61 @@ async fn a_tonic_client_sees_deadline_exceeded_from_our_server_not_cancelled() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(status.message(), "deadline exceeded", "{status:?}");
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+}
+
+/// A probe whose `service-budget` metadata is `value`, as a tonic client sends it.
+async fn probe_with_budget(url: &str, value: &'static str) -> Status {
+    let mut grpc = tonic::client::Grpc::new(channel(url).await);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new("0".to_owned());
+    request
+        .metadata_mut()
+        .insert("service-budget", value.parse().unwrap());
+    grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
+        .await
+        .unwrap_err()
+}
+
+/// Refusals reach a tonic client as their status with one fixed `grpc-message` per kind (no
+/// numbers, no header values) when the policy does not show the detail, and with the detail
+/// when it does; the handler never runs.
+#[tokio::test]
+async fn refusals_reach_a_tonic_client_with_a_fixed_message() {
+    let policy = EndpointPolicy::new(ms(30_000), ms(10_000))
+        .over_cap(OverCap::Reject)
+        .min_useful(ms(100));
+    let (url, probe, _) = admitted_server(policy).await;
+    for (value, code, message) in [
+        (
+            "v=2, rem=10",
+            Code::InvalidArgument,
+            "invalid budget header",
+        ),
+        (
+            "v=1, rem=86400000",
+            Code::InvalidArgument,
+            "budget exceeds the endpoint's maximum",
+        ),
+        ("v=1, rem=5", Code::DeadlineExceeded, "budget exhausted"),
+    ] {
+        let status = probe_with_budget(&url, value).await;
+        assert_eq!(status.code(), code, "{value}: {status:?}");
+        assert_eq!(status.message(), message, "{value}: {status:?}");
+    }
+    assert_eq!(probe.calls.load(Ordering::SeqCst), 0);
+
+    let (url, _, _) = admitted_server(policy.trust(Trust::Trusted)).await;
+    let status = probe_with_budget(&url, "v=2, rem=10").await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("invalid budget header: service-budget"),
+        "{status:?}"
+    );
 }
 
 #[tokio::test]

@@ -19,7 +19,8 @@ use axum::{Extension, Router};
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::integrations::tower::AdmitLayer;
 use cancel_scope::wire::{
-    Admission, BudgetSource, EgressPolicy, EndpointPolicy, OperationSource, PrioritySource, Trust,
+    Admission, BudgetSource, EgressPolicy, EndpointPolicy, OperationSource, OverCap,
+    PrioritySource, Trust,
 };
 use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use futures::StreamExt as _;
@@ -441,6 +442,137 @@ async fn an_edge_behind_envoy_reads_its_timeout_but_not_the_clients_priority_or_
     let below: Vec<_> = below.split(' ').collect();
     assert_eq!(below[..3], [op, "0", "4"], "{text}");
     assert!(below[3].parse::<u64>().unwrap() <= 15_000, "{text}");
+}
+
+/// A server whose handler is never to run, with a policy that rejects over-long budgets and
+/// needs 100 ms at least; refusals' details go to a channel.
+async fn refusing_server(
+    policy: EndpointPolicy,
+) -> (String, Calls, mpsc::UnboundedReceiver<String>) {
+    let (tx, refusals) = mpsc::unbounded_channel();
+    let calls = Calls::default();
+    let policy = policy.over_cap(OverCap::Reject).min_useful(ms(100));
+    let layer = AdmitLayer::new(policy).on_refusal(move |e| {
+        let _ = tx.send(e.to_string());
+    });
+    let app = Router::new()
+        .route("/", any(count))
+        .with_state(calls.clone())
+        .layer(layer);
+    (serve(app).await, calls, refusals)
+}
+
+/// A GET with `headers`, or (`grpc`) a POST that says it is gRPC, sent.
+async fn send(url: &str, grpc: bool, headers: &[(&str, &str)]) -> reqwest::Response {
+    let client = reqwest::Client::new();
+    let mut req = if grpc {
+        client.post(url).header("content-type", "application/grpc")
+    } else {
+        client.get(url)
+    };
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.send().await.unwrap()
+}
+
+/// A refusal to a caller the policy does not show the detail says its kind in one fixed text,
+/// in the HTTP body or in `grpc-message`: no numbers, no header values. The detail goes to
+/// `on_refusal`, and a trusted caller gets it.
+#[tokio::test]
+async fn refusals_to_untrusted_callers_say_the_kind_and_nothing_more() {
+    let (url, calls, mut refusals) =
+        refusing_server(EndpointPolicy::new(ms(3_000), ms(1_000))).await;
+    let cases = [
+        (("grpc-timeout", "1 hour"), 400, 3, "invalid budget header"),
+        (
+            ("service-budget", "v=1, rem=10, rem=99999"),
+            400,
+            3,
+            "invalid budget header",
+        ),
+        (
+            ("service-budget", "v=1, rem=86400000"),
+            400,
+            3,
+            "budget exceeds the endpoint's maximum",
+        ),
+        (("grpc-timeout", "50m"), 504, 4, "budget exhausted"),
+    ];
+    for ((name, value), status, grpc_status, text) in cases {
+        let res = send(&url, false, &[(name, value)]).await;
+        assert_eq!(res.status(), status, "{name}: {value}");
+        assert_eq!(res.headers()["content-type"], "text/plain; charset=utf-8");
+        assert_eq!(res.text().await.unwrap(), text, "{name}: {value}");
+        let detail = timeout(PATIENCE, refusals.recv()).await.unwrap().unwrap();
+        assert!(
+            detail.starts_with(text) && detail.len() > text.len(),
+            "{detail}"
+        );
+
+        let res = send(&url, true, &[(name, value)]).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            res.headers()["grpc-status"],
+            grpc_status.to_string().as_str()
+        );
+        assert_eq!(res.headers()["grpc-message"], text, "{name}: {value}");
+        assert_eq!(res.text().await.unwrap(), "");
+        timeout(PATIENCE, refusals.recv()).await.unwrap().unwrap();
+    }
+    // Repeated lines: the same text.
+    let res = send(
+        &url,
+        false,
+        &[("grpc-timeout", "1S"), ("grpc-timeout", "2S")],
+    )
+    .await;
+    assert_eq!(res.text().await.unwrap(), "invalid budget header");
+    assert_eq!(calls.0.load(Ordering::SeqCst), 0);
+
+    // A trusted caller is told the detail.
+    let (url, _, _) =
+        refusing_server(EndpointPolicy::new(ms(3_000), ms(1_000)).trust(Trust::Trusted)).await;
+    let res = send(&url, false, &[("grpc-timeout", "1 hour")]).await;
+    assert_eq!(res.status(), 400);
+    let body = res.text().await.unwrap();
+    assert!(
+        body.starts_with("invalid budget header: grpc-timeout"),
+        "{body}"
+    );
+}
+
+/// A handler that cancels its request with an internal reason and waits to be stopped.
+async fn cancels_itself() -> &'static str {
+    Scope::current().cancel_with("db password rotated");
+    std::future::pending().await
+}
+
+/// The answer for a request the server stopped carries no internal cancel reason to a caller
+/// the policy does not show the detail (503 "service unavailable", gRPC `UNAVAILABLE`); a
+/// trusted caller gets the cause.
+#[tokio::test]
+async fn a_stopped_request_tells_an_untrusted_caller_no_cancel_reason() {
+    for trust in [Trust::Untrusted, Trust::Trusted] {
+        let policy = EndpointPolicy::new(ms(3_000), ms(3_000)).trust(trust);
+        let app = Router::new()
+            .route("/", any(cancels_itself))
+            .layer(AdmitLayer::new(policy));
+        let url = serve(app).await;
+        let res = send(&url, false, &[]).await;
+        assert_eq!(res.status(), 503);
+        let body = res.text().await.unwrap();
+        let res = send(&url, true, &[]).await;
+        assert_eq!(res.headers()["grpc-status"], "14");
+        let message = res.headers()["grpc-message"].to_str().unwrap().to_owned();
+        if trust == Trust::Untrusted {
+            assert_eq!(body, "service unavailable");
+            assert_eq!(message, "service unavailable");
+        } else {
+            assert!(body.contains("db password rotated"), "{body}");
+            assert!(message.contains("db password rotated"), "{message}");
+        }
+    }
 }
 
 /// A handler that starts a child doing 60 s of work and then waits for it.

@@ -385,6 +385,7 @@ async fn trust_is_several_decisions() {
             OperationSource::Local
         )
     );
+    assert!(trusted.shows_error_detail() && !policy().shows_error_detail());
 }
 
 /// A `service-budget` header on two lines is ambiguous: under a falling-back policy its
@@ -414,6 +415,63 @@ async fn the_claims_of_a_repeated_service_budget_count_for_nothing() {
         .service_budget(b"(((");
     let (_, a) = p.admit(bad_second, Instant::now()).unwrap();
     assert_eq!(a.operation_source(), OperationSource::Local);
+}
+
+/// Every refusal has one fixed text per kind, with no numbers or header values; the `Display`
+/// text starts with it and adds the detail.
+#[tokio::test(start_paused = true)]
+async fn refusals_have_one_fixed_text_per_kind() {
+    let refused = |p: EndpointPolicy, incoming: Incoming| {
+        p.admit(incoming, Instant::now()).map(|_| ()).unwrap_err()
+    };
+    let cases = [
+        (
+            refused(policy(), Incoming::new().grpc_timeout(b"-1S")),
+            "invalid budget header",
+        ),
+        (
+            refused(
+                policy(),
+                Incoming::new().service_budget(b"v=1, rem=10, rem=99999"),
+            ),
+            "invalid budget header",
+        ),
+        (
+            refused(
+                policy(),
+                Incoming::new().grpc_timeout(b"1S").grpc_timeout(b"2S"),
+            ),
+            "invalid budget header",
+        ),
+        (
+            refused(
+                policy().envoy_timeout(true),
+                Incoming::new().envoy_expected_timeout(b"soon"),
+            ),
+            "invalid budget header",
+        ),
+        (
+            refused(
+                policy().over_cap(OverCap::Reject),
+                Incoming::new().service_budget(b"v=1, rem=86400000"),
+            ),
+            "budget exceeds the endpoint's maximum",
+        ),
+        (
+            refused(
+                policy().min_useful(ms(100)),
+                Incoming::new().grpc_timeout(b"120m"),
+            ),
+            "budget exhausted",
+        ),
+    ];
+    for (err, text) in cases {
+        assert_eq!(err.public_message(), text, "{err}");
+        assert!(!err.public_message().contains(|c: char| c.is_ascii_digit()));
+        let detail = err.to_string();
+        assert!(detail.starts_with(text), "{detail}");
+        assert!(detail.len() > text.len(), "{detail}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -935,6 +993,7 @@ mod header_maps {
                     let Some(f) = fallback else {
                         let err = admitted.map(|_| ()).unwrap_err();
                         prop_assert!(err.is_invalid() && !err.is_over_cap(), "{}", err);
+                        prop_assert_eq!(err.public_message(), "invalid budget header");
                         continue;
                     };
                     let f = ms(f).min(p.default_budget());

@@ -38,7 +38,10 @@
 //! in length before it is parsed), and report every rejection as a typed error so that the
 //! caller can answer HTTP 400 / gRPC `INVALID_ARGUMENT` or fall back to a smaller local
 //! default, as its policy says. The `Display` text of those errors is for humans and logs; it is
-//! not API and may change.
+//! not API and may change. What a refused caller is told is one fixed text per kind
+//! ([`AdmissionError::public_message`]: `invalid budget header`, `budget exceeds the
+//! endpoint's maximum`, `budget exhausted`), without numbers, header values or internal
+//! cancel reasons, unless the policy shows it the detail.
 //!
 //! # Header ownership and trust
 //!
@@ -56,9 +59,9 @@
 //!   ([`caller_priority`](EndpointPolicy::caller_priority); otherwise it may only ask for
 //!   less urgency), adopting its operation id and generation
 //!   ([`caller_operation`](EndpointPolicy::caller_operation); otherwise a fresh local
-//!   operation starts at generation 0, so a caller's `gen` is never forwarded). An edge
-//!   behind Envoy reads Envoy's timeout without letting its clients pick priority 0 or an
-//!   operation.
+//!   operation starts at generation 0, so a caller's `gen` is never forwarded), and showing it
+//!   the detail of refusals ([`error_detail`](EndpointPolicy::error_detail)). An edge behind
+//!   Envoy reads Envoy's timeout without letting its clients pick priority 0 or an operation.
 //! * **Claims come from one unambiguous header.** A budget header sent on more than one line
 //!   is bad input; the `op`, `gen` and `prio` of a `service-budget` header count only if it
 //!   came on one line and was valid. The [`Admission`] records which source decided the

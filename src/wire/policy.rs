@@ -17,6 +17,7 @@ use crate::budget::EndpointBudget;
 /// | [`envoy_timeout`](EndpointPolicy::envoy_timeout): `x-envoy-expected-rq-timeout-ms` | ignored | read, like the other budget headers |
 /// | [`caller_priority`](EndpointPolicy::caller_priority): `prio` | the policy's; a caller may only ask for *less* urgency | the caller's, else the policy's |
 /// | [`caller_operation`](EndpointPolicy::caller_operation): `op` and `gen` | a fresh local id, generation 0 (the caller's are kept for audit) | the caller's, if it sends an `op` |
+/// | [`error_detail`](EndpointPolicy::error_detail): refusal and error texts | one fixed text per kind | the detail (values, header, cause) |
 ///
 /// Neither can extend a budget past the endpoint's maximum, and the raw budget headers never
 /// reach the handler (see [`Incoming`](super::Incoming)). An edge behind Envoy starts from
@@ -38,7 +39,7 @@ use crate::budget::EndpointBudget;
 #[non_exhaustive]
 pub enum Trust {
     /// Callers across a boundary (the public edge): their headers can only shorten the budget
-    /// and lower the priority.
+    /// and lower the priority; refusals tell them the kind, not the detail.
     #[default]
     Untrusted,
     /// Our own services, or a proxy that sets the headers itself.
@@ -51,6 +52,7 @@ struct Believed {
     envoy_timeout: bool,
     priority: bool,
     operation: bool,
+    detail: bool,
 }
 
 impl Believed {
@@ -60,6 +62,7 @@ impl Believed {
             envoy_timeout: all,
             priority: all,
             operation: all,
+            detail: all,
         }
     }
 }
@@ -237,7 +240,7 @@ impl EndpointPolicy {
     /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
     ///     .trust(Trust::Trusted);
     /// assert!(p.reads_envoy_timeout() && p.accepts_caller_priority());
-    /// assert!(p.accepts_caller_operation());
+    /// assert!(p.accepts_caller_operation() && p.shows_error_detail());
     /// ```
     pub const fn trust(mut self, trust: Trust) -> Self {
         self.believed = Believed::preset(trust);
@@ -297,6 +300,26 @@ impl EndpointPolicy {
     /// ```
     pub const fn caller_operation(mut self, accept: bool) -> Self {
         self.believed.operation = accept;
+        self
+    }
+
+    /// Whether refusals and the layer's own error answers tell the caller the detail (which
+    /// header, which values, the cancel's cause and reason). If not, each kind of answer has
+    /// one fixed text (`invalid budget header`, `budget exceeds the endpoint's maximum`,
+    /// `budget exhausted`, `deadline exceeded`, ...), without numbers or internal reasons; the
+    /// detail goes to the logs and reports.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .error_detail(true);
+    /// assert!(p.shows_error_detail());
+    /// ```
+    pub const fn error_detail(mut self, show: bool) -> Self {
+        self.believed.detail = show;
         self
     }
 
@@ -493,6 +516,21 @@ impl EndpointPolicy {
     /// ```
     pub const fn accepts_caller_operation(&self) -> bool {
         self.believed.operation
+    }
+
+    /// Whether refusals and error answers carry the detail (see
+    /// [`error_detail`](Self::error_detail)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// assert!(!p.shows_error_detail());
+    /// ```
+    pub const fn shows_error_detail(&self) -> bool {
+        self.believed.detail
     }
 
     /// The bad-input rule.

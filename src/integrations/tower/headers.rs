@@ -75,7 +75,7 @@ pub(crate) fn grpc_response<B>(code: GrpcCode, message: &str, body: B) -> Respon
     res
 }
 
-/// An empty HTTP response with `status`.
+/// An HTTP response with `status`.
 pub(crate) fn http_response<B>(status: StatusCode, body: B) -> Response<B> {
     let mut res = Response::new(body);
     *res.status_mut() = status;

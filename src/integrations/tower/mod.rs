@@ -10,17 +10,21 @@
 //!   [`Admission`](crate::wire::Admission) record, which holds what the headers said), and
 //!   answers for the scope:
 //!
-//!   | what happened | HTTP | gRPC (`content-type: application/grpc*`) |
-//!   |---|---|---|
-//!   | a budget header is malformed, repeated, or over a rejecting cap | 400 | `INVALID_ARGUMENT` (3) |
-//!   | too little budget left on arrival | 504 | `DEADLINE_EXCEEDED` (4) |
-//!   | the deadline passed before the handler answered | 504 | `DEADLINE_EXCEEDED` (4), not `CANCELLED` |
-//!   | the scope was cancelled by the server | 503 | `UNAVAILABLE` (14) |
+//!   | what happened | HTTP | gRPC (`content-type: application/grpc*`) | text, without the detail |
+//!   |---|---|---|---|
+//!   | a budget header is malformed or repeated | 400 | `INVALID_ARGUMENT` (3) | `invalid budget header` |
+//!   | the budget is over a rejecting maximum | 400 | `INVALID_ARGUMENT` (3) | `budget exceeds the endpoint's maximum` |
+//!   | too little budget left on arrival | 504 | `DEADLINE_EXCEEDED` (4) | `budget exhausted` |
+//!   | the deadline passed before the handler answered | 504 | `DEADLINE_EXCEEDED` (4), not `CANCELLED` | `deadline exceeded` |
+//!   | the scope was cancelled by the server | 503 | `UNAVAILABLE` (14) | `service unavailable` |
 //!
-//!   gRPC answers are trailers-only responses (HTTP 200 with `grpc-status` in the headers).
-//!   When the response future is dropped (client disconnect, HTTP/2 reset) the scope is
-//!   cancelled with [`Cause::ClientGone`](crate::Cause::ClientGone). Afterwards the scope is
-//!   closed, and once it is quiet its [`Report`](crate::Report) goes to the optional
+//!   The text is the HTTP body (`text/plain`) or the `grpc-message`; a caller the policy shows
+//!   the detail ([`error_detail`](crate::wire::EndpointPolicy::error_detail)) gets the detail
+//!   instead, and [`on_refusal`](AdmitLayer::on_refusal) gets it in any case. gRPC answers are
+//!   trailers-only responses (HTTP 200 with `grpc-status` in the headers). When the response
+//!   future is dropped (client disconnect, HTTP/2 reset) the scope is cancelled with
+//!   [`Cause::ClientGone`](crate::Cause::ClientGone). Afterwards the scope is closed, and once
+//!   it is quiet its [`Report`](crate::Report) goes to the optional
 //!   [`on_report`](AdmitLayer::on_report) callback. Behind a tonic server, which enforces
 //!   `grpc-timeout` itself (and says `CANCELLED`), give the policy a
 //!   [`reserve`](crate::wire::EndpointPolicy::reserve) that covers the answer's trip, so that

@@ -8,6 +8,13 @@ use super::super::grpc_timeout::{self, GrpcTimeoutError};
 use super::super::service_budget::{self, ServiceBudgetError};
 use crate::budget::BudgetExhausted;
 
+/// [`AdmissionError::public_message`] of a malformed or repeated budget header.
+const INVALID: &str = "invalid budget header";
+/// [`AdmissionError::public_message`] of a budget over a rejecting maximum.
+const OVER_CAP: &str = "budget exceeds the endpoint's maximum";
+/// [`AdmissionError::public_message`] of a request with too little budget left.
+const EXHAUSTED: &str = "budget exhausted";
+
 /// Why a request was not admitted.
 ///
 /// One opaque type with predicates: [`is_invalid`](Self::is_invalid) (answer HTTP 400 / gRPC
@@ -15,7 +22,10 @@ use crate::budget::BudgetExhausted;
 /// [`is_exhausted`](Self::is_exhausted) (too little budget was left on arrival: HTTP 504 /
 /// gRPC `DEADLINE_EXCEEDED`).
 ///
-/// The `Display` text is for logs and is not API.
+/// Two texts: [`public_message`](Self::public_message), one fixed text per kind, is what a
+/// caller that is not [shown the detail](crate::wire::EndpointPolicy::error_detail) is told;
+/// the `Display` text adds the detail (the header, the values) for logs and trusted callers,
+/// and is not API.
 ///
 /// # Examples
 ///
@@ -104,6 +114,32 @@ impl AdmissionError {
         matches!(self.kind, ErrorKind::OverCap { .. })
     }
 
+    /// The fixed text of this kind of refusal, the same for every request of the kind, with
+    /// no numbers and no header values: `invalid budget header` (malformed or repeated),
+    /// `budget exceeds the endpoint's maximum` ([`is_over_cap`](Self::is_over_cap)) or
+    /// `budget exhausted` ([`is_exhausted`](Self::is_exhausted)). These texts are API.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let err = p.admit(Incoming::new().grpc_timeout(b"1 hour"), tokio::time::Instant::now())
+    ///     .unwrap_err();
+    /// assert_eq!(err.public_message(), "invalid budget header");
+    /// assert!(err.to_string().starts_with("invalid budget header: grpc-timeout"));
+    /// # }
+    /// ```
+    pub fn public_message(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::OverCap { .. } => OVER_CAP,
+            ErrorKind::Exhausted(_) => EXHAUSTED,
+            _ => INVALID,
+        }
+    }
+
     /// The header at fault, if one was.
     ///
     /// # Examples
@@ -154,15 +190,16 @@ impl AdmissionError {
 impl fmt::Display for AdmissionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            ErrorKind::GrpcTimeout(e) => write!(f, "bad request budget: {e}"),
-            ErrorKind::ServiceBudget(e) => write!(f, "bad request budget: {e}"),
-            ErrorKind::Envoy(e) => write!(f, "bad request budget: {e}"),
-            ErrorKind::Repeated(h) => write!(f, "bad request budget: {h} sent more than once"),
-            ErrorKind::OverCap { declared, max } => write!(
-                f,
-                "bad request budget: {declared:?} is over this endpoint's maximum of {max:?}"
-            ),
-            ErrorKind::Exhausted(b) => write!(f, "request arrived with too little budget: {b}"),
+            ErrorKind::GrpcTimeout(e) => write!(f, "{INVALID}: {}: {e}", grpc_timeout::HEADER),
+            ErrorKind::ServiceBudget(e) => {
+                write!(f, "{INVALID}: {}: {e}", service_budget::HEADER)
+            }
+            ErrorKind::Envoy(e) => write!(f, "{INVALID}: {}: {e}", envoy::EXPECTED_RQ_TIMEOUT_MS),
+            ErrorKind::Repeated(h) => write!(f, "{INVALID}: {h} sent more than once"),
+            ErrorKind::OverCap { declared, max } => {
+                write!(f, "{OVER_CAP}: {declared:?} declared, {max:?} at most")
+            }
+            ErrorKind::Exhausted(b) => write!(f, "{EXHAUSTED}: {b}"),
         }
     }
 }

@@ -36,12 +36,12 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll, Wake, Waker};
 
-use bytes::Buf;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::answer::Answers;
 use crate::guard::Tethered;
-use crate::integrations::tower::headers;
 use crate::scope::with_current;
 use crate::sync::{AtomicU8, Mutex, Ordering};
 use crate::tree::Caught;
@@ -62,7 +62,7 @@ struct Streaming {
     stop: std::sync::Arc<BodyStop>,
     /// The waker last handed to `stop`: a poll by the same task takes no lock.
     task: Option<Waker>,
-    grpc: bool,
+    answers: Answers,
     /// Bytes still to send when the length is known (the body's exact size, or the response's
     /// `content-length`): a server stops after the last of them and drops the body without
     /// polling it to its end (hyper's HTTP/1 encoder does), so the body ends there.
@@ -143,7 +143,7 @@ impl Wake for BodyStop {
 
 impl Streaming {
     /// Tracks a body of the request admitted into `scope`.
-    fn new(scope: &Scope, grpc: bool, left: Option<u64>) -> Streaming {
+    fn new(scope: &Scope, answers: Answers, left: Option<u64>) -> Streaming {
         let stop = std::sync::Arc::new(BodyStop {
             state: AtomicU8::new(0),
             held: Mutex::new(Held {
@@ -165,7 +165,7 @@ impl Streaming {
             _cancelled: cancelled,
             stop,
             task: None,
-            grpc,
+            answers,
             left,
         }
     }
@@ -193,7 +193,7 @@ impl Streaming {
 
 pin_project! {
     /// The response body of a request admitted by [`Admit`](super::Admit): the handler's
-    /// body, bounded by the request's scope.
+    /// body, bounded by the request's scope, or the text of an answer the layer made itself.
     ///
     /// The request's scope is closed when the handler returns the response head, and its
     /// report waits for the body as well as for the work the handler left running:
@@ -214,7 +214,8 @@ pin_project! {
     ///
     /// A body that is empty when the handler answers, one of a known length once that many
     /// bytes are sent, the body of a `HEAD` request or of a status without a body (1xx, 204,
-    /// 304) and the bodies of the layer's own answers are not tracked.
+    /// 304) and the bodies of the layer's own answers are not tracked. Frames are passed on as
+    /// [`Bytes`] (axum, tonic and hyper bodies send `Bytes` already; other data is copied).
     ///
     /// The scope stops waiting for the body at its cancel, without waiting for the server to
     /// poll the body: a client that stops reading (so that the server cannot send, and does
@@ -243,6 +244,8 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         inner: Option<B>,
+        // The text of an answer the layer made, until it is sent.
+        text: Option<Bytes>,
         streaming: Option<Streaming>,
         // The request's scope, current while the handler's body is polled or dropped (it is
         // the handler's code, as its future was); `None` for a body the layer made.
@@ -286,7 +289,7 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    /// A body with nothing in it (the body of an answer the layer made itself).
+    /// A body with nothing in it.
     ///
     /// # Examples
     ///
@@ -298,6 +301,17 @@ impl<B> ResponseBody<B> {
     pub fn empty() -> Self {
         ResponseBody {
             inner: None,
+            text: None,
+            streaming: None,
+            scope: None,
+        }
+    }
+
+    /// A body of the layer's own (a refusal's text).
+    pub(super) fn text(text: Bytes) -> Self {
+        ResponseBody {
+            inner: None,
+            text: Some(text),
             streaming: None,
             scope: None,
         }
@@ -335,7 +349,7 @@ impl<B> ResponseBody<B> {
     pub(super) fn admitted(
         body: B,
         scope: &Scope,
-        grpc: bool,
+        answers: Answers,
         track: bool,
         length: Option<u64>,
     ) -> Self
@@ -344,9 +358,10 @@ impl<B> ResponseBody<B> {
     {
         let left = body.size_hint().exact().or(length);
         let streaming = (track && !body.is_end_stream() && left != Some(0))
-            .then(|| Streaming::new(scope, grpc, left));
+            .then(|| Streaming::new(scope, answers, left));
         ResponseBody {
             inner: Some(body),
+            text: None,
             streaming,
             scope: Some(scope.clone()),
         }
@@ -358,28 +373,28 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    type Data = B::Data;
+    type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        if let Some(text) = this.text.take() {
+            return Poll::Ready(Some(Ok(Frame::data(text))));
+        }
         if let Some(s) = this.streaming.as_mut() {
             // The scope first: after its cancel nothing more is sent.
             if s.enter(cx.waker()) {
                 let cause = s.scope.cause_or_cancelled();
-                let grpc = s.grpc;
+                let answers = s.answers;
                 with_current(this.scope, || this.inner.set(None));
                 // Given back by the cut already, unless it found this body busy.
                 s.stop.give_back();
                 *this.streaming = None;
-                return Poll::Ready(Some(if grpc {
-                    Ok(Frame::trailers(headers::grpc_status_headers(
-                        headers::grpc_code_of(&cause),
-                        &cause.to_string(),
-                    )))
+                return Poll::Ready(Some(if answers.grpc {
+                    Ok(Frame::trailers(answers.cut_trailers(&cause)))
                 } else {
                     Err(Box::new(Error::cancelled(cause)))
                 }));
@@ -437,17 +452,21 @@ where
                 s.stop.leave();
             }
         }
-        Poll::Ready(polled.map(|r| r.map_err(Into::into)))
+        Poll::Ready(polled.map(|r| {
+            r.map(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
+                .map_err(Into::into)
+        }))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(B::is_end_stream)
+        self.text.is_none() && self.inner.as_ref().is_none_or(B::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Some(b) => b.size_hint(),
-            None => SizeHint::with_exact(0),
+        match (&self.inner, &self.text) {
+            (Some(b), _) => b.size_hint(),
+            (None, Some(t)) => SizeHint::with_exact(t.len() as u64),
+            (None, None) => SizeHint::with_exact(0),
         }
     }
 }

@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 use http::{Response, StatusCode};
 use pin_project_lite::pin_project;
 
+use super::answer::Answers;
 use super::body::ResponseBody;
 use super::service::ReportFn;
-use crate::integrations::tower::headers::{self, GrpcCode};
 use crate::tree::Caught;
 use crate::wire::{Admission, AdmissionError};
 use crate::Run;
@@ -104,7 +104,7 @@ pin_project! {
         #[pin]
         state: State<F, B>,
         finish: Option<Finish>,
-        grpc: bool,
+        answers: Answers,
         // Whether the response body is sent (not for a `HEAD` request), and so tracked.
         track_body: bool,
         // Set while the handler's future is polled: dropped with it set, that poll unwound
@@ -131,31 +131,28 @@ pin_project! {
 }
 
 impl<F: Future, B> ResponseFuture<F, B> {
-    pub(super) fn rejected(e: &AdmissionError, grpc: bool) -> Self {
-        let msg = e.to_string();
-        let empty = ResponseBody::empty();
-        let response = match (grpc, e.is_exhausted()) {
-            (true, true) => headers::grpc_response(GrpcCode::DeadlineExceeded, &msg, empty),
-            (true, false) => headers::grpc_response(GrpcCode::InvalidArgument, &msg, empty),
-            (false, true) => headers::http_response(StatusCode::GATEWAY_TIMEOUT, empty),
-            (false, false) => headers::http_response(StatusCode::BAD_REQUEST, empty),
-        };
+    pub(super) fn rejected(e: &AdmissionError, answers: Answers) -> Self {
         ResponseFuture {
             state: State::Answer {
-                response: Some(response),
+                response: Some(answers.refusal(e)),
             },
             finish: None,
-            grpc,
+            answers,
             track_body: false,
             polling: false,
         }
     }
 
-    pub(super) fn admitted(run: Run<F>, finish: Finish, grpc: bool, track_body: bool) -> Self {
+    pub(super) fn admitted(
+        run: Run<F>,
+        finish: Finish,
+        answers: Answers,
+        track_body: bool,
+    ) -> Self {
         ResponseFuture {
             state: State::Running { run },
             finish: Some(finish),
-            grpc,
+            answers,
             track_body,
             polling: false,
         }
@@ -190,7 +187,7 @@ where
                         .finish
                         .as_ref()
                         .map_or(Cause::DeadlineExceeded, |f| f.scope().cause_or_cancelled());
-                    Ok(stopped_response(&cause, *this.grpc))
+                    Ok(this.answers.stopped(&cause))
                 }
                 Poll::Ready(Ok(out)) => {
                     // Reading the handler's body (its size hint, its end) runs the handler's
@@ -202,7 +199,13 @@ where
                             let track = *this.track_body && has_body(response.status());
                             let length = content_length(response.headers());
                             response.map(|body| {
-                                ResponseBody::admitted(body, f.scope(), *this.grpc, track, length)
+                                ResponseBody::admitted(
+                                    body,
+                                    f.scope(),
+                                    *this.answers,
+                                    track,
+                                    length,
+                                )
                             })
                         }
                         None => unreachable!("a running request is finished once"),
@@ -212,7 +215,7 @@ where
                 }
                 Poll::Ready(Err(stopped)) => {
                     let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
-                    Ok(stopped_response(&cause, *this.grpc))
+                    Ok(this.answers.stopped(&cause))
                 }
             },
         };
@@ -262,20 +265,10 @@ fn poll_marked<F: Future>(
     polled
 }
 
-/// The answer for a request whose scope stopped before the handler answered.
-fn stopped_response<B>(cause: &Cause, grpc: bool) -> Response<ResponseBody<B>> {
-    if grpc {
-        let code = headers::grpc_code_of(cause);
-        headers::grpc_response(code, &cause.to_string(), ResponseBody::empty())
-    } else {
-        headers::http_response(headers::http_status_of(cause), ResponseBody::empty())
-    }
-}
-
 impl<F: Future, B> fmt::Debug for ResponseFuture<F, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("grpc", &self.grpc)
+            .field("grpc", &self.answers.grpc)
             .field("admitted", &self.finish.is_some())
             .finish_non_exhaustive()
     }

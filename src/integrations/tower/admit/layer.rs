@@ -3,8 +3,8 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::service::{Admit, ReportFn};
-use crate::wire::{Admission, EndpointPolicy};
+use super::service::{Admit, Hooks};
+use crate::wire::{Admission, AdmissionError, EndpointPolicy};
 use crate::Report;
 
 /// Applies [`Admit`] to a service: admission of every request under an
@@ -23,7 +23,7 @@ use crate::Report;
 #[derive(Clone)]
 pub struct AdmitLayer {
     policy: EndpointPolicy,
-    on_report: Option<ReportFn>,
+    hooks: Hooks,
 }
 
 impl AdmitLayer {
@@ -41,7 +41,10 @@ impl AdmitLayer {
     pub const fn new(policy: EndpointPolicy) -> Self {
         AdmitLayer {
             policy,
-            on_report: None,
+            hooks: Hooks {
+                on_report: None,
+                on_refusal: None,
+            },
         }
     }
 
@@ -65,7 +68,33 @@ impl AdmitLayer {
     where
         F: Fn(&Admission, &Report) + Send + Sync + 'static,
     {
-        self.on_report = Some(Arc::new(f));
+        self.hooks.on_report = Some(Arc::new(f));
+        self
+    }
+
+    /// Calls `f` with the error of every request the layer refuses (a bad, repeated or
+    /// rejected budget header, too little budget left on arrival), before it answers: the
+    /// detail that a caller the policy does not
+    /// [show it to](crate::wire::EndpointPolicy::error_detail) gets as one fixed text. The
+    /// handler never runs for such a request, and no report follows.
+    ///
+    /// `f` runs in the service's `call`; keep it short.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::AdmitLayer;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    ///     .on_refusal(|err| eprintln!("refused: {err}"));
+    /// # let _ = layer;
+    /// ```
+    pub fn on_refusal<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&AdmissionError) + Send + Sync + 'static,
+    {
+        self.hooks.on_refusal = Some(Arc::new(f));
         self
     }
 
@@ -89,7 +118,7 @@ impl<S> Layer<S> for AdmitLayer {
     type Service = Admit<S>;
 
     fn layer(&self, inner: S) -> Admit<S> {
-        Admit::from_parts(inner, self.policy, self.on_report.clone())
+        Admit::from_parts(inner, self.policy, self.hooks.clone())
     }
 }
 
@@ -97,7 +126,8 @@ impl fmt::Debug for AdmitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdmitLayer")
             .field("policy", &self.policy)
-            .field("on_report", &self.on_report.is_some())
+            .field("on_report", &self.hooks.on_report.is_some())
+            .field("on_refusal", &self.hooks.on_refusal.is_some())
             .finish()
     }
 }

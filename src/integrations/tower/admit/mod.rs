@@ -11,7 +11,7 @@
 //!
 //! See [the module docs](super) for the status mapping.
 //!
-//! # What the handler sees
+//! # What the handler sees, and what a refused caller is told
 //!
 //! The handler gets the request without its raw budget headers (`grpc-timeout`,
 //! `service-budget`, `x-envoy-expected-rq-timeout-ms`): they are decoded into the
@@ -19,6 +19,16 @@
 //! copies its incoming headers onto a call of its own cannot pass a caller's budget,
 //! priority, operation id or generation on (see
 //! [header ownership](crate::wire#header-ownership-and-trust)).
+//!
+//! A request that is refused (a bad budget header, a budget over a rejecting maximum, too
+//! little left) never reaches the handler. Unless the policy shows the caller the detail
+//! ([`EndpointPolicy::error_detail`](crate::wire::EndpointPolicy::error_detail); the
+//! [`Trusted`](crate::wire::Trust::Trusted) preset does), the answer says its kind in one
+//! fixed text, in the HTTP body (`text/plain`) or in `grpc-message`: `invalid budget header`,
+//! `budget exceeds the endpoint's maximum` or `budget exhausted`; and the answers for a
+//! request stopped later say `deadline exceeded` or `service unavailable`, never a cancel's
+//! reason. The detail goes to [`on_refusal`](AdmitLayer::on_refusal) and to the
+//! [`Report`](crate::Report) of [`on_report`](AdmitLayer::on_report).
 //!
 //! # When the request's scope ends
 //!
@@ -83,6 +93,7 @@
 //! # }
 //! ```
 
+mod answer;
 mod body;
 pub mod future;
 mod layer;

@@ -6,14 +6,23 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::answer::Answers;
 use super::body::ResponseBody;
 use super::future::{Finish, ResponseFuture};
 use super::layer::AdmitLayer;
 use crate::integrations::tower::headers;
-use crate::wire::{Admission, EndpointPolicy, Incoming};
+use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming};
 use crate::Report;
 
 pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
+pub(super) type RefusalFn = Arc<dyn Fn(&AdmissionError) + Send + Sync>;
+
+/// The callbacks of a layer.
+#[derive(Clone, Default)]
+pub(super) struct Hooks {
+    pub(super) on_report: Option<ReportFn>,
+    pub(super) on_refusal: Option<RefusalFn>,
+}
 
 /// When a request arrived, if an outer layer (or the accept loop) knows better than
 /// [`Admit`], which otherwise takes the moment its `poll_ready` first found the service not
@@ -56,7 +65,7 @@ pub struct Ingress(pub Instant);
 pub struct Admit<S> {
     inner: S,
     policy: EndpointPolicy,
-    on_report: Option<ReportFn>,
+    hooks: Hooks,
     /// When `poll_ready` first found the inner service not ready since the last `call`: the
     /// next request has been waiting since then at the latest (queued, off its budget).
     not_ready_since: Option<Instant>,
@@ -65,7 +74,7 @@ pub struct Admit<S> {
 impl<S: Clone> Clone for Admit<S> {
     /// A clone has not been polled ready (tower's rule), so it has waited for nothing yet.
     fn clone(&self) -> Self {
-        Admit::from_parts(self.inner.clone(), self.policy, self.on_report.clone())
+        Admit::from_parts(self.inner.clone(), self.policy, self.hooks.clone())
     }
 }
 
@@ -85,20 +94,19 @@ impl<S> Admit<S> {
         Admit {
             inner,
             policy,
-            on_report: None,
+            hooks: Hooks {
+                on_report: None,
+                on_refusal: None,
+            },
             not_ready_since: None,
         }
     }
 
-    pub(super) fn from_parts(
-        inner: S,
-        policy: EndpointPolicy,
-        on_report: Option<ReportFn>,
-    ) -> Self {
+    pub(super) fn from_parts(inner: S, policy: EndpointPolicy, hooks: Hooks) -> Self {
         Admit {
             inner,
             policy,
-            on_report,
+            hooks,
             not_ready_since: None,
         }
     }
@@ -208,23 +216,31 @@ where
             Some(i) => i.0,
             None => not_ready_since.unwrap_or_else(Instant::now),
         };
-        let grpc = headers::is_grpc(req.headers());
+        let answers = Answers {
+            grpc: headers::is_grpc(req.headers()),
+            detail: self.policy.shows_error_detail(),
+        };
         // The response to a `HEAD` request has no body to send (the server drops it unread).
         let track_body = req.method() != http::Method::HEAD;
         // The handler never sees the raw budget headers: a handler that copies its incoming
         // headers onto a call of its own would pass the caller's claims on unchecked.
         let incoming = Incoming::take_from(req.headers_mut());
-        let admitted = self.policy.admit(incoming, ingress);
-        let (scope, admission) = match admitted {
+        let (scope, admission) = match self.policy.admit(incoming, ingress) {
             Ok(a) => a,
-            Err(e) => return ResponseFuture::rejected(&e, grpc),
+            Err(e) => {
+                if let Some(f) = &self.hooks.on_refusal {
+                    f(&e);
+                }
+                return ResponseFuture::rejected(&e, answers);
+            }
         };
         req.extensions_mut().insert(scope.clone());
         req.extensions_mut().insert(admission.clone());
         // `call` itself may already run handler code: make the scope current for it too. If
         // it panics, the request ends as a handler panic (cancelled, reported) as it would
         // from its future.
-        let mut unwound = Unwound(Some(Finish::new(scope, admission, self.on_report.clone())));
+        let finish = Finish::new(scope, admission, self.hooks.on_report.clone());
+        let mut unwound = Unwound(Some(finish));
         let Some(finish) = unwound.0.as_ref() else {
             unreachable!("just made");
         };
@@ -233,7 +249,7 @@ where
             unreachable!("taken only here");
         };
         let run = finish.scope().run(fut);
-        ResponseFuture::admitted(run, finish, grpc, track_body)
+        ResponseFuture::admitted(run, finish, answers, track_body)
     }
 }
 
@@ -253,7 +269,8 @@ impl<S: fmt::Debug> fmt::Debug for Admit<S> {
         f.debug_struct("Admit")
             .field("inner", &self.inner)
             .field("policy", &self.policy)
-            .field("on_report", &self.on_report.is_some())
+            .field("on_report", &self.hooks.on_report.is_some())
+            .field("on_refusal", &self.hooks.on_refusal.is_some())
             .finish()
     }
 }

@@ -1,0 +1,102 @@
+//! The layer's own answers: a refusal at admission, and the answer for a request that stopped
+//! before its handler answered or while its body was sent.
+//!
+//! A caller that the policy does not show the detail
+//! ([`EndpointPolicy::error_detail`](crate::wire::EndpointPolicy::error_detail)) gets one
+//! fixed text per kind of answer, in the HTTP body or in `grpc-message`: no numbers, no header
+//! values, no cancel reasons (an operator's `cancel_with("…")` or a panic's message is
+//! internal). The detail goes to the layer's callbacks
+//! ([`on_refusal`](super::AdmitLayer::on_refusal), [`on_report`](super::AdmitLayer::on_report)).
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+
+use super::body::ResponseBody;
+use crate::integrations::tower::headers::{self, GrpcCode};
+use crate::wire::AdmissionError;
+use crate::Cause;
+
+/// The text of the answer for a request stopped by its deadline.
+const DEADLINE_EXCEEDED: &str = "deadline exceeded";
+/// ... by the server (a cancel, a shutdown, a handler that panicked).
+const UNAVAILABLE: &str = "service unavailable";
+/// ... by its client going away (the answer goes to nobody; it is for logs).
+const CLIENT_GONE: &str = "client gone";
+
+/// How the layer answers one request.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Answers {
+    /// The request speaks gRPC: answers are trailers-only responses, and a cut body ends with
+    /// trailers.
+    pub(super) grpc: bool,
+    /// The caller is shown the detail.
+    pub(super) detail: bool,
+}
+
+impl Answers {
+    /// The answer refusing a request that `e` says was not admitted: HTTP 400 / gRPC
+    /// `INVALID_ARGUMENT`, or 504 / `DEADLINE_EXCEEDED` when too little budget was left.
+    pub(super) fn refusal<B>(self, e: &AdmissionError) -> Response<ResponseBody<B>> {
+        let text = self.text(e.public_message(), || e.to_string());
+        match (self.grpc, e.is_exhausted()) {
+            (true, true) => grpc(GrpcCode::DeadlineExceeded, &text),
+            (true, false) => grpc(GrpcCode::InvalidArgument, &text),
+            (false, true) => http(StatusCode::GATEWAY_TIMEOUT, text),
+            (false, false) => http(StatusCode::BAD_REQUEST, text),
+        }
+    }
+
+    /// The answer for a request whose scope stopped with `cause` before the handler answered.
+    pub(super) fn stopped<B>(self, cause: &Cause) -> Response<ResponseBody<B>> {
+        let text = self.cause_text(cause);
+        if self.grpc {
+            grpc(headers::grpc_code_of(cause), &text)
+        } else {
+            http(headers::http_status_of(cause), text)
+        }
+    }
+
+    /// The trailers that end a gRPC body whose request's scope stopped with `cause`.
+    pub(super) fn cut_trailers(self, cause: &Cause) -> HeaderMap {
+        headers::grpc_status_headers(headers::grpc_code_of(cause), &self.cause_text(cause))
+    }
+
+    fn cause_text(self, cause: &Cause) -> Cow<'static, str> {
+        let fixed = match cause.origin() {
+            Cause::DeadlineExceeded => DEADLINE_EXCEEDED,
+            Cause::ClientGone => CLIENT_GONE,
+            _ => UNAVAILABLE,
+        };
+        self.text(fixed, || cause.to_string())
+    }
+
+    fn text(self, fixed: &'static str, detail: impl FnOnce() -> String) -> Cow<'static, str> {
+        if self.detail {
+            Cow::Owned(detail())
+        } else {
+            Cow::Borrowed(fixed)
+        }
+    }
+}
+
+/// A trailers-only gRPC answer.
+fn grpc<B>(code: GrpcCode, text: &str) -> Response<ResponseBody<B>> {
+    headers::grpc_response(code, text, ResponseBody::empty())
+}
+
+/// An HTTP answer whose body is `text`.
+fn http<B>(status: StatusCode, text: Cow<'static, str>) -> Response<ResponseBody<B>> {
+    let bytes = match text {
+        Cow::Borrowed(s) => Bytes::from_static(s.as_bytes()),
+        Cow::Owned(s) => Bytes::from(s),
+    };
+    let mut res = headers::http_response(status, ResponseBody::text(bytes));
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
