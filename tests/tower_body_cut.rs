@@ -275,11 +275,13 @@ fn watched_service(
 
 // --- 1. the handler's body after the cut (invariant 6) ------------------------------------
 
-/// After the cut the request is reported; the server goes on polling the response body (the
+/// At the cut the handler's body is dropped (the scope still busy: stopped before it is
+/// counted) and the request is reported; the server goes on polling the response body (the
 /// client reads again) and drops it much later: the handler's body is never polled again,
-/// and its drop neither cancels nor reports anything.
+/// and the response's drop neither cancels nor reports anything.
 #[tokio::test(start_paused = true)]
-async fn after_the_cut_the_handlers_body_is_never_polled_and_its_late_drop_changes_nothing() {
+async fn after_the_cut_the_handlers_body_is_dropped_never_polled_and_the_late_drop_changes_nothing()
+{
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
     let mut svc = watched_service(&layer, usize::MAX, None);
     let res = svc.call(request(http::Method::GET)).await.unwrap();
@@ -291,6 +293,12 @@ async fn after_the_cut_the_handlers_body_is_never_polled_and_its_late_drop_chang
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    // The handler's body went at the cut, before the report (its request still busy then).
+    assert!(probe.gone.load(Ordering::SeqCst));
+    assert_eq!(
+        *probe.at_drop.lock().unwrap(),
+        Some((Lifecycle::Cancelling, Some(Cause::DeadlineExceeded)))
+    );
     let polls = probe.polls.load(Ordering::SeqCst);
     // The client reads again, much later: the body ends, without the handler's body.
     advance(Duration::from_secs(600)).await;
@@ -306,13 +314,6 @@ async fn after_the_cut_the_handlers_body_is_never_polled_and_its_late_drop_chang
     }
     assert_eq!(probe.polls.load(Ordering::SeqCst), polls);
     assert_eq!(probe.polls_after_report.load(Ordering::SeqCst), 0);
-    // The handler's body went with the end (not with the response, much later), after the
-    // report: that is by design, and it changes nothing.
-    assert!(probe.gone.load(Ordering::SeqCst));
-    assert_eq!(
-        *probe.at_drop.lock().unwrap(),
-        Some((Lifecycle::CancelledStable, Some(Cause::DeadlineExceeded)))
-    );
     drop(body);
     assert_eq!(scope.cause(), Some(Cause::DeadlineExceeded));
     assert_eq!(scope.lifecycle(), Lifecycle::CancelledStable);
@@ -320,7 +321,8 @@ async fn after_the_cut_the_handlers_body_is_never_polled_and_its_late_drop_chang
 }
 
 /// As above, but the server never polls again: the connection goes an hour later and the
-/// server drops the response. No `ClientGone`, no second report.
+/// server drops the response. The handler's body went at the cut; no `ClientGone`, no second
+/// report.
 #[tokio::test(start_paused = true)]
 async fn a_response_dropped_long_after_the_cut_is_not_client_gone() {
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
@@ -332,12 +334,12 @@ async fn a_response_dropped_long_after_the_cut_is_not_client_gone() {
     assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+    assert!(probe.gone.load(Ordering::SeqCst));
     advance(Duration::from_secs(3600)).await;
-    assert!(!probe.gone.load(Ordering::SeqCst));
     drop(body);
     assert_eq!(
         *probe.at_drop.lock().unwrap(),
-        Some((Lifecycle::CancelledStable, Some(Cause::DeadlineExceeded)))
+        Some((Lifecycle::Cancelling, Some(Cause::DeadlineExceeded)))
     );
     assert_eq!(probe.polls.load(Ordering::SeqCst), 1);
     assert_eq!(scope.cause(), Some(Cause::DeadlineExceeded));
@@ -364,14 +366,16 @@ async fn into_inner_after_the_cut_gives_no_body_to_poll_after_the_report() {
     );
 }
 
-/// A handler's body that holds work of the request's scope itself (here a tethered
-/// resource, as a connection from a pool would be) keeps the request busy after the cut
-/// until it is dropped, past the grace period (nothing quarantines it): with a client that
-/// stopped reading, until the connection goes. As the docs of `ResponseBody` say; pinned
-/// here because it is the case the change does not cover.
+/// A handler's body that holds work of the request's scope itself (a tethered resource, as a
+/// connection from a pool would be, and a semaphore permit acquired through the scope), with
+/// a client that stopped reading: at the deadline the handler's body is dropped, without a
+/// poll, so the resource and the permit go back, and the request is reported then.
 #[tokio::test(start_paused = true)]
-async fn a_body_holding_a_resource_of_the_scope_still_waits_for_its_drop() {
-    struct Holding(#[allow(dead_code)] cancel_scope::Tethered<()>);
+async fn a_body_holding_resources_of_the_scope_lets_them_go_at_the_cut() {
+    struct Holding {
+        _conn: cancel_scope::Tethered<()>,
+        _permit: cancel_scope::Permit,
+    }
     impl Body for Holding {
         type Data = &'static [u8];
         type Error = Infallible;
@@ -383,25 +387,39 @@ async fn a_body_holding_a_resource_of_the_scope_still_waits_for_its_drop() {
             Poll::Ready(Some(Ok(Frame::data(&b"x"[..]))))
         }
     }
+    let pool = Arc::new(tokio::sync::Semaphore::new(1));
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
-    let mut svc = layer.layer(Fn_(|req: Request<()>| {
-        let scope = req.extensions().get::<Scope>().unwrap().clone();
-        async move {
-            let mut res = Response::new(Holding(scope.tether(()).unwrap()));
-            res.extensions_mut().insert(scope);
-            Ok::<_, Infallible>(res)
+    let mut svc = layer.layer(Fn_({
+        let pool = pool.clone();
+        move |req: Request<()>| {
+            let scope = req.extensions().get::<Scope>().unwrap().clone();
+            let pool = pool.clone();
+            async move {
+                let body = Holding {
+                    _conn: scope.tether(()).unwrap(),
+                    _permit: scope.acquire(&pool).await.unwrap(),
+                };
+                let mut res = Response::new(body);
+                res.extensions_mut().insert(scope);
+                Ok::<_, Infallible>(res)
+            }
         }
     }));
+    let start = Instant::now();
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let scope = scope_of(&res);
     let mut body = Box::pin(res.into_body());
     assert!(next_frame(&mut body).await.unwrap().unwrap().is_data());
-    let late = timeout(Duration::from_secs(3600), reports.recv()).await;
-    assert!(late.is_err(), "reported with the resource held: {late:?}");
-    assert_eq!(scope.lifecycle(), Lifecycle::Cancelling);
-    drop(body);
+    assert_eq!(pool.available_permits(), 0);
+    // The client reads no more; the server keeps the response.
     let (_, report) = next_report(&mut reports).await;
+    assert_eq!(Instant::now() - start, ms(250));
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert_eq!(pool.available_permits(), 1, "the permit is still held");
+    assert_eq!(scope.lifecycle(), Lifecycle::CancelledStable);
+    drop(body);
+    assert_no_more_reports(&mut reports).await;
 }
 
 // --- 2. a poll of the handler's body that panics ------------------------------------------
@@ -750,7 +768,10 @@ impl Body for Endless {
 async fn allocations_of_a_request(method: http::Method) -> u64 {
     let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
         |_: Request<()>| async {
-            let frames = VecDeque::from([Frame::data(&b"a"[..]), Frame::data(&b"b"[..])]);
+            let frames = VecDeque::from([
+                Frame::data(Bytes::from_static(b"a")),
+                Frame::data(Bytes::from_static(b"b")),
+            ]);
             Ok::<_, Infallible>(Response::new(Frames(frames)))
         },
     ));
@@ -764,17 +785,18 @@ async fn allocations_of_a_request(method: http::Method) -> u64 {
     allocs() - before
 }
 
-/// Frames, then the end (`is_end_stream` only once empty; no size hint: tracked).
-struct Frames(VecDeque<Frame<&'static [u8]>>);
+/// Frames, then the end (`is_end_stream` only once empty; no size hint: tracked). `Bytes`, as
+/// servers send (other data is copied into `Bytes`).
+struct Frames(VecDeque<Frame<Bytes>>);
 
 impl Body for Frames {
-    type Data = &'static [u8];
+    type Data = Bytes;
     type Error = Infallible;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         Poll::Ready(self.0.pop_front().map(Ok))
     }
 
@@ -783,21 +805,23 @@ impl Body for Frames {
     }
 }
 
-/// Tracking a body costs one allocation (the `BodyStop`): its waker takes the scope's inline
-/// cancel-waiter slot. Counted as the difference between a `GET` (tracked) and a `HEAD`
-/// (untracked) of the same response.
+/// Tracking a body costs two allocations (the `BodyStop`, and the handler's body boxed in it,
+/// where the cut can drop it): the stop's waker takes the scope's inline cancel-waiter slot.
+/// Counted as the difference between a `GET` (tracked) and a `HEAD` (untracked) of the same
+/// response.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn tracking_a_body_costs_one_allocation() {
+async fn tracking_a_body_costs_two_allocations() {
     // The fewest of a few rounds (the first ones warm up lazy statics and the timers).
     let (mut tracked, mut untracked) = (u64::MAX, u64::MAX);
     for _ in 0..5 {
         tracked = tracked.min(allocations_of_a_request(http::Method::GET).await);
         untracked = untracked.min(allocations_of_a_request(http::Method::HEAD).await);
     }
-    // Before 9e91ab3: 19 and 19; after: 20 and 19.
+    // Before 9e91ab3: 19 and 19; after: 20 and 19. With the handler's body boxed in the stop,
+    // one more: 18 and 16 here, against 17 and 16 just before.
     eprintln!("allocations: tracked {tracked}, untracked {untracked}");
     assert!(
-        tracked <= untracked + 1,
+        tracked <= untracked + 2,
         "tracked {tracked}, untracked {untracked}"
     );
 }
@@ -880,9 +904,9 @@ async fn h2_client(addr: std::net::SocketAddr) -> Channel {
 }
 
 /// An HTTP/2 client that does not read the response body: its window closes and hyper's h2
-/// server stops polling the body (it waits for send capacity). The request is reported at
-/// its deadline all the same, without the body being polled or dropped; when the client
-/// resets the stream at last the body is dropped, and nothing is reported again.
+/// server stops polling the body (it waits for send capacity). At the deadline the handler's
+/// body is dropped all the same, without being polled, and then the request is reported; when
+/// the client resets the stream at last nothing is reported again.
 #[tokio::test]
 async fn an_h2_client_whose_window_is_closed_does_not_keep_the_request_from_its_report() {
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
@@ -912,15 +936,11 @@ async fn an_h2_client_whose_window_is_closed_does_not_keep_the_request_from_its_
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
     assert_eq!(
         gone.try_recv(),
-        Err(oneshot::error::TryRecvError::Empty),
-        "the body was dropped before the report"
+        Ok(()),
+        "reported with the handler's body still there"
     );
-    // The client goes (RST_STREAM): the server drops the body; no second report.
+    // The client goes (RST_STREAM): the server drops the response; no second report.
     drop(res);
-    timeout(PATIENCE, gone)
-        .await
-        .expect("the body was not dropped")
-        .unwrap();
     let again = timeout(ms(200), reports.recv()).await;
     assert!(again.is_err(), "a second report: {again:?}");
 }
@@ -1015,10 +1035,10 @@ impl tower::Service<Request<tonic::body::Body>> for Feed {
     }
 }
 
-/// A tonic streaming response whose client reads one message and stops: the request is
-/// reported at its deadline, with the stream still there; when the client reads again it gets
-/// what was sent, then `DEADLINE_EXCEEDED` (the trailers of the poll after the cut), and the
-/// stream is dropped; nothing is reported again.
+/// A tonic streaming response whose client reads one message and stops: at the deadline the
+/// stream is dropped (without a poll: the client's window is closed) and the request is
+/// reported; when the client reads again it gets what was sent, then `DEADLINE_EXCEEDED` (the
+/// trailers of the poll after the cut); nothing is reported again.
 #[tokio::test]
 async fn a_tonic_stream_whose_client_pauses_is_reported_at_the_deadline_then_ends_with_deadline_exceeded(
 ) {
@@ -1053,8 +1073,8 @@ async fn a_tonic_stream_whose_client_pauses_is_reported_at_the_deadline_then_end
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
     assert_eq!(
         gone.try_recv(),
-        Err(oneshot::error::TryRecvError::Empty),
-        "the stream was dropped before the report"
+        Ok(()),
+        "reported with the stream still there"
     );
     // It reads again: what was sent, then the status.
     let status = timeout(PATIENCE, async {
@@ -1069,10 +1089,6 @@ async fn a_tonic_stream_whose_client_pauses_is_reported_at_the_deadline_then_end
     .await
     .expect("the stream did not end");
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-    timeout(PATIENCE, gone)
-        .await
-        .expect("the stream was not dropped")
-        .unwrap();
     let again = timeout(ms(200), reports.recv()).await;
     assert!(again.is_err(), "a second report: {again:?}");
 }

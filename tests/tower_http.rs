@@ -857,15 +857,25 @@ impl Drop for OnDrop {
     }
 }
 
-/// A body of 16 MiB chunks for ever, as fast as the connection takes them. `gone` hears when
-/// the server drops it.
+/// What `flood` holds: the test's ear for the drop of its body, and a pool of one connection
+/// permit.
+#[derive(Clone)]
+struct Flood {
+    gone: Arc<Mutex<Option<oneshot::Sender<()>>>>,
+    pool: Arc<tokio::sync::Semaphore>,
+}
+
+/// A body of 16 MiB chunks for ever, as fast as the connection takes them, holding a permit
+/// of the pool acquired through the request's scope (as a database connection would be).
+/// `gone` hears when the body is dropped.
 ///
 /// hyper polls a body only while its own write queue has room (less than about 400 KiB
 /// queued), and only when its task is woken: a chunk much larger than the socket's buffers
 /// (a few MiB on loopback) leaves the queue full once the client stops reading, so that
 /// hyper polls the body no more, even when the cut at the deadline wakes it.
-async fn flood(State(gone): State<Arc<Mutex<Option<oneshot::Sender<()>>>>>) -> Body {
-    let guard = OnDrop(gone.lock().unwrap().take());
+async fn flood(State(f): State<Flood>) -> Body {
+    let permit = Scope::current().acquire(&f.pool).await.unwrap();
+    let guard = (OnDrop(f.gone.lock().unwrap().take()), permit);
     let chunk = bytes::Bytes::from(vec![b'x'; 16 << 20]);
     let chunks = futures::stream::unfold(guard, move |guard| {
         let chunk = chunk.clone();
@@ -874,15 +884,23 @@ async fn flood(State(gone): State<Arc<Mutex<Option<oneshot::Sender<()>>>>>) -> B
     Body::from_stream(chunks)
 }
 
+/// A client that stops reading a large streamed body (and keeps its connection open), so that
+/// the server cannot send and stops polling the body: at the deadline the handler's body is
+/// dropped all the same, its pool permit goes back, and the request is reported; when the
+/// client reads again, the response is cut.
 #[tokio::test]
-async fn a_client_that_stops_reading_does_not_keep_the_request_from_its_report() {
+async fn a_client_that_stops_reading_pins_nothing_past_the_deadline() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(1_000)));
     let (gone_tx, mut gone) = oneshot::channel();
+    let pool = Arc::new(tokio::sync::Semaphore::new(1));
     let app = Router::new()
         .route("/", get(flood))
-        .with_state(Arc::new(Mutex::new(Some(gone_tx))))
+        .with_state(Flood {
+            gone: Arc::new(Mutex::new(Some(gone_tx))),
+            pool: pool.clone(),
+        })
         .layer(layer);
     let url = serve(app).await;
     let addr = url.trim_start_matches("http://").trim_end_matches('/');
@@ -905,32 +923,34 @@ async fn a_client_that_stops_reading_does_not_keep_the_request_from_its_report()
         }
     };
     assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", &got[..head_end]);
+    assert_eq!(pool.available_permits(), 0);
     // ... and then the client reads no more, and keeps the connection open. The server fills
     // the socket's buffers and stops polling the body; the deadline passes.
     let (_, report) = next_report(&mut reports).await;
     assert!(sent.elapsed() >= CUT_AFTER);
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
-    // Reported without the server polling or dropping the body: the response is still
-    // there, stuck behind the client.
+    // The handler's body was dropped before the report, without the server polling it (the
+    // response is still stuck behind the client): its permit is back.
     assert_eq!(
         gone.try_recv(),
-        Err(oneshot::error::TryRecvError::Empty),
-        "the body was dropped before the report"
+        Ok(()),
+        "reported with the body still there"
+    );
+    assert_eq!(
+        pool.available_permits(),
+        1,
+        "the body's permit is still held"
     );
 
     // The client reads again: the response is cut (the connection closes without the
-    // chunked body's last chunk), and the server drops the body.
+    // chunked body's last chunk).
     let mut tail = Vec::new();
     timeout(PATIENCE, conn.read_to_end(&mut tail))
         .await
         .expect("the response was not cut")
         .unwrap();
     assert!(!tail.ends_with(b"0\r\n\r\n"), "the body ended cleanly");
-    timeout(PATIENCE, gone)
-        .await
-        .expect("the body was not dropped")
-        .unwrap();
 }
 
 /// A call that its scope stops mid-body (`chunk()` fails) lets go of its connection then,

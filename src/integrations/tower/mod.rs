@@ -25,10 +25,11 @@
 //!   future is dropped (client disconnect, HTTP/2 reset) the scope is cancelled with
 //!   [`Cause::ClientGone`](crate::Cause::ClientGone). Afterwards the scope is closed, and once
 //!   it is quiet its [`Report`](crate::Report) goes to the optional
-//!   [`on_report`](AdmitLayer::on_report) callback. Behind a tonic server, which enforces
-//!   `grpc-timeout` itself (and says `CANCELLED`), give the policy a
-//!   [`reserve`](crate::wire::EndpointPolicy::reserve) that covers the answer's trip, so that
-//!   the layer's `DEADLINE_EXCEEDED` comes first.
+//!   [`on_report`](AdmitLayer::on_report) callback. The response body is bounded by the same
+//!   deadline; at it the handler's body is dropped, also if the client stopped reading.
+//!   Behind a tonic server, which enforces `grpc-timeout` itself (and says `CANCELLED`), give
+//!   the policy a [`reserve`](crate::wire::EndpointPolicy::reserve) that covers the answer's
+//!   trip, so that the layer's `DEADLINE_EXCEEDED` comes first.
 //!
 //! * [`Propagate`] / [`PropagateLayer`] (client): every call gets a child of the current scope
 //!   (outside any scope: of a [`Scope`](crate::Scope) in the request's extensions) cut by an

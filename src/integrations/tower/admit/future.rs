@@ -162,7 +162,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
 impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: http_body::Body,
+    B: http_body::Body + Send + 'static,
 {
     type Output = Result<Response<ResponseBody<B>>, E>;
 

@@ -41,8 +41,9 @@
 //! report waits for it. So does the response body ([`ResponseBody`]): it is bounded by the
 //! same deadline (a gRPC body then ends with `DEADLINE_EXCEEDED` trailers, any other body
 //! with an error), and a client that goes away while it streams cancels the scope with
-//! [`ClientGone`](crate::Cause::ClientGone). At the scope's cancel the report stops waiting
-//! for the body at once, also when the server does not poll it (a client that stopped
+//! [`ClientGone`](crate::Cause::ClientGone). At the scope's cancel the handler's body is
+//! dropped at once — what it holds (a pool's connection, a permit) goes back — and the report
+//! stops waiting for it, also when the server does not poll it (a client that stopped
 //! reading): see [`ResponseBody`]. A request whose handler panics (in the service's `call`,
 //! while its future is polled, or while its response body is polled) is cancelled with
 //! `Cancelled` and the reason "the handler panicked", and reported (not `ClientGone`: the

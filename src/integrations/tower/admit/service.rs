@@ -191,7 +191,7 @@ impl<S> Admit<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: http_body::Body,
+    ResBody: http_body::Body + Send + 'static,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
