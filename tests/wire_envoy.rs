@@ -8,6 +8,12 @@ use cancel_scope::wire::envoy::{
 };
 use proptest::prelude::*;
 
+/// The checks of the `wire_decode` fuzz target (`fuzz/`), which needs a nightly toolchain:
+/// the suite runs them on proptest's inputs instead.
+#[allow(dead_code)]
+#[path = "../fuzz/fuzz_targets/wire_decode_checks.rs"]
+mod wire_decode_checks;
+
 #[test]
 fn header_name() {
     assert_eq!(EXPECTED_RQ_TIMEOUT_MS, "x-envoy-expected-rq-timeout-ms");
@@ -96,5 +102,24 @@ proptest! {
     fn accepts_exactly_one_to_ten_ascii_digits(s in "[0-9 +\\-.a١]{0,12}") {
         let valid = (1..=10).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit());
         prop_assert_eq!(decode_expected_timeout(&s).is_ok(), valid, "{:?}", s);
+    }
+}
+
+/// Bytes as the fuzzer would try them: anything, near misses, and valid values.
+fn fuzz_input() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..32),
+        "[0-9 +\\-.a١]{0,12}".prop_map(String::into_bytes),
+        "[0-9]{1,12}".prop_map(String::into_bytes),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// The fuzz target's contract for this decoder, on the same entry points (raw bytes).
+    #[test]
+    fn the_fuzz_targets_checks_hold(data in fuzz_input()) {
+        wire_decode_checks::envoy(&data);
     }
 }

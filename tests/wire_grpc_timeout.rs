@@ -16,6 +16,12 @@ const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
+/// The checks of the `wire_decode` fuzz target (`fuzz/`), which needs a nightly toolchain:
+/// the suite runs them on proptest's inputs instead.
+#[allow(dead_code)]
+#[path = "../fuzz/fuzz_targets/wire_decode_checks.rs"]
+mod wire_decode_checks;
+
 #[test]
 fn header_name() {
     assert_eq!(HEADER, "grpc-timeout");
@@ -270,5 +276,25 @@ proptest! {
     #[test]
     fn decode_bytes_agrees_with_decode(s in any::<String>()) {
         prop_assert_eq!(decode(&s), decode_bytes(s.as_bytes()));
+    }
+}
+
+/// Bytes as the fuzzer would try them: anything, near misses of the grammar, and valid values.
+fn fuzz_input() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..32),
+        "[0-9HMSmun +\\-.x١]{0,12}".prop_map(String::into_bytes),
+        "[0-9]{1,8}[HMSmun]".prop_map(String::into_bytes),
+        "[0-9]{9,10}[HMSmun]".prop_map(String::into_bytes),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// The fuzz target's contract for this decoder, on the same entry points (raw bytes).
+    #[test]
+    fn the_fuzz_targets_checks_hold(data in fuzz_input()) {
+        wire_decode_checks::grpc_timeout(&data);
     }
 }

@@ -353,6 +353,12 @@ fn serializes_in_a_fixed_order() {
 
 // ---- properties ----
 
+/// The checks of the `wire_decode` fuzz target (`fuzz/`), which needs a nightly toolchain:
+/// the suite runs them on proptest's inputs instead.
+#[allow(dead_code)]
+#[path = "../fuzz/fuzz_targets/wire_decode_checks.rs"]
+mod wire_decode_checks;
+
 fn any_budget() -> impl Strategy<Value = ServiceBudget> {
     (
         prop_oneof![
@@ -483,5 +489,24 @@ proptest! {
     fn a_repeated_rem_is_always_rejected(a in 0_u64..=86_400_000, b in 0_u64..=86_400_000) {
         let err = ServiceBudget::parse(format!("v=1, rem={a}, rem={b}")).unwrap_err();
         prop_assert_eq!(err.kind(), ServiceBudgetErrorKind::DuplicateMember);
+    }
+}
+
+/// Bytes as the fuzzer would try them: anything, plausible dictionaries, and valid headers.
+fn fuzz_input() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..64),
+        plausible_header().prop_map(String::into_bytes),
+        any_budget().prop_map(|b| b.to_header_value().into_bytes()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// The fuzz target's contract for this decoder, on the same entry points (raw bytes).
+    #[test]
+    fn the_fuzz_targets_checks_hold(data in fuzz_input()) {
+        wire_decode_checks::service_budget(&data);
     }
 }
