@@ -1,0 +1,300 @@
+//! reqwest calls made in a child scope: budget headers injected, response body bounded.
+//!
+//! ```text
+//! let res = client.get(url).scoped().send().await?;   // a child of Scope::current()
+//! let body = res.text().await?;                        // bounded by the same deadline
+//! ```
+//!
+//! [`RequestBuilderExt::scoped`] turns a `reqwest::RequestBuilder` into a [`ScopedRequest`].
+//! Sending it does what the tower client layer
+//! (`integrations::tower::Propagate`, feature `tower`) does for tower clients:
+//!
+//! 1. a child of the scope is cut by the [`EgressPolicy`] (explicit, or that of the scope's
+//!    [`Operation`](crate::wire::Operation)); too little budget fails fast and nothing is sent;
+//! 2. the call is registered as a child of it and dispatched right before it is sent, so that
+//!    it is never sent after a cancel;
+//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and a
+//!    timeout the request has (reqwest's own) is shortened to the child's budget (none is
+//!    set otherwise: the client's `ClientBuilder::timeout` applies). The caller's own bounds
+//!    on the request — a `RequestBuilder::timeout`, a budget header set on it — bound the
+//!    child too, so a shorter one is kept (on the wire and as the call's deadline) and a
+//!    longer one gives nothing more; a malformed budget header is replaced, and Envoy's
+//!    `x-envoy-expected-rq-timeout-ms` is removed (Envoy sets it per hop);
+//! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
+//!    deadline passes or its scope is cancelled, with a [`CallError`].
+//!
+//! The budget headers are written once, when the call is sent. A redirect that reqwest
+//! follows (or a request it re-sends on a refused HTTP/2 stream) carries them as they were,
+//! so the next hop is told up to that much more than is left; the call itself still stops at
+//! its deadline. A client used for calls between services is best built with
+//! `reqwest::redirect::Policy::none()`, so that a redirect is the caller's to follow, as a
+//! new call.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), cancel_scope::integrations::CallError> {
+//! use std::time::Duration;
+//! use cancel_scope::integrations::reqwest::RequestBuilderExt;
+//! use cancel_scope::wire::EgressPolicy;
+//! use cancel_scope::Scope;
+//!
+//! let client = reqwest::Client::new();
+//! let request = Scope::with_timeout(Duration::from_millis(500));
+//! let body = request
+//!     .run(async {
+//!         let res = client
+//!             .get("http://127.0.0.1:8080/inventory")
+//!             .scoped()
+//!             .egress(EgressPolicy::new().reserve(Duration::from_millis(50)))
+//!             .send()
+//!             .await?;
+//!         res.text().await
+//!     })
+//!     .await??;
+//! # let _ = body; Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+
+use reqwest::RequestBuilder;
+use tokio::time::Instant;
+
+use super::{call, CallError};
+use crate::scope::deadline_after;
+use crate::wire::EgressPolicy;
+use crate::{ChildSpec, Scope};
+
+mod response;
+
+use response::Call;
+pub use response::ScopedResponse;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest::RequestBuilder {}
+}
+
+/// Sends reqwest requests in a child scope. Implemented for `reqwest::RequestBuilder`.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+/// use cancel_scope::Scope;
+///
+/// let scope = Scope::new();
+/// let request = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&scope);
+/// # let _ = request;
+/// ```
+pub trait RequestBuilderExt: sealed::Sealed + Sized {
+    /// The request as a call in a child of [`Scope::current`] (sending fails with
+    /// [`CallError::is_no_scope`] if there is none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped();
+    /// assert!(req.send().await.unwrap_err().is_no_scope()); // not inside a scope
+    /// # }
+    /// ```
+    fn scoped(self) -> ScopedRequest;
+
+    /// The request as a call in a child of `scope`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// let scope = Scope::new();
+    /// scope.cancel();
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&scope);
+    /// assert!(req.send().await.unwrap_err().is_cancelled()); // nothing was sent
+    /// # }
+    /// ```
+    fn scoped_in(self, scope: &Scope) -> ScopedRequest;
+
+    /// Shorthand for `self.scoped().send()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// let scope = Scope::with_timeout(Duration::ZERO); // already out of time
+    /// let err = scope
+    ///     .run(async { reqwest::Client::new().get("http://127.0.0.1:1/").send_scoped().await })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_deadline_exceeded());
+    /// # }
+    /// ```
+    fn send_scoped(self) -> impl Future<Output = Result<ScopedResponse, CallError>> + Send {
+        self.scoped().send()
+    }
+}
+
+impl RequestBuilderExt for RequestBuilder {
+    fn scoped(self) -> ScopedRequest {
+        ScopedRequest {
+            builder: self,
+            parent: Scope::try_current(),
+            egress: None,
+            spec: None,
+        }
+    }
+
+    fn scoped_in(self, scope: &Scope) -> ScopedRequest {
+        ScopedRequest {
+            builder: self,
+            parent: Some(scope.clone()),
+            egress: None,
+            spec: None,
+        }
+    }
+}
+
+/// A reqwest request about to be sent as a call in a child scope. Made by
+/// [`RequestBuilderExt::scoped`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+/// use cancel_scope::wire::EgressPolicy;
+/// use cancel_scope::{ChildSpec, Scope};
+///
+/// let scope = Scope::new();
+/// let request = reqwest::Client::new()
+///     .post("http://127.0.0.1:1/payments")
+///     .scoped_in(&scope)
+///     .egress(EgressPolicy::new().cap(Duration::from_secs(2)))
+///     .spec(ChildSpec::idempotent("pay", "payment-42"));
+/// # let _ = request;
+/// ```
+#[must_use = "a scoped request does nothing until sent"]
+pub struct ScopedRequest {
+    builder: RequestBuilder,
+    parent: Option<Scope>,
+    egress: Option<EgressPolicy>,
+    spec: Option<ChildSpec>,
+}
+
+impl ScopedRequest {
+    /// Uses `egress` instead of the scope's operation's egress policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// use cancel_scope::Scope;
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
+    ///     .egress(EgressPolicy::new().transport_pad(Duration::from_millis(5)));
+    /// # let _ = req;
+    /// ```
+    pub fn egress(mut self, egress: EgressPolicy) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// Registers the call as `spec` (default: read-only, named `"call"`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::{ChildSpec, Scope};
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
+    ///     .spec(ChildSpec::read_only("inventory"));
+    /// # let _ = req;
+    /// ```
+    pub fn spec(mut self, spec: ChildSpec) -> Self {
+        self.spec = Some(spec);
+        self
+    }
+
+    /// Sends the request and waits for the response head, within the call's budget.
+    ///
+    /// # Errors
+    ///
+    /// A [`CallError`]: no scope, too little budget (nothing sent), the scope was cancelled
+    /// (nothing sent, or the call stopped), the deadline passed, or the transport failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the call; its receipt is `Cancelled` (or `EffectUnknown`
+    /// for an effectful call that was dispatched).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// use cancel_scope::Scope;
+    ///
+    /// let scope = Scope::with_timeout(Duration::from_millis(30));
+    /// let err = reqwest::Client::new()
+    ///     .get("http://127.0.0.1:1/")
+    ///     .scoped_in(&scope)
+    ///     .egress(EgressPolicy::new().min_useful(Duration::from_millis(50)))
+    ///     .send()
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_budget_exhausted()); // failed fast: nothing was sent
+    /// # }
+    /// ```
+    pub async fn send(self) -> Result<ScopedResponse, CallError> {
+        let parent = self.parent.ok_or_else(CallError::no_scope)?;
+        let spec = self.spec.unwrap_or_else(|| ChildSpec::read_only("call"));
+        // Built before the call is prepared: a request that cannot be built is never
+        // registered, and `prepare` sees the budget headers the caller set on the builder.
+        let (client, req) = self.builder.build_split();
+        let mut req = req.map_err(CallError::transport)?;
+        // The caller's own timeout on the request bounds the call's scope too: the callee is
+        // told no more, and the call stops at it as at any deadline.
+        let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
+        let prepared = call::prepare(&parent, within, self.egress, spec, req.headers_mut())?;
+        // Dispatched: from here on the request may be sent (and nothing below can fail).
+        // The scope's cancel below stops the call at its deadline. A timeout the request has
+        // is only shortened to it; none is set otherwise, because reqwest applies a request's
+        // own timeout in place of the client's (`ClientBuilder::timeout`), which would then
+        // be lost.
+        if let (Some(left), Some(timeout)) = (prepared.call.remaining(), req.timeout_mut()) {
+            *timeout = (*timeout).min(left);
+        }
+        let mut call_state = Call::new(prepared.call, prepared.dispatched, prepared.announced);
+        let sent = client.execute(req);
+        let res = tokio::select! {
+            biased;
+            () = call_state.scope.cancelled() => return Err(call_state.stopped()),
+            res = sent => res,
+        };
+        match res {
+            Ok(inner) => Ok(ScopedResponse::new(inner, call_state)),
+            Err(e) => Err(call_state.failed(e)),
+        }
+    }
+}
+
+impl fmt::Debug for ScopedRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedRequest")
+            .field("builder", &self.builder)
+            .field("parent", &self.parent)
+            .field("egress", &self.egress)
+            .field("spec", &self.spec)
+            .finish()
+    }
+}

@@ -1,0 +1,366 @@
+//! The response of a scoped call, and the call's state until its receipt.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use reqwest::header::HeaderMap;
+use reqwest::{Response, ResponseBuilderExt as _, StatusCode};
+use tokio::time::{Instant, Sleep};
+
+use crate::integrations::CallError;
+use crate::{Cause, Dispatched, Scope};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One call in flight.
+pub(super) struct Call {
+    pub(super) scope: Scope,
+    dispatched: Option<Dispatched>,
+    announced: Option<Instant>,
+}
+
+impl Call {
+    pub(super) fn new(scope: Scope, dispatched: Dispatched, announced: Option<Instant>) -> Self {
+        Call {
+            scope,
+            dispatched: Some(dispatched),
+            announced,
+        }
+    }
+
+    /// The scope stopped the call; the receipt is left to `Dispatched`'s drop (`Cancelled`,
+    /// or `EffectUnknown` for effectful calls).
+    pub(super) fn stopped(&mut self) -> CallError {
+        self.dispatched = None;
+        CallError::cancelled(self.scope.cause_or_cancelled())
+    }
+
+    /// The transport failed, or a timer fired: reqwest's own timeout on the request (no later
+    /// than the call's deadline, and never set later than it) or a timer of the client's.
+    ///
+    /// Only the time itself says whether it was the call's deadline: a client's timer
+    /// (`ClientBuilder::timeout`, `read_timeout`, `connect_timeout`) that fires while the call
+    /// still has budget left is a transport failure (`e.is_timeout()` says "some timer").
+    pub(super) fn failed(&mut self, e: reqwest::Error) -> CallError {
+        if self.scope.is_cancelled() {
+            return self.stopped();
+        }
+        let now = Instant::now();
+        let expired = self.announced.is_some_and(|a| now >= a)
+            || self.scope.deadline().is_some_and(|d| now >= d);
+        if expired {
+            // Stopped by the deadline, not failed: the receipt is left to `Dispatched`'s
+            // drop (`Cancelled`, or `EffectUnknown` for effectful calls).
+            self.dispatched = None;
+            return CallError::transport_after_deadline(e);
+        }
+        if let Some(d) = self.dispatched.take() {
+            // Effectful work may have had its effect: `EffectUnknown`, by the drop.
+            if !d.spec().effect().may_have_effect() {
+                d.fail();
+            }
+        }
+        CallError::transport(e)
+    }
+
+    fn succeed(&mut self) {
+        if let Some(d) = self.dispatched.take() {
+            d.succeed();
+        }
+    }
+
+    fn finish<T>(&mut self, res: reqwest::Result<T>) -> Result<T, CallError> {
+        match res {
+            Ok(v) => {
+                self.succeed();
+                Ok(v)
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+}
+
+/// The response of a [`ScopedRequest`](super::ScopedRequest): reading its body is bounded by the call's deadline
+/// and stopped by a cancel of its scope.
+///
+/// The call's receipt is recorded when the body has been read (`Succeeded`), when reading it
+/// fails, or when the response is dropped unread (`Cancelled`, or `EffectUnknown` for an
+/// effectful call).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse)
+/// # -> Result<(), cancel_scope::integrations::CallError> {
+/// if res.status().is_success() {
+///     let body = res.text().await?;
+///     # let _ = body;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct ScopedResponse {
+    inner: Response,
+    call: Call,
+}
+
+impl ScopedResponse {
+    pub(super) fn new(inner: Response, call: Call) -> Self {
+        ScopedResponse { inner, call }
+    }
+
+    /// The status code.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// assert!(res.status().is_success());
+    /// # }
+    /// ```
+    pub fn status(&self) -> StatusCode {
+        self.inner.status()
+    }
+
+    /// The response headers.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let kind = res.headers().get("content-type");
+    /// # let _ = kind;
+    /// # }
+    /// ```
+    pub fn headers(&self) -> &HeaderMap {
+        self.inner.headers()
+    }
+
+    /// The call's scope (a child of the scope the request was sent in).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let left = res.scope().remaining();
+    /// # let _ = left;
+    /// # }
+    /// ```
+    pub fn scope(&self) -> &Scope {
+        &self.call.scope
+    }
+
+    /// What is left of the call's budget for reading the body.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// assert!(res.remaining().unwrap() > std::time::Duration::ZERO);
+    /// # }
+    /// ```
+    pub fn remaining(&self) -> Option<Duration> {
+        self.call.scope.remaining()
+    }
+
+    /// Reads the whole body.
+    ///
+    /// # Errors
+    ///
+    /// A [`CallError`] when the deadline passes or the scope is cancelled first, or when
+    /// reading fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse)
+    /// # -> Result<(), cancel_scope::integrations::CallError> {
+    /// let body = res.bytes().await?;
+    /// # let _ = body; Ok(()) }
+    /// ```
+    pub async fn bytes(mut self) -> Result<Bytes, CallError> {
+        let read = self.inner.bytes();
+        let res = tokio::select! {
+            biased;
+            () = self.call.scope.cancelled() => return Err(self.call.stopped()),
+            res = read => res,
+        };
+        self.call.finish(res)
+    }
+
+    /// Reads the whole body as text (see `reqwest::Response::text`).
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse)
+    /// # -> Result<(), cancel_scope::integrations::CallError> {
+    /// let text = res.text().await?;
+    /// # let _ = text; Ok(()) }
+    /// ```
+    pub async fn text(mut self) -> Result<String, CallError> {
+        let read = self.inner.text();
+        let res = tokio::select! {
+            biased;
+            () = self.call.scope.cancelled() => return Err(self.call.stopped()),
+            res = read => res,
+        };
+        self.call.finish(res)
+    }
+
+    /// Reads the next chunk of the body (`None` at its end).
+    ///
+    /// When the call's deadline passes or its scope is cancelled, the body is let go at once
+    /// (its connection closed, or its HTTP/2 stream reset), although the response itself is
+    /// still held: its status and headers stay readable, and every later read fails.
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes).
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as `reqwest::Response::chunk`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(mut res: cancel_scope::integrations::reqwest::ScopedResponse)
+    /// # -> Result<(), cancel_scope::integrations::CallError> {
+    /// while let Some(chunk) = res.chunk().await? {
+    ///     println!("{} bytes", chunk.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, CallError> {
+        let res = tokio::select! {
+            biased;
+            () = self.call.scope.cancelled() => {
+                // The body goes first, then the receipt: once the scope is quiet, nothing of
+                // the call is left open (invariant 6), even while the caller holds `self`.
+                self.drop_body();
+                return Err(self.call.stopped());
+            }
+            res = self.inner.chunk() => res,
+        };
+        match res {
+            Ok(None) => {
+                self.call.succeed();
+                Ok(None)
+            }
+            Ok(Some(chunk)) => Ok(Some(chunk)),
+            Err(e) => Err(self.call.failed(e)),
+        }
+    }
+
+    /// Lets go of the body, and so of the connection (HTTP/1) or stream (HTTP/2) it is read
+    /// from; the head (status, headers, URL, extensions) stays readable.
+    fn drop_body(&mut self) {
+        let empty = || reqwest::Body::from(Bytes::new());
+        let placeholder = Response::from(http::Response::new(empty()));
+        let res = std::mem::replace(&mut self.inner, placeholder);
+        self.inner = map_body(res, |_| empty());
+    }
+
+    /// The plain reqwest response, for reading it some other way. The call's receipt is
+    /// recorded as `Succeeded` now; the body is still cut at the call's deadline (reading it
+    /// then fails with an error whose `is_timeout()` is true), but no longer by a cancel of
+    /// the scope.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let res: reqwest::Response = res.into_inner();
+    /// # let _ = res;
+    /// # }
+    /// ```
+    pub fn into_inner(mut self) -> Response {
+        self.call.succeed();
+        match self.call.scope.deadline() {
+            // Not the request's reqwest timeout: `send` leaves a request without one as it is
+            // (the client's own timeout applies then), so only this bounds the body.
+            Some(deadline) => map_body(self.inner, |body| {
+                reqwest::Body::wrap(UntilDeadline {
+                    body: Some(body),
+                    deadline: Box::pin(tokio::time::sleep_until(deadline)),
+                })
+            }),
+            None => self.inner,
+        }
+    }
+}
+
+/// A response body handed over by [`ScopedResponse::into_inner`]: ends with a timeout error
+/// at the call's deadline.
+struct UntilDeadline {
+    body: Option<reqwest::Body>,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl http_body::Body for UntilDeadline {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if body.is_end_stream() {
+            return Poll::Ready(None);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            // Let go of the connection now; the reader sees a timeout, as from reqwest's own.
+            this.body = None;
+            let passed = CallError::cancelled(Cause::DeadlineExceeded);
+            let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, passed);
+            return Poll::Ready(Some(Err(timed_out.into())));
+        }
+        Pin::new(body).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), http_body::Body::size_hint)
+    }
+}
+
+/// `res` with its body replaced by `f(body)`: status, headers, URL and extensions kept.
+fn map_body(res: Response, f: impl FnOnce(reqwest::Body) -> reqwest::Body) -> Response {
+    let url = res.url().clone();
+    let (mut parts, body) = http::Response::<reqwest::Body>::from(res).into_parts();
+    // The URL is kept in an extension only reqwest's builder extension can write, and its
+    // conversion to `http::Response` leaves it out.
+    if let Ok(tagged) = http::Response::builder().url(url).body(()) {
+        parts.extensions.extend(tagged.into_parts().0.extensions);
+    }
+    Response::from(http::Response::from_parts(parts, f(body)))
+}
+
+impl fmt::Debug for ScopedResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedResponse")
+            .field("status", &self.inner.status())
+            .field("scope", &self.call.scope)
+            .finish_non_exhaustive()
+    }
+}
