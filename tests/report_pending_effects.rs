@@ -84,3 +84,41 @@ async fn records_of_one_effect_that_agree_are_still_listed_once_with_what_either
     assert_eq!(e.payload_digest_str(), Some("sha256:abc"));
     assert_eq!(e.provider_handle_str(), Some("psp-1"));
 }
+
+/// The status a call was answered with, and where a redirect took it, are part of the record:
+/// the retry attempt's record (which knows neither) and its transport call's are one effect
+/// with both; two calls of one key answered differently are two things to reconcile.
+#[tokio::test]
+async fn the_answered_status_and_a_redirect_are_kept_and_told_apart() {
+    use cancel_scope::{EffectRecord, Receipt};
+    let s = Scope::new();
+    let spec = ChildSpec::idempotent("put", "order-42");
+    let attempt = s.register(spec.clone()).unwrap().dispatch().unwrap();
+    let call = s.register(spec.clone()).unwrap().dispatch().unwrap();
+    let again = s.register(spec).unwrap().dispatch().unwrap();
+    call.finish(Receipt::EffectUnknown(
+        EffectRecord::new("order-42")
+            .status("HTTP 503")
+            .redirected_to("http://orders-2/orders/42"),
+    ));
+    again.finish(Receipt::EffectUnknown(
+        EffectRecord::new("order-42").status("HTTP 500"),
+    ));
+    drop(attempt);
+    s.close();
+    let r = s.quiesce().await;
+    assert_eq!(r.effect_unknown(), 3, "{r:?}");
+    let listed: Vec<_> = r
+        .pending_effects()
+        .iter()
+        .map(|e| (e.status_str(), e.redirected_to_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (Some("HTTP 503"), Some("http://orders-2/orders/42")),
+            (Some("HTTP 500"), None)
+        ],
+        "{r:?}"
+    );
+}

@@ -73,6 +73,11 @@ impl Effect {
 
 /// Identifies an effect whose outcome is unknown, for reconciliation.
 ///
+/// Besides the effect's id, a record carries what is known of the attempt: a digest of what was
+/// sent, the handle the provider gave it, the status the other side answered (an outgoing call
+/// that got an error it cannot tell was a refusal: `HTTP 503`, `gRPC UNAVAILABLE`), and where a
+/// redirect took the call (its effect may have happened at the first address or there).
+///
 /// # Examples
 ///
 /// ```
@@ -86,6 +91,8 @@ pub struct EffectRecord {
     effect_id: Arc<str>,
     payload_digest: Option<Arc<str>>,
     provider_handle: Option<Arc<str>>,
+    status: Option<Arc<str>>,
+    redirected_to: Option<Arc<str>>,
 }
 
 impl EffectRecord {
@@ -102,6 +109,8 @@ impl EffectRecord {
             effect_id: effect_id.into(),
             payload_digest: None,
             provider_handle: None,
+            status: None,
+            redirected_to: None,
         }
     }
 
@@ -143,14 +152,62 @@ impl EffectRecord {
         &self.effect_id
     }
 
+    /// With the status the other side answered (`HTTP 503`, `gRPC UNAVAILABLE`): an answer
+    /// that does not say whether the effect happened.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("e").status("HTTP 503").status_str(), Some("HTTP 503"));
+    /// ```
+    pub fn status(mut self, status: impl Into<Arc<str>>) -> Self {
+        self.status = Some(status.into());
+        self
+    }
+
+    /// With the address a redirect took the call to: its effect may have happened at the first
+    /// address or at this one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// let r = EffectRecord::new("e").redirected_to("http://127.0.0.1:8081/orders");
+    /// assert_eq!(r.redirected_to_str(), Some("http://127.0.0.1:8081/orders"));
+    /// ```
+    pub fn redirected_to(mut self, to: impl Into<Arc<str>>) -> Self {
+        self.redirected_to = Some(to.into());
+        self
+    }
+
     /// Takes from `other`, a record of the same effect, what this one does not know.
     pub(crate) fn absorb(&mut self, other: &EffectRecord) {
-        if self.payload_digest.is_none() {
-            self.payload_digest.clone_from(&other.payload_digest);
+        for (mine, theirs) in self.details_mut().into_iter().zip(other.details()) {
+            if mine.is_none() {
+                mine.clone_from(theirs);
+            }
         }
-        if self.provider_handle.is_none() {
-            self.provider_handle.clone_from(&other.provider_handle);
-        }
+    }
+
+    /// What the record knows besides the effect id, field by field (`absorb` and the report's
+    /// merging of records go through the same list).
+    pub(crate) fn details(&self) -> [&Option<Arc<str>>; 4] {
+        [
+            &self.payload_digest,
+            &self.provider_handle,
+            &self.status,
+            &self.redirected_to,
+        ]
+    }
+
+    fn details_mut(&mut self) -> [&mut Option<Arc<str>>; 4] {
+        [
+            &mut self.payload_digest,
+            &mut self.provider_handle,
+            &mut self.status,
+            &mut self.redirected_to,
+        ]
     }
 
     /// The payload digest, if known.
@@ -175,6 +232,30 @@ impl EffectRecord {
     /// ```
     pub fn provider_handle_str(&self) -> Option<&str> {
         self.provider_handle.as_deref()
+    }
+
+    /// The status the other side answered, if known.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("x").status_str(), None);
+    /// ```
+    pub fn status_str(&self) -> Option<&str> {
+        self.status.as_deref()
+    }
+
+    /// Where a redirect took the call, if it was redirected.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::EffectRecord;
+    /// assert_eq!(EffectRecord::new("x").redirected_to_str(), None);
+    /// ```
+    pub fn redirected_to_str(&self) -> Option<&str> {
+        self.redirected_to.as_deref()
     }
 }
 

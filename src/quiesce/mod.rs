@@ -884,9 +884,9 @@ fn unknown_in(r: &tree::Records<ChildSpec>) -> impl Iterator<Item = &ChildSpec> 
 
 /// One record per effect, in order of first appearance: a retry attempt and the transport
 /// call inside it that both end `EffectUnknown` name the same effect, which is to be
-/// reconciled once. What either record knows (digest, provider handle) is kept. Records of one
-/// effect id that disagree (two provider handles, two payload digests) are each kept: merging
-/// them would drop what reconciliation needs.
+/// reconciled once. What either record knows (digest, provider handle, status, redirect) is
+/// kept. Records of one effect id that disagree (two provider handles, two payload digests, two
+/// answered statuses) are each kept: merging them would drop what reconciliation needs.
 fn one_per_effect<'a>(records: impl Iterator<Item = &'a EffectRecord>) -> Vec<EffectRecord> {
     let mut effects: Vec<EffectRecord> = Vec::new();
     let mut seen: std::collections::HashMap<&'a str, Vec<usize>> = std::collections::HashMap::new();
@@ -904,13 +904,12 @@ fn one_per_effect<'a>(records: impl Iterator<Item = &'a EffectRecord>) -> Vec<Ef
 }
 
 /// Whether two records of one effect id can be the same effect: nothing one knows contradicts
-/// the other.
+/// the other (digest, provider handle, answered status, redirect).
 fn agree(a: &EffectRecord, b: &EffectRecord) -> bool {
-    fn compatible(x: Option<&str>, y: Option<&str>) -> bool {
-        x.is_none() || y.is_none() || x == y
-    }
-    compatible(a.payload_digest_str(), b.payload_digest_str())
-        && compatible(a.provider_handle_str(), b.provider_handle_str())
+    a.details()
+        .into_iter()
+        .zip(b.details())
+        .all(|(x, y)| x.is_none() || y.is_none() || x == y)
 }
 
 #[cfg(test)]
