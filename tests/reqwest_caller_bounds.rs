@@ -211,3 +211,45 @@ async fn a_transport_timeout_with_budget_left_is_a_failure_not_the_deadline() {
     assert_eq!(report.failed(), 1, "{report}");
     assert_eq!(report.cancelled(), 0, "{report}");
 }
+
+/// A `service-budget` on the builder that a handler copied from its own caller (with that
+/// caller's priority and operation id) is replaced, also when the call's scope has no
+/// deadline (a root from `Scope::new()`): then the call carries no budget header at all, as
+/// the callee's own default applies to it, rather than the copied 24 hours. The caller's own
+/// per-call `grpc-timeout` still bounds such a call (and is all its headers say).
+#[tokio::test]
+async fn a_copied_service_budget_does_not_give_an_unbounded_call_a_budget() {
+    const COPIED: &str = r#"v=1, rem=86400000, prio=0, op="victim-op", gen=7"#;
+    for own_timeout in [None, Some("2S")] {
+        let (url, head) = one_shot_server(true).await;
+        let mut req = reqwest::Client::new()
+            .get(&url)
+            .header("service-budget", COPIED)
+            .header("x-envoy-expected-rq-timeout-ms", "86400000");
+        if let Some(t) = own_timeout {
+            req = req.header("grpc-timeout", t);
+        }
+        let res = req.scoped_in(&Scope::new()).send().await.unwrap();
+        let head = head.await.unwrap();
+        assert_eq!(
+            header(&head, "x-envoy-expected-rq-timeout-ms"),
+            None,
+            "{head}"
+        );
+        match own_timeout {
+            None => {
+                assert_eq!(header(&head, "service-budget"), None, "{head}");
+                assert_eq!(header(&head, "grpc-timeout"), None, "{head}");
+                assert_eq!(res.remaining(), None);
+            }
+            Some(_) => {
+                let (grpc, rem) = told(&head);
+                assert!(grpc <= SHORTER && rem <= SHORTER, "{head}");
+                let budget = ServiceBudget::parse(header(&head, "service-budget").unwrap());
+                let budget = budget.unwrap();
+                assert_eq!((budget.priority(), budget.operation_id()), (None, None));
+                assert!(res.remaining().unwrap() <= SHORTER);
+            }
+        }
+    }
+}

@@ -78,7 +78,9 @@ impl Decoder for Utf8 {
 // --- the service: "/test.Budget/Probe" -------------------------------------------------------
 //
 // The request is how long to work, in ms ("forever" for ever). The response says what the
-// server saw: the budget of its current scope (if a layer admitted it) and the budget headers.
+// server saw: the budget of its current scope (if a layer admitted it), the budget headers,
+// and what admission decided (priority, operation id, the caller's operation id, the declared
+// budget).
 
 #[derive(Clone, Default)]
 struct Probe {
@@ -116,16 +118,25 @@ impl tonic::server::UnaryService<String> for ProbeCall {
             let scope_left = Scope::try_current()
                 .and_then(|s| s.remaining())
                 .map(|d| d.as_micros().to_string());
+            let admission = request.extensions().get::<Admission>().cloned();
             match request.get_ref().as_str() {
                 "forever" => std::future::pending::<()>().await,
                 work => tokio::time::sleep(ms(work.parse().unwrap())).await,
             }
             let show = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+            let a = admission.as_ref();
             Ok(tonic::Response::new(format!(
-                "timeout_us={} budget_ms={} scope_us={}",
+                "timeout_us={} budget_ms={} scope_us={} prio={} op={} caller_op={} declared_ms={}",
                 show(seen_timeout),
                 show(seen_budget),
-                show(scope_left)
+                show(scope_left),
+                show(a.map(|a| a.priority().to_string())),
+                show(a.map(|a| a.operation_id().to_owned())),
+                show(a.and_then(|a| a.caller_operation_id().map(str::to_owned))),
+                show(
+                    a.and_then(|a| a.declared())
+                        .map(|d| d.as_millis().to_string())
+                ),
             )))
         })
     }
@@ -158,20 +169,29 @@ struct Seen {
     timeout_us: Option<u64>,
     budget_ms: Option<u64>,
     scope_us: Option<u64>,
+    prio: Option<u8>,
+    op: Option<String>,
+    caller_op: Option<String>,
+    declared_ms: Option<u64>,
 }
 
 fn parse(answer: &str) -> Seen {
-    let field = |key: &str| {
+    let text = |key: &str| {
         let v = answer
             .split(' ')
             .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
             .unwrap();
-        (v != "-").then(|| v.parse().unwrap())
+        (v != "-").then(|| v.to_owned())
     };
+    let field = |key: &str| text(key).map(|v| v.parse().unwrap());
     Seen {
         timeout_us: field("timeout_us"),
         budget_ms: field("budget_ms"),
         scope_us: field("scope_us"),
+        prio: text("prio").map(|v| v.parse().unwrap()),
+        op: text("op"),
+        caller_op: text("caller_op"),
+        declared_ms: field("declared_ms"),
     }
 }
 
@@ -466,4 +486,195 @@ async fn a_cancelled_caller_resets_the_stream_and_the_server_sees_the_client_go(
     assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
     let report = timeout_quiesce(&caller).await;
     assert_eq!(report.cancelled(), 1, "{report}");
+}
+
+/// A tonic client whose call through our layer has no scope at all (a bare task, a
+/// background thread) is refused with a status it can read, `FAILED_PRECONDITION` — not
+/// `UNKNOWN` with an error's text — and nothing is sent. Opted in with `allow_unscoped`, the
+/// call goes out without the `service-budget` a handler copied onto it, and with a
+/// `grpc-timeout` no longer than the layer's cap.
+#[tokio::test]
+async fn an_unscoped_call_is_refused_unless_the_layer_allows_it() {
+    let (url, calls) = plain_server().await;
+    let client = propagated(&url, EgressPolicy::new()).await;
+    let status = probe(client, "0", None).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("no current scope"), "{status:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    let client = PropagateLayer::new()
+        .allow_unscoped(ms(5_000))
+        .layer(channel(&url).await);
+    let mut grpc = tonic::client::Grpc::new(client);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new("0".to_owned());
+    request
+        .metadata_mut()
+        .insert("service-budget", HOSTILE.parse().unwrap());
+    request.set_timeout(ms(60_000));
+    let answer = grpc
+        .unary(request, PathAndQuery::from_static(PROBE), Utf8)
+        .await
+        .unwrap()
+        .into_inner();
+    let seen = parse(&answer);
+    assert_eq!(seen.budget_ms, None, "{answer}");
+    assert!(seen.timeout_us.unwrap() <= 5_000_000, "{answer}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// What a caller of the edge sends: the most it may ask for, the most urgent priority, and
+/// the operation id of someone else's request.
+const HOSTILE: &str = r#"v=1, rem=86400000, prio=0, op="victim-op", gen=7"#;
+
+/// The metadata a request arrived with, before any layer of the server looked at it.
+#[derive(Clone)]
+struct Raw(http::HeaderMap);
+
+/// The edge: its one method copies its caller's budget headers (as they arrived) onto calls
+/// to the inner service, from a bare task, from a root scope with no deadline and from the
+/// request's own scope, and records the answers.
+#[derive(Clone)]
+struct Edge {
+    inner: Channel,
+    /// The bare task's status, then the inner service's answers.
+    results: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl tonic::server::NamedService for Edge {
+    const NAME: &'static str = "test.Edge";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Edge {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let edge = self.clone();
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(Utf8);
+            Ok(grpc.unary(EdgeCall(edge), req).await)
+        })
+    }
+}
+
+struct EdgeCall(Edge);
+
+impl tonic::server::UnaryService<String> for EdgeCall {
+    type Response = String;
+    type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<String>, Status>> + Send>>;
+
+    fn call(&mut self, request: tonic::Request<String>) -> Self::Future {
+        let edge = self.0.clone();
+        Box::pin(async move {
+            let Raw(raw) = request.extensions().get::<Raw>().unwrap().clone();
+            let forward = move || {
+                let mut request = tonic::Request::new("0".to_owned());
+                for name in ["service-budget", "grpc-timeout"] {
+                    if let Some(v) = raw.get(name) {
+                        let v = v.to_str().unwrap().parse().unwrap();
+                        request.metadata_mut().insert(name, v);
+                    }
+                }
+                request
+            };
+            let call = |request: tonic::Request<String>| {
+                let client = PropagateLayer::new().layer(edge.inner.clone());
+                async move {
+                    let mut grpc = tonic::client::Grpc::new(client);
+                    grpc.ready().await.unwrap();
+                    grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            };
+            // (a) A bare task.
+            let bare = tokio::spawn(call(forward())).await.unwrap();
+            let mut results = vec![format!("{:?}", bare.unwrap_err().code())];
+            // (b) A root scope with no deadline.
+            results.push(Scope::new().run(call(forward())).await.unwrap()?);
+            // (c) The request's own scope.
+            results.push(call(forward()).await?);
+            edge.results.lock().unwrap().extend(results);
+            Ok(tonic::Response::new("edge".to_owned()))
+        })
+    }
+}
+
+/// The attack over tonic: an untrusted caller of the edge (at most 10 s) sends
+/// `service-budget` with 86400000 ms, priority 0 and operation "victim-op"; the edge's handler
+/// copies it onto its calls to a trusted inner service (at most 30 s, which believes its
+/// callers' priority and operation id) through our client layer. From a bare task the call is
+/// refused (`FAILED_PRECONDITION`); from a root with no deadline it carries no budget header;
+/// from the request's scope it carries the edge's own. The inner service never sees the
+/// caller's budget, priority or operation id.
+#[tokio::test]
+async fn a_handler_that_copies_its_callers_metadata_does_not_pass_the_budget_on() {
+    let (inner_url, _, _reports) = admitted_server(
+        EndpointPolicy::new(ms(30_000), ms(10_000))
+            .trust(cancel_scope::wire::Trust::Trusted)
+            .priority(5),
+    )
+    .await;
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let edge = Edge {
+        inner: channel(&inner_url).await,
+        results: results.clone(),
+    };
+    let keep_raw =
+        tower::util::MapRequestLayer::new(|mut req: http::Request<tonic::body::Body>| {
+            let raw = Raw(req.headers().clone());
+            req.extensions_mut().insert(raw);
+            req
+        });
+    let admit = AdmitLayer::new(EndpointPolicy::new(ms(10_000), ms(1_000)).priority(4));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let edge_url = format!("http://{}", listener.local_addr().unwrap());
+    let router = Server::builder()
+        .layer(ServiceBuilder::new().layer(keep_raw).layer(admit))
+        .add_service(edge);
+    tokio::spawn(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
+
+    let mut grpc = tonic::client::Grpc::new(channel(&edge_url).await);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(String::new());
+    request
+        .metadata_mut()
+        .insert("service-budget", HOSTILE.parse().unwrap());
+    let answer = grpc
+        .unary(
+            request,
+            PathAndQuery::from_static("/test.Edge/Forward"),
+            Utf8,
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer, "edge");
+
+    let results = results.lock().unwrap().clone();
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert_eq!(
+        results[0], "FailedPrecondition",
+        "a bare task's call was sent"
+    );
+    let (unbounded, scoped) = (parse(&results[1]), parse(&results[2]));
+    for seen in [&unbounded, &scoped] {
+        assert_ne!(seen.caller_op.as_deref(), Some("victim-op"), "{results:?}");
+        assert_ne!(seen.op.as_deref(), Some("victim-op"), "{results:?}");
+        assert_ne!(seen.prio, Some(0), "{results:?}");
+        assert!(seen.declared_ms.is_none_or(|d| d <= 10_000), "{results:?}");
+    }
+    // No deadline: no budget header, the inner service's default and priority.
+    assert_eq!(unbounded.declared_ms, None, "{results:?}");
+    assert_eq!(unbounded.prio, Some(5), "{results:?}");
+    // The request's scope: the edge's operation and priority, at most the edge's budget.
+    assert!(scoped.declared_ms.is_some(), "{results:?}");
+    assert_eq!(scoped.prio, Some(4), "{results:?}");
+    assert_eq!(scoped.caller_op, scoped.op, "{results:?}");
 }

@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::routing::{any, get};
 use axum::{Extension, Router};
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
-use cancel_scope::integrations::tower::AdmitLayer;
+use cancel_scope::integrations::tower::{AdmitLayer, Propagate, PropagateLayer};
 use cancel_scope::wire::{
     Admission, BudgetSource, EgressPolicy, EndpointPolicy, OperationSource, OverCap,
     PrioritySource, Trust,
@@ -26,6 +26,7 @@ use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use futures::StreamExt as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
+use tower::{Layer as _, ServiceExt as _};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -1007,4 +1008,247 @@ async fn a_body_taken_out_with_into_inner_is_still_cut_at_the_deadline() {
     // The call itself was receipted when the body was handed over.
     let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
     assert_eq!(report.succeeded(), 1, "{report}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Egress owns the budget headers, and receipts follow the call: both clients (the reqwest
+// extension, and `Propagate` around a plain hyper client) against axum servers.
+
+type HyperClient =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, String>;
+
+/// `Propagate` around a plain hyper client.
+fn propagated_hyper(layer: PropagateLayer) -> Propagate<HyperClient> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    layer.layer(client)
+}
+
+/// Reads a response body to its end (its receipt is recorded there).
+async fn read_body<B>(body: B) -> Result<Vec<u8>, B::Error>
+where
+    B: http_body::Body,
+    B::Data: bytes::Buf,
+{
+    use bytes::Buf as _;
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        if let Ok(mut data) = frame?.into_data() {
+            while data.has_remaining() {
+                let chunk = data.chunk();
+                out.extend_from_slice(chunk);
+                let n = chunk.len();
+                data.advance(n);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn http_request(method: &str, url: &str) -> http::Request<String> {
+    http::Request::builder()
+        .method(method)
+        .uri(url)
+        .body(String::new())
+        .unwrap()
+}
+
+/// The headers a request arrived with, before any layer of the server looked at them.
+#[derive(Clone)]
+struct Raw(axum::http::HeaderMap);
+
+/// Keeps a copy of every request's headers as they arrived (in the extension `Raw`).
+fn keep_raw_headers<S>(router: Router<S>) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    router.layer(tower::util::MapRequestLayer::new(
+        |mut req: axum::http::Request<Body>| {
+            let raw = Raw(req.headers().clone());
+            req.extensions_mut().insert(raw);
+            req
+        },
+    ))
+}
+
+/// What the inner service saw of one call.
+#[derive(Clone, Debug)]
+struct InnerSaw {
+    declared: Option<Duration>,
+    caller_operation: Option<String>,
+    operation: String,
+    priority: u8,
+    service_budget: Option<String>,
+}
+
+/// A trusted inner service (at most 30 s, priority 5 by policy) that records what it saw.
+async fn trusted_inner() -> (String, Arc<Mutex<Vec<InnerSaw>>>) {
+    let saw = Arc::new(Mutex::new(Vec::new()));
+    let policy = EndpointPolicy::new(ms(30_000), ms(10_000))
+        .trust(Trust::Trusted)
+        .priority(5);
+    let app = Router::new()
+        .route(
+            "/",
+            any(
+                |State(saw): State<Arc<Mutex<Vec<InnerSaw>>>>,
+                 Extension(a): Extension<Admission>,
+                 Extension(Raw(raw)): Extension<Raw>| async move {
+                    saw.lock().unwrap().push(InnerSaw {
+                        declared: a.declared(),
+                        caller_operation: a.caller_operation_id().map(str::to_owned),
+                        operation: a.operation_id().to_owned(),
+                        priority: a.priority(),
+                        service_budget: raw
+                            .get("service-budget")
+                            .map(|v| v.to_str().unwrap().to_owned()),
+                    });
+                    "inner"
+                },
+            ),
+        )
+        .with_state(saw.clone())
+        .layer(AdmitLayer::new(policy));
+    (serve(keep_raw_headers(app)).await, saw)
+}
+
+/// What a caller of the edge sends: the most it may ask for, the most urgent priority, and
+/// the operation id of someone else's request.
+const HOSTILE: &str = r#"v=1, rem=86400000, prio=0, op="victim-op", gen=7"#;
+
+/// The budget headers of `raw`, as a handler that forwards its caller's headers copies them.
+fn budget_headers_of(raw: &axum::http::HeaderMap) -> reqwest::header::HeaderMap {
+    let mut copied = reqwest::header::HeaderMap::new();
+    for name in [
+        "service-budget",
+        "grpc-timeout",
+        "x-envoy-expected-rq-timeout-ms",
+    ] {
+        for v in raw.get_all(name) {
+            copied.append(name, v.clone());
+        }
+    }
+    copied
+}
+
+/// The edge (untrusted callers, at most 10 s) has a handler that copies its caller's budget
+/// headers onto calls to a trusted inner service (at most 30 s, which believes its callers'
+/// priority and operation id) — from a bare `tokio::spawn` task, from a root scope with no
+/// deadline, and from the request's own scope — through both clients. The inner service never
+/// sees the caller's 86400000 ms, priority 0 or operation "victim-op": outside any scope the
+/// call is refused, without a deadline it carries no budget header, and within the request's
+/// scope it carries the edge's own header (the edge's operation, and at most the edge's 10 s).
+#[tokio::test]
+async fn a_handler_that_copies_its_callers_budget_headers_does_not_pass_them_on() {
+    let (inner_url, saw) = trusted_inner().await;
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let edge_policy = EndpointPolicy::new(ms(10_000), ms(1_000)).priority(4);
+    let state = (inner_url.clone(), refused.clone());
+    let edge = Router::new()
+        .route(
+            "/",
+            get(
+                |State((inner, refused)): State<(String, Arc<Mutex<Vec<bool>>>)>,
+                 Extension(Raw(raw)): Extension<Raw>| async move {
+                    let copied = budget_headers_of(&raw);
+                    let client = reqwest::Client::new();
+                    let hyper_call = |copied: &reqwest::header::HeaderMap| {
+                        let mut req = http_request("GET", &inner);
+                        req.headers_mut().extend(copied.clone());
+                        req
+                    };
+                    // (a) A bare task: no scope at all.
+                    let (c, to, h) = (client.clone(), inner.clone(), copied.clone());
+                    let spawned = tokio::spawn(async move {
+                        let reqwest = c.get(&to).headers(h.clone()).send_scoped().await;
+                        let mut req = http::Request::get(&to).body(String::new()).unwrap();
+                        req.headers_mut().extend(h);
+                        let tower = propagated_hyper(PropagateLayer::new()).oneshot(req).await;
+                        (
+                            reqwest.unwrap_err().is_no_scope(),
+                            tower.unwrap_err().is_no_scope(),
+                        )
+                    });
+                    let (a, b) = spawned.await.unwrap();
+                    refused.lock().unwrap().extend([a, b]);
+                    // (b) A root scope with no deadline.
+                    let root = Scope::new();
+                    let res = client
+                        .get(&inner)
+                        .headers(copied.clone())
+                        .scoped_in(&root)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(res.text().await.unwrap(), "inner");
+                    let tower = propagated_hyper(PropagateLayer::new());
+                    let res = root
+                        .run(tower.oneshot(hyper_call(&copied)))
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    read_body(res.into_body()).await.unwrap();
+                    // (c) The request's own scope.
+                    let res = client
+                        .get(&inner)
+                        .headers(copied.clone())
+                        .send_scoped()
+                        .await
+                        .unwrap();
+                    assert_eq!(res.text().await.unwrap(), "inner");
+                    let tower = propagated_hyper(PropagateLayer::new());
+                    let res = Scope::current()
+                        .run(async move { tower.oneshot(hyper_call(&copied)).await })
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    read_body(res.into_body()).await.unwrap();
+                    "edge"
+                },
+            ),
+        )
+        .with_state(state)
+        .layer(AdmitLayer::new(edge_policy));
+    let edge_url = serve(keep_raw_headers(edge)).await;
+
+    let res = reqwest::Client::new()
+        .get(&edge_url)
+        .header("service-budget", HOSTILE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.text().await.unwrap(), "edge");
+
+    assert_eq!(
+        *refused.lock().unwrap(),
+        [true, true],
+        "unscoped calls were sent"
+    );
+    let saw = saw.lock().unwrap().clone();
+    assert_eq!(saw.len(), 4, "{saw:?}");
+    for s in &saw {
+        assert_ne!(s.caller_operation.as_deref(), Some("victim-op"), "{s:?}");
+        assert_ne!(s.operation, "victim-op", "{s:?}");
+        assert_ne!(s.priority, 0, "{s:?}");
+        assert!(s.declared.is_none_or(|d| d <= ms(10_000)), "{s:?}");
+        let raw = s.service_budget.as_deref().unwrap_or_default();
+        assert!(
+            !raw.contains("86400000") && !raw.contains("victim-op"),
+            "{s:?}"
+        );
+    }
+    // (b): no deadline, no budget header: the inner service's own default and priority.
+    for s in &saw[..2] {
+        assert_eq!((s.declared, s.priority), (None, 5), "{s:?}");
+        assert_eq!(s.service_budget, None, "{s:?}");
+    }
+    // (c): the edge's own header: its operation, its priority (4), at most its 10 s.
+    for s in &saw[2..] {
+        assert!(s.declared.is_some(), "{s:?}");
+        assert_eq!(s.priority, 4, "{s:?}");
+        assert_eq!(s.caller_operation, Some(s.operation.clone()), "{s:?}");
+    }
+    assert_eq!(saw[2].operation, saw[3].operation);
 }

@@ -194,8 +194,11 @@ where
         .unwrap()
 }
 
+/// The gRPC method `grpc_request` calls.
+const METHOD: &str = "/test.Budget/Probe";
+
 fn grpc_request() -> Request<()> {
-    Request::builder()
+    Request::post(METHOD)
         .header("content-type", "application/grpc")
         .body(())
         .unwrap()
@@ -361,37 +364,35 @@ async fn propagate_does_not_forward_an_incoming_envoy_timeout() {
     req.headers_mut()
         .append("x-envoy-expected-rq-timeout-ms", "99999x".parse().unwrap());
     req.headers_mut()
-        .append("x-envoy-expected-rq-timeout-ms", "5".parse().unwrap());
+        .append("x-envoy-expected-rq-timeout-ms", "5000".parse().unwrap());
     let scope = Scope::with_timeout(ms(1_000));
     let res = call_in(&scope, &mut client, req).await;
     assert_eq!(res.headers()["x-envoy-lines"], "0");
     assert_eq!(res.headers()["x-grpc-timeout"], "1000000u");
+    // A valid one may only shorten the call, as any budget header on the request.
+    let mut req = grpc_request();
+    req.headers_mut()
+        .append("x-envoy-expected-rq-timeout-ms", "5".parse().unwrap());
+    let res = call_in(&scope, &mut client, req).await;
+    assert_eq!(res.headers()["x-envoy-lines"], "0");
+    assert_eq!(res.headers()["x-grpc-timeout"], "5000000n");
 }
 
 #[tokio::test(start_paused = true)]
-async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
-    let complete = Fn_(|req: Request<()>| async move {
+async fn propagate_receipts_an_explicit_spec_by_how_the_call_ended() {
+    let complete = Fn_(|_: Request<()>| async move {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
         let frames = VecDeque::from([Frame::data(&b"ok"[..]), Frame::trailers(trailers)]);
-        let mut res = Response::new(Frames::<false>(frames));
-        let seen = req.headers().contains_key("grpc-timeout");
-        res.headers_mut()
-            .insert("x-had-budget", seen.to_string().parse().unwrap());
-        Ok::<_, Infallible>(res)
+        Ok::<_, Infallible>(Response::new(Frames::<false>(frames)))
     });
     let mut client = PropagateLayer::new()
         .spec(ChildSpec::side_effecting("pay", "p-1"))
         .layer(complete);
 
-    // Outside any scope: sent as is, no budget headers.
-    let res = client.call(grpc_request()).await.unwrap();
-    assert_eq!(res.headers()["x-had-budget"], "false");
-
-    // Read to its trailers: Succeeded.
+    // Read to its trailers (`OK`): Succeeded.
     let scope = Scope::with_timeout(ms(1_000));
     let res = call_in(&scope, &mut client, grpc_request()).await;
-    assert_eq!(res.headers()["x-had-budget"], "true");
     let mut body = Box::pin(res.into_body());
     while next_frame(&mut body).await.is_some() {}
     // Dropped unread: an effectful call's outcome is unknown.
@@ -402,6 +403,151 @@ async fn propagate_receipts_by_effect_and_passes_through_outside_scopes() {
     assert_eq!(report.succeeded(), 1, "{report}");
     assert_eq!(report.effect_unknown(), 1, "{report}");
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    assert_eq!(report.pending_effects()[0].effect_id(), "p-1");
+}
+
+/// A transport that answers with the budget headers it got, one response header per line:
+/// `x-seen-<name>: <value>` (as `Fn_(shows_budget_headers)`).
+fn shows_budget_headers(
+    req: Request<()>,
+) -> std::future::Ready<Result<Response<String>, Infallible>> {
+    let mut res = Response::new(String::new());
+    for name in [
+        "grpc-timeout",
+        "service-budget",
+        "x-envoy-expected-rq-timeout-ms",
+    ] {
+        for v in req.headers().get_all(name) {
+            let seen: http::HeaderName = format!("x-seen-{name}").parse().unwrap();
+            res.headers_mut().append(seen, v.clone());
+        }
+    }
+    std::future::ready(Ok(res))
+}
+
+/// The budget headers a caller of ours sent, copied by a handler onto its own call.
+fn with_copied_headers(mut req: Request<()>) -> Request<()> {
+    let h = req.headers_mut();
+    h.insert(
+        "service-budget",
+        r#"v=1, rem=86400000, prio=0, op="victim-op", gen=9"#
+            .parse()
+            .unwrap(),
+    );
+    h.insert(
+        "x-envoy-expected-rq-timeout-ms",
+        "86400000".parse().unwrap(),
+    );
+    req
+}
+
+fn seen(res: &Response<impl Body>, name: &str) -> Vec<String> {
+    res.headers()
+        .get_all(format!("x-seen-{name}"))
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A call made outside any scope (a bare `tokio::spawn` task, a background thread) is refused
+/// as the reqwest extension refuses it: nothing is sent. A gRPC caller gets a trailers-only
+/// `FAILED_PRECONDITION` (a tonic client reads that status; it would make an error it cannot
+/// downcast `UNKNOWN`), any other an error that `is_no_scope`.
+#[tokio::test(start_paused = true)]
+async fn propagate_refuses_a_call_outside_any_scope() {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counted = sent.clone();
+    let transport = Fn_(move |_: Request<()>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
+    });
+    let mut client = PropagateLayer::new().layer(transport);
+    let err = client.call(Request::new(())).await.unwrap_err();
+    assert!(err.is_no_scope(), "{err}");
+    let res = client
+        .call(with_copied_headers(grpc_request()))
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["grpc-status"], "9");
+    let message = res.headers()["grpc-message"].to_str().unwrap();
+    assert!(message.contains("no current scope"), "{message}");
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+}
+
+/// The explicit opt-in: a call outside any scope is sent, without the `service-budget` or
+/// Envoy header a handler copied onto it, with the caller's own `grpc-timeout` kept but
+/// never above the layer's cap (and the cap where there was none).
+#[tokio::test(start_paused = true)]
+async fn propagate_lets_unscoped_calls_through_only_when_allowed_and_capped() {
+    let mut client = PropagateLayer::new()
+        .allow_unscoped(ms(2_000))
+        .layer(Fn_(shows_budget_headers));
+    let res = client
+        .call(with_copied_headers(Request::new(())))
+        .await
+        .unwrap();
+    assert_eq!(seen(&res, "service-budget"), Vec::<String>::new());
+    assert_eq!(
+        seen(&res, "x-envoy-expected-rq-timeout-ms"),
+        Vec::<String>::new()
+    );
+    assert_eq!(seen(&res, "grpc-timeout"), ["2000000u"]);
+    let mut req = with_copied_headers(grpc_request());
+    req.headers_mut()
+        .insert("grpc-timeout", "99999999H".parse().unwrap());
+    let res = client.call(req).await.unwrap();
+    assert_eq!(seen(&res, "grpc-timeout"), ["2000000u"]);
+    let mut req = Request::new(());
+    req.headers_mut()
+        .insert("grpc-timeout", "150m".parse().unwrap());
+    let res = client.call(req).await.unwrap();
+    assert_eq!(seen(&res, "grpc-timeout"), ["150000u"]);
+}
+
+/// Egress owns the budget headers: a `service-budget` that a handler copied from its caller
+/// onto a call is not passed on, also when the call's scope has no deadline (a root from
+/// `Scope::new()`): its priority, operation id and generation never, its budget only where it
+/// shortens a call that has one.
+#[tokio::test(start_paused = true)]
+async fn propagate_replaces_copied_budget_headers_also_without_a_deadline() {
+    let mut client = PropagateLayer::new().layer(Fn_(shows_budget_headers));
+    // No deadline: no budget headers at all (the callee applies its own default).
+    let unbounded = Scope::new();
+    let res = call_in(
+        &unbounded,
+        &mut client,
+        with_copied_headers(Request::new(())),
+    )
+    .await;
+    assert_eq!(seen(&res, "service-budget"), Vec::<String>::new());
+    assert_eq!(seen(&res, "grpc-timeout"), Vec::<String>::new());
+    assert_eq!(
+        seen(&res, "x-envoy-expected-rq-timeout-ms"),
+        Vec::<String>::new()
+    );
+    // ... unless the caller set its own per-call timeout (tonic's `Request::set_timeout`).
+    let mut req = with_copied_headers(Request::new(()));
+    req.headers_mut()
+        .insert("grpc-timeout", "300m".parse().unwrap());
+    let res = call_in(&unbounded, &mut client, req).await;
+    assert_eq!(seen(&res, "grpc-timeout"), ["300000u"]);
+    let budget = ServiceBudget::parse(&seen(&res, "service-budget")[0]).unwrap();
+    assert_eq!(budget.remaining(), ms(300));
+    assert_eq!((budget.priority(), budget.operation_id()), (None, None));
+    assert_eq!(budget.generation(), 0);
+
+    // With a deadline: our own header, with the scope's budget.
+    let bounded = Scope::with_timeout(ms(1_000));
+    let res = call_in(&bounded, &mut client, with_copied_headers(Request::new(()))).await;
+    let budget = ServiceBudget::parse(&seen(&res, "service-budget")[0]).unwrap();
+    assert_eq!(budget.remaining(), ms(1_000));
+    assert_eq!((budget.priority(), budget.operation_id()), (None, None));
+    assert_eq!(budget.generation(), 0);
+    assert_eq!(seen(&res, "grpc-timeout"), ["1000000u"]);
+    assert_eq!(
+        seen(&res, "x-envoy-expected-rq-timeout-ms"),
+        Vec::<String>::new()
+    );
 }
 
 /// A reader that stops at `is_end_stream` (hyper's server does, forwarding a proxied body:

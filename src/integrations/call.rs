@@ -24,9 +24,12 @@ pub(crate) struct Prepared {
 /// Budgets only shrink, so the call's deadline is also no later than `within` (a bound the
 /// caller has besides `parent`: another scope's deadline, a client timeout) nor than the
 /// shortest valid budget header already in `headers` (the caller's own per-call timeout:
-/// tonic's `Request::set_timeout` writes `grpc-timeout`). The headers sent, the call's own
-/// deadline and the budget `announced` to the callee all come from that one scope, so they
-/// shrink together; a malformed header is replaced, not trusted.
+/// tonic's `Request::set_timeout` writes `grpc-timeout`; see [`headers::preset`] for a call
+/// that is otherwise unbounded). The headers sent, the call's own deadline and the budget
+/// `announced` to the callee all come from that one scope, so they shrink together. Every
+/// budget header found is replaced by the call's own (none for a call without a deadline):
+/// a malformed one is not trusted, and a copied one's priority, operation id and generation
+/// do not go on.
 pub(crate) fn prepare(
     parent: &Scope,
     within: Option<Instant>,
@@ -35,11 +38,12 @@ pub(crate) fn prepare(
     headers: &mut HeaderMap,
 ) -> Result<Prepared, Error> {
     let egress = egress.unwrap_or_else(|| EgressPolicy::for_scope(parent));
+    let bounded = parent.deadline().is_some() || within.is_some() || egress.cap_budget().is_some();
     let mut child = egress.call_child(parent);
     if let Some(d) = within {
         child = child.deadline(d);
     }
-    if let Some(preset) = headers::preset(headers) {
+    if let Some(preset) = headers::preset(headers, bounded) {
         // The caller's header is read as its timeout for the call, as tonic's channel does:
         // the callee is told that less the transport pad.
         child = child.cap(preset);

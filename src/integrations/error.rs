@@ -53,7 +53,6 @@ impl CallError {
         }
     }
 
-    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
     pub(crate) fn no_scope() -> Self {
         CallError {
             kind: Kind::NoScope,

@@ -6,7 +6,9 @@
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
 //! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
 //!
-//! The tower and reqwest client sides fail with the same `CallError`.
+//! The tower and reqwest client sides work alike: they fail with the same `CallError`, and own
+//! the budget headers of the requests they send (a header already on a request may only
+//! shorten the call, and is replaced).
 
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod call;

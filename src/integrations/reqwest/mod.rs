@@ -16,12 +16,20 @@
 //! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad, and a
 //!    timeout the request has (reqwest's own) is shortened to the child's budget (none is
 //!    set otherwise: the client's `ClientBuilder::timeout` applies). The caller's own bounds
-//!    on the request — a `RequestBuilder::timeout`, a budget header set on it — bound the
-//!    child too, so a shorter one is kept (on the wire and as the call's deadline) and a
-//!    longer one gives nothing more; a malformed budget header is replaced, and Envoy's
-//!    `x-envoy-expected-rq-timeout-ms` is removed (Envoy sets it per hop);
+//!    on the request — a `RequestBuilder::timeout`, a budget header set on it
+//!    (`grpc-timeout`, `service-budget`, Envoy's `x-envoy-expected-rq-timeout-ms`) — bound
+//!    the child too, so a shorter one is kept (on the wire and as the call's deadline) and a
+//!    longer one gives nothing more; then every budget header on the request is replaced by
+//!    the call's own (a malformed one is not trusted; Envoy's is not forwarded: Envoy sets it
+//!    per hop);
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
 //!    deadline passes or its scope is cancelled, with a [`CallError`].
+//!
+//! The budget headers already on the request are the caller's own bound for this call (see
+//! step 3) and are replaced by the call's, also when its scope has no deadline: a handler that
+//! copies its incoming headers onto a call does not pass a caller's `service-budget` (its
+//! priority, operation id or generation) on. A call with no deadline at all carries no budget
+//! header, and only a `grpc-timeout` the caller set gives it one.
 //!
 //! The budget headers are written once, when the call is sent. A redirect that reqwest
 //! follows (or a request it re-sends on a refused HTTP/2 stream) carries them as they were,

@@ -14,6 +14,7 @@ pub(crate) enum GrpcCode {
     Cancelled = 1,
     InvalidArgument = 3,
     DeadlineExceeded = 4,
+    FailedPrecondition = 9,
     Unavailable = 14,
 }
 

@@ -38,7 +38,13 @@
 //!   and is stopped — response body included — when the child's budget ends. A handler that
 //!   forwards the request `Admit` gave it (whose extensions hold the request's root scope)
 //!   from inside a tighter child scope sends the child's budget, not the root's: a call never
-//!   gets a longer budget than the current scope or the request's scope allows.
+//!   gets a longer budget than the current scope or the request's scope allows. The layer owns
+//!   the budget headers:
+//!
+//!   | what | how |
+//!   |---|---|
+//!   | budget headers already on the request | read as a bound that may shorten the call, then replaced by the call's own (none without a deadline): a copied header's priority, operation id and generation never go on |
+//!   | a call outside any scope | refused, nothing sent: [`CallError::is_no_scope`](crate::integrations::CallError::is_no_scope), for gRPC `FAILED_PRECONDITION`; [`allow_unscoped`](PropagateLayer::allow_unscoped) lets it through with a capped `grpc-timeout` and no `service-budget` |
 //!
 //! # Examples
 //!

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use super::body::{ResponseBody, Tracking};
 use crate::integrations::tower::headers;
 use crate::integrations::CallError;
-use crate::{Cause, Error};
+use crate::Cause;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -19,7 +19,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F> {
         Passthrough { #[pin] fut: F },
-        Refused { error: Option<Error>, grpc: bool },
+        Refused { error: Option<CallError>, grpc: bool },
         Running { #[pin] fut: F, tracking: Option<Tracking> },
     }
 }
@@ -46,7 +46,7 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn refused(error: Error, grpc: bool) -> Self {
+    pub(super) fn refused(error: CallError, grpc: bool) -> Self {
         ResponseFuture {
             kind: Kind::Refused {
                 error: Some(error),
@@ -133,10 +133,14 @@ fn grpc_stopped<B>(cause: &Cause) -> Response<ResponseBody<B>> {
     headers::grpc_response(code, &cause.to_string(), ResponseBody::empty())
 }
 
-/// A call that was never sent.
-fn refused<B>(error: Error, grpc: bool) -> Result<Response<ResponseBody<B>>, CallError> {
+/// A call that was never sent: for gRPC, a trailers-only status a gRPC client reads as any
+/// other (a tonic client would map an error it cannot downcast to `UNKNOWN`).
+fn refused<B>(error: CallError, grpc: bool) -> Result<Response<ResponseBody<B>>, CallError> {
     if grpc {
-        let code = if error.is_budget_exhausted() || error.is_deadline_exceeded() {
+        let code = if error.is_no_scope() {
+            // A caller's mistake that no retry mends: nothing was sent.
+            headers::GrpcCode::FailedPrecondition
+        } else if error.is_budget_exhausted() || error.is_deadline_exceeded() {
             headers::GrpcCode::DeadlineExceeded
         } else {
             headers::GrpcCode::Cancelled
@@ -147,7 +151,7 @@ fn refused<B>(error: Error, grpc: bool) -> Result<Response<ResponseBody<B>>, Cal
             ResponseBody::empty(),
         ))
     } else {
-        Err(error.into())
+        Err(error)
     }
 }
 

@@ -12,12 +12,17 @@
 //! 2. the call is registered as a child ([`ChildSpec`](crate::ChildSpec) from the request's
 //!    extensions, or the layer's) and dispatched right before it is sent: after a cancel it
 //!    is never sent;
-//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad. A budget
-//!    header already on the request is the caller's own bound for this call (tonic's
-//!    `Request::set_timeout` writes `grpc-timeout`): the shortest valid one caps the child
-//!    (its deadline and what the callee is told shrink together, never grow), and a malformed
-//!    one is replaced by the child's budget. Envoy's `x-envoy-expected-rq-timeout-ms` is
-//!    removed (Envoy sets it per hop; a service does not forward it);
+//! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad. Egress
+//!    owns these headers: any budget header already on the request (`grpc-timeout`,
+//!    `service-budget`, Envoy's `x-envoy-expected-rq-timeout-ms`) is read only as the
+//!    caller's own bound for this call (tonic's `Request::set_timeout` writes
+//!    `grpc-timeout`): the shortest valid one caps the child (its deadline and what the
+//!    callee is told shrink together, never grow), and then all of them are replaced by the
+//!    call's own, so a malformed one is not trusted and a copied one's priority, operation id
+//!    and generation do not go on. A call whose scope has no deadline carries no budget
+//!    header (the callee applies its own default), and only a `grpc-timeout` the caller set
+//!    gives it one: a `service-budget` or Envoy header there was copied from elsewhere and
+//!    would give the callee more than its default;
 //! 4. the call — and its response body — is stopped when the child's deadline passes or its
 //!    scope is cancelled, and its receipt records how it ended.
 //!
@@ -32,8 +37,22 @@
 //! calls it before `run` makes the scope current, so write
 //! `scope.run(async { client.call(req).await })` (tonic's generated clients and
 //! `tower::ServiceExt::oneshot` inside the scope do this naturally), or put the `Scope` in
-//! the request's extensions. Outside any scope, requests pass through unchanged.
+//! the request's extensions.
 //!
+//! # Outside any scope
+//!
+//! A call made with no scope current and none in the request's extensions (from a bare
+//! `tokio::spawn` task, a background thread) is refused and nothing is sent: a plain request
+//! fails with [`CallError::is_no_scope`](crate::integrations::CallError::is_no_scope), a gRPC
+//! request gets a trailers-only `FAILED_PRECONDITION` (a tonic client reads it as that
+//! status; tonic's `Status::from_error` can only find its own and hyper's error types in an
+//! error's source chain, and would make this one `UNKNOWN`). Such a call would otherwise go
+//! out with whatever budget headers its code copied onto it, unbounded and unreported.
+//! [`PropagateLayer::allow_unscoped`] lets such calls through, explicitly: not registered
+//! anywhere, without `service-budget` and Envoy headers, with a `grpc-timeout` of at most the
+//! cap it is given.
+//!
+
 //! # The current scope and the request's scope
 //!
 //! Budgets only shrink, so when a request carries a `Scope` in its extensions *and* a scope

@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -6,10 +7,9 @@ use tower_service::Service;
 
 use super::body::{ResponseBody, Tracking};
 use super::future::ResponseFuture;
-use super::layer::PropagateLayer;
+use super::layer::{Config, PropagateLayer};
 use crate::integrations::tower::headers;
-use crate::integrations::{call, CallError};
-use crate::wire::EgressPolicy;
+use crate::integrations::{call, headers as budget_headers, CallError};
 use crate::{ChildSpec, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -27,8 +27,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Debug)]
 pub struct Propagate<S> {
     inner: S,
-    egress: Option<EgressPolicy>,
-    spec: ChildSpec,
+    config: Arc<Config>,
 }
 
 impl<S> Propagate<S> {
@@ -42,15 +41,11 @@ impl<S> Propagate<S> {
     /// # let _ = client;
     /// ```
     pub fn new(inner: S) -> Self {
-        Propagate::from_parts(inner, None, ChildSpec::read_only("call"))
+        Propagate::from_config(inner, Arc::default())
     }
 
-    pub(super) fn from_parts(inner: S, egress: Option<EgressPolicy>, spec: ChildSpec) -> Self {
-        Propagate {
-            inner,
-            egress,
-            spec,
-        }
+    pub(super) fn from_config(inner: S, config: Arc<Config>) -> Self {
+        Propagate { inner, config }
     }
 
     /// A layer for this middleware ([`PropagateLayer::new`]).
@@ -120,22 +115,28 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let grpc = headers::is_grpc(req.headers());
         let named = req.extensions().get::<Scope>().cloned();
         let Some((parent, within)) = parent_of(Scope::try_current(), named) else {
-            return ResponseFuture::passthrough(self.inner.call(req));
+            return match self.config.unscoped {
+                Some(cap) => {
+                    budget_headers::unscoped(req.headers_mut(), cap);
+                    ResponseFuture::passthrough(self.inner.call(req))
+                }
+                None => ResponseFuture::refused(CallError::no_scope(), grpc),
+            };
         };
-        let spec = req
-            .extensions()
-            .get::<ChildSpec>()
-            .cloned()
-            .unwrap_or_else(|| self.spec.clone());
-        let grpc = headers::is_grpc(req.headers());
-        match call::prepare(&parent, within, self.egress, spec, req.headers_mut()) {
+        let spec = match req.extensions().get::<ChildSpec>() {
+            Some(spec) => spec.clone(),
+            None => self.config.spec.clone(),
+        };
+        let egress = self.config.egress;
+        match call::prepare(&parent, within, egress, spec, req.headers_mut()) {
             Ok(p) => ResponseFuture::running(
                 self.inner.call(req),
                 Tracking::new(p.call, p.dispatched, grpc, p.announced),
             ),
-            Err(e) => ResponseFuture::refused(e, grpc),
+            Err(e) => ResponseFuture::refused(e.into(), grpc),
         }
     }
 }
