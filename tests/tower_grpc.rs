@@ -77,10 +77,11 @@ impl Decoder for Utf8 {
 
 // --- the service: "/test.Budget/Probe" -------------------------------------------------------
 //
-// The request is how long to work, in ms ("forever" for ever). The response says what the
-// server saw: the budget of its current scope (if a layer admitted it), the budget headers,
-// and what admission decided (priority, operation id, the caller's operation id, the declared
-// budget).
+// The request is how long to work, in ms ("forever" for ever), or "status:N" to fail with the
+// gRPC code N. The response says what the server saw: the budget of its current scope (if a
+// layer admitted it), the budget headers, and what admission decided (priority, operation id,
+// the caller's operation id, the declared budget). "/test.Budget/Stream" answers "one", then
+// ends with `OK` (request "ok") or `INTERNAL` in the trailers (anything else).
 
 #[derive(Clone, Default)]
 struct Probe {
@@ -121,7 +122,13 @@ impl tonic::server::UnaryService<String> for ProbeCall {
             let admission = request.extensions().get::<Admission>().cloned();
             match request.get_ref().as_str() {
                 "forever" => std::future::pending::<()>().await,
-                work => tokio::time::sleep(ms(work.parse().unwrap())).await,
+                work => match work.strip_prefix("status:") {
+                    Some(code) => {
+                        let code = Code::from_i32(code.parse().unwrap());
+                        return Err(Status::new(code, "as asked"));
+                    }
+                    None => tokio::time::sleep(ms(work.parse().unwrap())).await,
+                },
             }
             let show = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
             let a = admission.as_ref();
@@ -156,12 +163,35 @@ impl tower::Service<http::Request<tonic::body::Body>> for Probe {
         self.arrived.notify_one();
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(Utf8);
+            if req.uri().path() == STREAM {
+                return Ok(grpc.server_streaming(StreamCall, req).await);
+            }
             Ok(grpc.unary(ProbeCall, req).await)
         })
     }
 }
 
+struct StreamCall;
+
+type Messages = Pin<Box<dyn futures::Stream<Item = Result<String, Status>> + Send>>;
+
+impl tonic::server::ServerStreamingService<String> for StreamCall {
+    type Response = String;
+    type ResponseStream = Messages;
+    type Future = std::future::Ready<Result<tonic::Response<Messages>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<String>) -> Self::Future {
+        let end = match request.get_ref().as_str() {
+            "ok" => None,
+            _ => Some(Err(Status::internal("broke mid-stream"))),
+        };
+        let messages = futures::stream::iter(std::iter::once(Ok("one".to_owned())).chain(end));
+        std::future::ready(Ok(tonic::Response::new(Box::pin(messages) as Messages)))
+    }
+}
+
 const PROBE: &str = "/test.Budget/Probe";
+const STREAM: &str = "/test.Budget/Stream";
 
 /// A parsed probe answer.
 #[derive(Debug)]
@@ -468,7 +498,7 @@ async fn a_cancelled_caller_resets_the_stream_and_the_server_sees_the_client_go(
     let (url, server, mut reports) =
         admitted_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
     let client = ServiceBuilder::new()
-        .layer(PropagateLayer::new())
+        .layer(PropagateLayer::new().read_only_method(PROBE))
         .service(channel(&url).await);
     let caller = Scope::with_timeout(ms(60_000));
     let call = tokio::spawn({
@@ -484,8 +514,154 @@ async fn a_cancelled_caller_resets_the_stream_and_the_server_sees_the_client_go(
 
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+    // Declared read-only: cut off, it is `Cancelled`.
     let report = timeout_quiesce(&caller).await;
     assert_eq!(report.cancelled(), 1, "{report}");
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+}
+
+/// A gRPC call is side-effecting unless the layer is told otherwise: cut off after the server
+/// got it, it may have had its effect (`EffectUnknown`, the report `NeedsReconciliation`).
+#[tokio::test]
+async fn a_grpc_call_cut_off_after_the_server_got_it_needs_reconciliation() {
+    let (url, server, _reports) =
+        admitted_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+    let client = propagated(&url, EgressPolicy::new()).await;
+    let caller = Scope::with_timeout(ms(60_000));
+    let call = tokio::spawn({
+        let caller = caller.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(client);
+            grpc.ready().await.unwrap();
+            let mut request = tonic::Request::new("forever".to_owned());
+            request.extensions_mut().insert(caller);
+            grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
+                .await
+                .unwrap_err()
+        }
+    });
+    timeout(PATIENCE, server.arrived.notified())
+        .await
+        .expect("the call never arrived");
+    caller.cancel_with("user pressed stop");
+    let status = call.await.unwrap();
+    assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+    let report = timeout_quiesce(&caller).await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    let id = report.pending_effects()[0].effect_id().to_owned();
+    assert!(id.starts_with("POST /test.Budget/Probe (call "), "{id}");
+}
+
+/// What a caller's scope says of its one call: `s`ucceeded, `f`ailed, `u`nknown with the
+/// status its record keeps.
+fn verdict(report: &Report) -> String {
+    match (report.succeeded(), report.failed(), report.effect_unknown()) {
+        (1, 0, 0) => "s".to_owned(),
+        (0, 1, 0) => "f".to_owned(),
+        (0, 0, 1) => format!(
+            "u {}",
+            report.pending_effects()[0].status_str().unwrap_or("-")
+        ),
+        _ => format!("? {report}"),
+    }
+}
+
+/// gRPC error statuses from a real tonic server: any error fails a read-only call; a call that
+/// may have had an effect fails only on a refusal (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) and is
+/// `EffectUnknown` on any other error, its status kept in the record.
+#[tokio::test]
+async fn grpc_error_statuses_receipt_by_the_effect_class() {
+    let (url, _) = plain_server().await;
+    let chan = channel(&url).await;
+    for (code, read_only, want) in [
+        (Code::Ok, false, "s"),
+        (Code::Unavailable, true, "f"),
+        (Code::Internal, true, "f"),
+        (Code::NotFound, false, "f"),
+        (Code::InvalidArgument, false, "f"),
+        (Code::FailedPrecondition, false, "f"),
+        (Code::Unavailable, false, "u gRPC UNAVAILABLE"),
+        (Code::Unknown, false, "u gRPC UNKNOWN"),
+        (Code::Internal, false, "u gRPC INTERNAL"),
+        (Code::DeadlineExceeded, false, "u gRPC DEADLINE_EXCEEDED"),
+    ] {
+        let layer = PropagateLayer::new();
+        let layer = if read_only {
+            layer.read_only_method(PROBE)
+        } else {
+            layer
+        };
+        let client = layer.layer(chan.clone());
+        let scope = Scope::with_timeout(ms(60_000));
+        let work = if code == Code::Ok {
+            "0".to_owned()
+        } else {
+            format!("status:{}", code as i32)
+        };
+        let res = scope.run(probe(client, &work, None)).await.unwrap();
+        assert_eq!(
+            res.map(drop).map_err(|s| s.code()).err(),
+            (code != Code::Ok).then_some(code)
+        );
+        scope.close();
+        let report = timeout_quiesce(&scope).await;
+        assert_eq!(
+            verdict(&report),
+            want,
+            "{code:?}, read-only {read_only}: {report}"
+        );
+    }
+}
+
+/// A server stream that fails after its first message has its status in the trailers, not in
+/// the head (which says 200 and nothing about the outcome): the receipt is decided at the end
+/// of the body. `INTERNAL` there: `EffectUnknown` for a call that may have had an effect,
+/// `Failed` for a read-only one; a stream that ends `OK` succeeds.
+#[tokio::test]
+async fn a_mid_stream_grpc_error_in_the_trailers_decides_the_receipt() {
+    let (url, _) = plain_server().await;
+    let chan = channel(&url).await;
+    for (ask, read_only, want) in [
+        ("ok", false, "s"),
+        ("fail", true, "f"),
+        ("fail", false, "u gRPC INTERNAL"),
+    ] {
+        let layer = PropagateLayer::new();
+        let layer = if read_only {
+            layer.read_only_method("/test.Budget/")
+        } else {
+            layer
+        };
+        let scope = Scope::with_timeout(ms(60_000));
+        let mut grpc = tonic::client::Grpc::new(layer.layer(chan.clone()));
+        let mut stream = scope
+            .run(async {
+                grpc.ready().await.unwrap();
+                let request = tonic::Request::new(ask.to_owned());
+                grpc.server_streaming(request, PathAndQuery::from_static(STREAM), Utf8)
+                    .await
+            })
+            .await
+            .unwrap()
+            .unwrap()
+            .into_inner();
+        assert_eq!(stream.message().await.unwrap().as_deref(), Some("one"));
+        let end = stream.message().await;
+        if ask == "ok" {
+            assert_eq!(end.unwrap(), None);
+        } else {
+            assert_eq!(end.unwrap_err().code(), Code::Internal);
+        }
+        drop(stream);
+        scope.close();
+        let report = timeout_quiesce(&scope).await;
+        assert_eq!(
+            verdict(&report),
+            want,
+            "{ask}, read-only {read_only}: {report}"
+        );
+    }
 }
 
 /// A tonic client whose call through our layer has no scope at all (a bare task, a

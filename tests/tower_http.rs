@@ -1252,3 +1252,158 @@ async fn a_handler_that_copies_its_callers_budget_headers_does_not_pass_them_on(
     }
     assert_eq!(saw[2].operation, saw[3].operation);
 }
+
+/// A server whose handler tells the test it got the request (`got`), then never answers.
+async fn holding_server() -> (String, mpsc::UnboundedReceiver<String>) {
+    let (tx, got) = mpsc::unbounded_channel();
+    let app =
+        Router::new()
+            .route(
+                "/{*path}",
+                any(
+                    |State(tx): State<mpsc::UnboundedSender<String>>,
+                     method: axum::http::Method| async move {
+                        let _ = tx.send(method.to_string());
+                        std::future::pending::<()>().await;
+                    },
+                ),
+            )
+            .with_state(tx);
+    (serve(app).await, got)
+}
+
+/// A `POST`, a `PUT` and a `DELETE` that the server got, cut off by their caller's cancel
+/// before the answer, may have had their effect: `EffectUnknown`, and the report needs
+/// reconciliation (a `PUT` is idempotent, safe to retry, but not "no effect"). A `GET` cut
+/// off the same way is `Cancelled`, and the scope `CancelledStable`. Through both clients.
+#[tokio::test]
+async fn writes_cut_off_after_the_server_got_them_need_reconciliation() {
+    let (url, mut got) = holding_server().await;
+    let client = reqwest::Client::new();
+    for method in ["POST", "PUT", "DELETE", "GET"] {
+        for via_tower in [false, true] {
+            let scope = Scope::with_timeout(ms(60_000));
+            let target = format!("{url}orders/1");
+            let call = tokio::spawn({
+                let (client, scope) = (client.clone(), scope.clone());
+                let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+                async move {
+                    if via_tower {
+                        // The call's scope in the request: the layer itself stops the call.
+                        let tower = propagated_hyper(PropagateLayer::new());
+                        let mut req = http_request(method.as_str(), &target);
+                        req.extensions_mut().insert(scope);
+                        tower.oneshot(req).await.unwrap_err().is_cancelled()
+                    } else {
+                        let sent = client.request(method, &target).scoped_in(&scope).send();
+                        sent.await.unwrap_err().is_cancelled()
+                    }
+                }
+            });
+            let arrived = timeout(PATIENCE, got.recv()).await.unwrap().unwrap();
+            assert_eq!(arrived, method);
+            scope.cancel_with("user pressed stop");
+            assert!(call.await.unwrap(), "{method}: not stopped by the cancel");
+            let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+            let what = format!("{method} (tower: {via_tower}): {report}");
+            if method == "GET" {
+                assert_eq!(report.state(), Lifecycle::CancelledStable, "{what}");
+                assert_eq!(report.cancelled(), 1, "{what}");
+            } else {
+                assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{what}");
+                assert_eq!(report.effect_unknown(), 1, "{what}");
+                let effect = &report.pending_effects()[0];
+                assert!(
+                    effect
+                        .effect_id()
+                        .starts_with(&format!("{method} {url}orders/1")),
+                    "{what}: {effect:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Answers `/status/{code}` with that status and a short body.
+async fn status_server() -> String {
+    let app = Router::new().route(
+        "/status/{code}",
+        any(
+            |axum::extract::Path(code): axum::extract::Path<u16>| async move {
+                (StatusCode::from_u16(code).unwrap(), "answer")
+            },
+        ),
+    );
+    serve(app).await
+}
+
+/// What a scope's report says of its one call: `s`ucceeded, `f`ailed, `u`nknown (with the
+/// status its record keeps).
+fn verdict(report: &Report) -> String {
+    match (report.succeeded(), report.failed(), report.effect_unknown()) {
+        (1, 0, 0) => "s".to_owned(),
+        (0, 1, 0) => "f".to_owned(),
+        (0, 0, 1) => format!(
+            "u {}",
+            report.pending_effects()[0].status_str().unwrap_or("-")
+        ),
+        _ => format!("? {report}"),
+    }
+}
+
+/// Receipts follow the status and the effect class, the same through both clients: a
+/// read-only call with any error status is `Failed`; a call that may have had an effect is
+/// `Failed` on a 4xx (refused unprocessed) and `EffectUnknown` on a 5xx, the status kept in
+/// the record for whoever reconciles it.
+#[tokio::test]
+async fn receipts_follow_the_status_and_the_effect_class() {
+    let url = status_server().await;
+    let client = reqwest::Client::new();
+    for (method, code, want) in [
+        ("GET", 200, "s"),
+        ("GET", 404, "f"),
+        ("GET", 500, "f"),
+        ("GET", 503, "f"),
+        ("POST", 201, "s"),
+        ("POST", 302, "s"),
+        ("POST", 400, "f"),
+        ("POST", 409, "f"),
+        ("POST", 500, "u HTTP 500"),
+        ("POST", 503, "u HTTP 503"),
+        ("PUT", 503, "u HTTP 503"),
+        ("DELETE", 404, "f"),
+    ] {
+        let target = format!("{url}status/{code}");
+        for via_tower in [false, true] {
+            let scope = Scope::with_timeout(ms(60_000));
+            if via_tower {
+                let tower = propagated_hyper(PropagateLayer::new());
+                let req = http_request(method, &target);
+                let res = scope
+                    .run(async move { tower.oneshot(req).await })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(res.status(), code);
+                read_body(res.into_body()).await.unwrap();
+            } else {
+                let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+                let res = client
+                    .request(method, &target)
+                    .scoped_in(&scope)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), code);
+                res.bytes().await.unwrap();
+            }
+            scope.close();
+            let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+            assert_eq!(
+                verdict(&report),
+                want,
+                "{method} answered {code} (tower: {via_tower}): {report}"
+            );
+        }
+    }
+}

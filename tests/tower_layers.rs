@@ -307,6 +307,7 @@ async fn propagate_reports_a_reset_after_the_budget_ran_out_as_deadline_exceeded
     });
     let mut client = PropagateLayer::new()
         .egress(EgressPolicy::new().transport_pad(ms(20)))
+        .read_only_method(METHOD)
         .layer(transport);
     let scope = Scope::with_timeout(ms(300));
     let res = call_in(&scope, &mut client, grpc_request()).await;
@@ -320,6 +321,7 @@ async fn propagate_reports_a_reset_after_the_budget_ran_out_as_deadline_exceeded
     assert!(next_frame(&mut body).await.is_none());
     drop(body);
     scope.close();
+    // Stopped by the deadline it told: a read-only call's receipt is `Cancelled`.
     let report = scope.quiesce().await;
     assert_eq!(report.cancelled(), 1, "{report}");
 }
@@ -548,6 +550,160 @@ async fn propagate_replaces_copied_budget_headers_also_without_a_deadline() {
         seen(&res, "x-envoy-expected-rq-timeout-ms"),
         Vec::<String>::new()
     );
+}
+
+/// Without a spec, a call's effect class comes from its request: a `GET` cut off is
+/// `Cancelled` (the scope stays `CancelledStable`); a `PUT`, a `DELETE`, a `POST` and a gRPC
+/// call (side-effecting unless declared) cut off after they were sent may have had their
+/// effect: `EffectUnknown`, and the report needs reconciliation, each listed once.
+#[tokio::test(start_paused = true)]
+async fn propagate_takes_the_effect_class_from_the_request() {
+    let mut client = PropagateLayer::new().layer(silent());
+    let cut = |method: &str, uri: &str, grpc: bool| {
+        let mut req = Request::builder().method(method).uri(uri);
+        if grpc {
+            req = req.header("content-type", "application/grpc");
+        }
+        req.body(()).unwrap()
+    };
+    let get = Scope::with_timeout(ms(1_000));
+    let call = start_in(
+        &get,
+        &mut client,
+        cut("GET", "http://orders/orders/1", false),
+    )
+    .await;
+    get.cancel();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert_eq!(get.quiesce().await.state(), Lifecycle::CancelledStable);
+
+    let writes = Scope::with_timeout(ms(1_000));
+    let mut calls = Vec::new();
+    for (method, uri, grpc) in [
+        ("PUT", "http://orders/orders/1", false),
+        ("DELETE", "http://orders/orders/1", false),
+        ("POST", "http://orders/orders", false),
+        ("POST", "http://orders/orders", false),
+        ("POST", METHOD, true),
+    ] {
+        calls.push(start_in(&writes, &mut client, cut(method, uri, grpc)).await);
+    }
+    writes.cancel();
+    for call in calls {
+        drop(call.await);
+    }
+    let report = writes.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+    assert_eq!(report.effect_unknown(), 5, "{report}");
+    let ids: Vec<_> = report
+        .pending_effects()
+        .iter()
+        .map(|e| e.effect_id())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        5,
+        "two POSTs to one address are two effects: {ids:?}"
+    );
+    assert_eq!(ids[0], "PUT http://orders/orders/1");
+    assert_eq!(ids[1], "DELETE http://orders/orders/1");
+    assert!(
+        ids[2].starts_with("POST http://orders/orders (call "),
+        "{ids:?}"
+    );
+    assert!(
+        ids[4].starts_with("POST /test.Budget/Probe (call "),
+        "{ids:?}"
+    );
+
+    // Declared read-only, the gRPC method is cut off as a read.
+    let mut client = PropagateLayer::new()
+        .read_only_method(METHOD)
+        .layer(silent());
+    let scope = Scope::with_timeout(ms(1_000));
+    let call = start_in(&scope, &mut client, grpc_request()).await;
+    scope.cancel();
+    drop(call.await);
+    assert_eq!(scope.quiesce().await.state(), Lifecycle::CancelledStable);
+}
+
+/// A transport that answers every request with the trailers-only gRPC status `code`.
+fn grpc_answers(
+    code: &'static str,
+) -> impl Service<
+    Request<()>,
+    Response = Response<Frames<true>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Frames<true>>, Infallible>>,
+> + Clone {
+    Fn_(move |_: Request<()>| async move {
+        let mut res = Response::new(Frames::<true>(VecDeque::new()));
+        res.headers_mut()
+            .insert("grpc-status", code.parse().unwrap());
+        Ok::<_, Infallible>(res)
+    })
+}
+
+/// A trailers-only gRPC answer decides the receipt at the head: `OK` succeeds; an error is
+/// `Failed` for a read-only method and for a refusal (`NOT_FOUND`), and `EffectUnknown`, with
+/// the status in the record, for a call that may have had its effect.
+#[tokio::test(start_paused = true)]
+async fn propagate_receipts_a_trailers_only_grpc_status() {
+    for (code, read_only, want) in [
+        ("0", false, "s"),
+        ("14", true, "f"),
+        ("5", false, "f"),
+        ("14", false, "u"),
+        ("13", false, "u"),
+    ] {
+        let layer = PropagateLayer::new();
+        let layer = if read_only {
+            layer.read_only_method(METHOD)
+        } else {
+            layer
+        };
+        let mut client = layer.layer(grpc_answers(code));
+        let scope = Scope::with_timeout(ms(1_000));
+        let res = call_in(&scope, &mut client, grpc_request()).await;
+        assert_eq!(res.headers()["grpc-status"], code);
+        drop(res);
+        scope.close();
+        let report = scope.quiesce().await;
+        let got = match (report.succeeded(), report.failed(), report.effect_unknown()) {
+            (1, 0, 0) => "s",
+            (0, 1, 0) => "f",
+            (0, 0, 1) => "u",
+            _ => panic!("{code}: {report}"),
+        };
+        assert_eq!(
+            got, want,
+            "grpc-status {code}, read-only {read_only}: {report}"
+        );
+        if want == "u" {
+            let status = report.pending_effects()[0].status_str().unwrap().to_owned();
+            assert!(status.starts_with("gRPC "), "{status}");
+        }
+    }
+}
+
+/// A gRPC body that ends without trailers has no status: a protocol error, which an
+/// effectful call cannot take as done.
+#[tokio::test(start_paused = true)]
+async fn propagate_does_not_take_a_grpc_body_without_a_status_as_success() {
+    let no_status = Fn_(|_: Request<()>| async {
+        let frames = VecDeque::from([Frame::data(&b"msg"[..])]);
+        Ok::<_, Infallible>(Response::new(Frames::<true>(frames)))
+    });
+    let mut client = PropagateLayer::new().layer(no_status);
+    let scope = Scope::with_timeout(ms(1_000));
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    let mut body = Box::pin(res.into_body());
+    while next_frame(&mut body).await.is_some() {}
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    let effect = &report.pending_effects()[0];
+    assert_eq!(effect.status_str(), Some("gRPC status missing"));
 }
 
 /// A reader that stops at `is_end_stream` (hyper's server does, forwarding a proxied body:

@@ -6,16 +6,25 @@
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
 //! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
 //!
-//! The tower and reqwest client sides work alike: they fail with the same `CallError`, and own
+//! The tower and reqwest client sides work alike: they fail with the same `CallError`, own
 //! the budget headers of the requests they send (a header already on a request may only
-//! shorten the call, and is replaced).
+//! shorten the call, and is replaced), take a call's effect class from its request when the
+//! caller does not give a `ChildSpec` (`GET` read-only, `PUT`/`DELETE` idempotent, `POST`
+//! side-effecting...), and give its receipt by one table of response statuses and effect
+//! classes: a read-only call's error is `Failed`; a call that may have had an effect is
+//! `Failed` only when the status says the request was refused unprocessed (HTTP 4xx, gRPC
+//! `NOT_FOUND`...), and `EffectUnknown` otherwise, with the status in its record.
 
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod call;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
+mod effect;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
 mod error;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod headers;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
+mod outcome;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]

@@ -23,7 +23,10 @@
 //!    the call's own (a malformed one is not trusted; Envoy's is not forwarded: Envoy sets it
 //!    per hop);
 //! 4. the call — and reading the body of the [`ScopedResponse`] — stops when the child's
-//!    deadline passes or its scope is cancelled, with a [`CallError`].
+//!    deadline passes or its scope is cancelled, with a [`CallError`];
+//! 5. its receipt follows the response's status and what the call may have done: a `GET`
+//!    answered 500 is `Failed`; a `POST` answered 503, or cut off after it was sent, is
+//!    `EffectUnknown`, its status kept in the record.
 //!
 //! The budget headers already on the request are the caller's own bound for this call (see
 //! step 3) and are replaced by the call's, also when its scope has no deadline: a handler that
@@ -31,12 +34,29 @@
 //! priority, operation id or generation) on. A call with no deadline at all carries no budget
 //! header, and only a `grpc-timeout` the caller set gives it one.
 //!
-//! The budget headers are written once, when the call is sent. A redirect that reqwest
-//! follows (or a request it re-sends on a refused HTTP/2 stream) carries them as they were,
-//! so the next hop is told up to that much more than is left; the call itself still stops at
-//! its deadline. A client used for calls between services is best built with
-//! `reqwest::redirect::Policy::none()`, so that a redirect is the caller's to follow, as a
-//! new call.
+//! # The effect class of a call
+//!
+//! [`ScopedRequest::spec`] says what a call may do; without it the request's method does:
+//!
+//! | request | registered as | effect id / key |
+//! |---|---|---|
+//! | `GET`, `HEAD`, `OPTIONS`, `TRACE` | read-only | – |
+//! | with an `Idempotency-Key` header (not read-only) | idempotent | the header's value |
+//! | `PUT`, `DELETE` | idempotent | `"PUT http://host/path?query"`: method and target |
+//! | `POST`, `PATCH`, other methods | side-effecting | `"POST http://host/path (call N)"`, N unique in the process |
+//!
+//! Idempotent means safe to retry, not "no effect": cut off after it was sent, a `PUT` ends
+//! `EffectUnknown` as a `POST` does, and its scope's report says `NeedsReconciliation`.
+//!
+//! # Receipts
+//!
+//! | the call... | read-only | may have had an effect |
+//! |---|---|---|
+//! | answered 1xx–3xx, body read | `Succeeded` | `Succeeded` |
+//! | answered 4xx | `Failed` | `Failed` (refused unprocessed) |
+//! | answered 5xx | `Failed` | `EffectUnknown` |
+//! | transport failed | `Failed` | `EffectUnknown` |
+//! | stopped by its scope or dropped before the body's end | `Cancelled` (`Failed` after an error status) | `EffectUnknown` (`Failed` after a 4xx) |
 //!
 //! # Examples
 //!
@@ -65,10 +85,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
-use reqwest::RequestBuilder;
+use reqwest::{RequestBuilder, Url};
 use tokio::time::Instant;
 
+use super::effect::{self, Class};
 use super::{call, CallError};
 use crate::scope::deadline_after;
 use crate::wire::EgressPolicy;
@@ -78,6 +100,16 @@ mod response;
 
 use response::Call;
 pub use response::ScopedResponse;
+
+/// A URL as the target of an effect: no user info, no fragment.
+fn target(url: &Url) -> Url {
+    let mut url = url.clone();
+    // Only fails for URLs that cannot have user info: then there is none to remove.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_fragment(None);
+    url
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -156,6 +188,7 @@ impl RequestBuilderExt for RequestBuilder {
             parent: Scope::try_current(),
             egress: None,
             spec: None,
+            name: None,
         }
     }
 
@@ -165,6 +198,7 @@ impl RequestBuilderExt for RequestBuilder {
             parent: Some(scope.clone()),
             egress: None,
             spec: None,
+            name: None,
         }
     }
 }
@@ -194,6 +228,7 @@ pub struct ScopedRequest {
     parent: Option<Scope>,
     egress: Option<EgressPolicy>,
     spec: Option<ChildSpec>,
+    name: Option<Arc<str>>,
 }
 
 impl ScopedRequest {
@@ -215,19 +250,37 @@ impl ScopedRequest {
         self
     }
 
-    /// Registers the call as `spec` (default: read-only, named `"call"`).
+    /// Registers the call as `spec` (default: named `"call"`, with the effect class of the
+    /// request, see [the module docs](self#the-effect-class-of-a-call)).
     ///
     /// # Examples
     ///
     /// ```
     /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
-    ///     .spec(ChildSpec::read_only("inventory"));
+    /// let req = reqwest::Client::new().post("http://127.0.0.1:1/search").scoped_in(&Scope::new())
+    ///     .spec(ChildSpec::read_only("search")); // a POST that changes nothing
     /// # let _ = req;
     /// ```
     pub fn spec(mut self, spec: ChildSpec) -> Self {
         self.spec = Some(spec);
+        self
+    }
+
+    /// Names the call's child `name` (default `"call"`), keeping the effect class of the
+    /// request. A [`spec`](Self::spec) has its own name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
+    ///     .name("inventory");
+    /// # let _ = req;
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -265,11 +318,16 @@ impl ScopedRequest {
     /// ```
     pub async fn send(self) -> Result<ScopedResponse, CallError> {
         let parent = self.parent.ok_or_else(CallError::no_scope)?;
-        let spec = self.spec.unwrap_or_else(|| ChildSpec::read_only("call"));
         // Built before the call is prepared: a request that cannot be built is never
         // registered, and `prepare` sees the budget headers the caller set on the builder.
         let (client, req) = self.builder.build_split();
         let mut req = req.map_err(CallError::transport)?;
+        let spec = self.spec.unwrap_or_else(|| {
+            let name = self.name.unwrap_or_else(|| Arc::from("call"));
+            let class = Class::of_method(req.method());
+            let target = target(req.url());
+            effect::spec(name, class, req.method(), &target, req.headers())
+        });
         // The caller's own timeout on the request bounds the call's scope too: the callee is
         // told no more, and the call stops at it as at any deadline.
         let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
@@ -303,6 +361,7 @@ impl fmt::Debug for ScopedRequest {
             .field("parent", &self.parent)
             .field("egress", &self.egress)
             .field("spec", &self.spec)
+            .field("name", &self.name)
             .finish()
     }
 }

@@ -12,16 +12,20 @@ use reqwest::header::HeaderMap;
 use reqwest::{Response, ResponseBuilderExt as _, StatusCode};
 use tokio::time::{Instant, Sleep};
 
+use crate::integrations::outcome::{self, Answer, End};
 use crate::integrations::CallError;
 use crate::{Cause, Dispatched, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// One call in flight.
+/// One call in flight. Dropped before its exchange ended, it gives the call its receipt as
+/// stopped (see `integrations::outcome`).
 pub(super) struct Call {
     pub(super) scope: Scope,
     dispatched: Option<Dispatched>,
     announced: Option<Instant>,
+    /// The response's status, once its head came.
+    head: Option<Answer>,
 }
 
 impl Call {
@@ -30,13 +34,13 @@ impl Call {
             scope,
             dispatched: Some(dispatched),
             announced,
+            head: None,
         }
     }
 
-    /// The scope stopped the call; the receipt is left to `Dispatched`'s drop (`Cancelled`,
-    /// or `EffectUnknown` for effectful calls).
+    /// The scope stopped the call.
     pub(super) fn stopped(&mut self) -> CallError {
-        self.dispatched = None;
+        self.end(End::Stopped);
         CallError::cancelled(self.scope.cause_or_cancelled())
     }
 
@@ -54,30 +58,30 @@ impl Call {
         let expired = self.announced.is_some_and(|a| now >= a)
             || self.scope.deadline().is_some_and(|d| now >= d);
         if expired {
-            // Stopped by the deadline, not failed: the receipt is left to `Dispatched`'s
-            // drop (`Cancelled`, or `EffectUnknown` for effectful calls).
-            self.dispatched = None;
+            // Stopped by the deadline, not failed.
+            self.end(End::Stopped);
             return CallError::transport_after_deadline(e);
         }
-        if let Some(d) = self.dispatched.take() {
-            // Effectful work may have had its effect: `EffectUnknown`, by the drop.
-            if !d.spec().effect().may_have_effect() {
-                d.fail();
-            }
-        }
+        self.end(End::Failed);
         CallError::transport(e)
     }
 
-    fn succeed(&mut self) {
+    /// The exchange completed: the receipt by the response's status.
+    fn complete(&mut self) {
+        let end = self.head.map_or(End::Stopped, End::Answered);
+        self.end(end);
+    }
+
+    fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            d.succeed();
+            outcome::receipt(d, end, self.head);
         }
     }
 
     fn finish<T>(&mut self, res: reqwest::Result<T>) -> Result<T, CallError> {
         match res {
             Ok(v) => {
-                self.succeed();
+                self.complete();
                 Ok(v)
             }
             Err(e) => Err(self.failed(e)),
@@ -85,12 +89,19 @@ impl Call {
     }
 }
 
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.end(End::Stopped);
+    }
+}
+
 /// The response of a [`ScopedRequest`](super::ScopedRequest): reading its body is bounded by the call's deadline
 /// and stopped by a cancel of its scope.
 ///
-/// The call's receipt is recorded when the body has been read (`Succeeded`), when reading it
-/// fails, or when the response is dropped unread (`Cancelled`, or `EffectUnknown` for an
-/// effectful call).
+/// The call's receipt is recorded when the body has been read (by the status, see
+/// [the module docs](super#receipts)), when reading it fails, or when the response is dropped
+/// unread (`Cancelled`, or `EffectUnknown` for an effectful call; `Failed` after an error
+/// status that decides it).
 ///
 /// # Examples
 ///
@@ -109,7 +120,9 @@ pub struct ScopedResponse {
 }
 
 impl ScopedResponse {
-    pub(super) fn new(inner: Response, call: Call) -> Self {
+    /// The response `inner` of `call`.
+    pub(super) fn new(inner: Response, mut call: Call) -> Self {
+        call.head = Some(Answer::Http(inner.status()));
         ScopedResponse { inner, call }
     }
 
@@ -253,7 +266,7 @@ impl ScopedResponse {
         };
         match res {
             Ok(None) => {
-                self.call.succeed();
+                self.call.complete();
                 Ok(None)
             }
             Ok(Some(chunk)) => Ok(Some(chunk)),
@@ -271,9 +284,9 @@ impl ScopedResponse {
     }
 
     /// The plain reqwest response, for reading it some other way. The call's receipt is
-    /// recorded as `Succeeded` now; the body is still cut at the call's deadline (reading it
-    /// then fails with an error whose `is_timeout()` is true), but no longer by a cancel of
-    /// the scope.
+    /// recorded now, by the status, as if the body had been read; the body is still cut at the
+    /// call's deadline (reading it then fails with an error whose `is_timeout()` is true), but
+    /// no longer by a cancel of the scope.
     ///
     /// # Examples
     ///
@@ -284,7 +297,7 @@ impl ScopedResponse {
     /// # }
     /// ```
     pub fn into_inner(mut self) -> Response {
-        self.call.succeed();
+        self.call.complete();
         match self.call.scope.deadline() {
             // Not the request's reqwest timeout: `send` leaves a request without one as it is
             // (the client's own timeout applies then), so only this bounds the body.

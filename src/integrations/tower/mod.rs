@@ -39,12 +39,14 @@
 //!   forwards the request `Admit` gave it (whose extensions hold the request's root scope)
 //!   from inside a tighter child scope sends the child's budget, not the root's: a call never
 //!   gets a longer budget than the current scope or the request's scope allows. The layer owns
-//!   the budget headers:
+//!   the budget headers and the receipts:
 //!
 //!   | what | how |
 //!   |---|---|
 //!   | budget headers already on the request | read as a bound that may shorten the call, then replaced by the call's own (none without a deadline): a copied header's priority, operation id and generation never go on |
 //!   | a call outside any scope | refused, nothing sent: [`CallError::is_no_scope`](crate::integrations::CallError::is_no_scope), for gRPC `FAILED_PRECONDITION`; [`allow_unscoped`](PropagateLayer::allow_unscoped) lets it through with a capped `grpc-timeout` and no `service-budget` |
+//!   | the effect class of a call | HTTP `GET`/`HEAD`/`OPTIONS`/`TRACE` read-only, `PUT`/`DELETE` idempotent, `POST`/`PATCH` side-effecting (idempotent with an `Idempotency-Key`); gRPC side-effecting unless a method is declared read-only or idempotent; a `ChildSpec` wins |
+//!   | the receipt | by the response's status (for gRPC, in the trailers) and the effect class: a read-only call's error is `Failed`; an effectful call is `Failed` on a refusal (4xx, `NOT_FOUND`...), otherwise `EffectUnknown`, as when it is cut off after it was sent |
 //!
 //! # Examples
 //!

@@ -2,11 +2,12 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::integrations::outcome::{self, Answer, End, GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED};
 use crate::integrations::tower::headers;
 use crate::integrations::CallError;
 use crate::{Cancelled, Dispatched, Scope};
@@ -14,6 +15,9 @@ use crate::{Cancelled, Dispatched, Scope};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One call in flight: its scope, its receipt, and what it told the callee.
+///
+/// Dropped before the exchange ended (the scope cut it, its reader let go of it), it gives the
+/// call its receipt as stopped (see `integrations::outcome`).
 pub(super) struct Tracking {
     /// Keeps the call's scope (and its deadline timer) alive until the body is done.
     _call: Scope,
@@ -22,6 +26,11 @@ pub(super) struct Tracking {
     grpc: bool,
     /// When the budget the callee was told runs out.
     announced: Option<Instant>,
+    /// What the response head said: its HTTP status; for gRPC, a trailers-only status or an
+    /// HTTP error status (a gRPC call's own status is in its trailers).
+    head: Option<Answer>,
+    /// The head carried a gRPC status that our own deadline explains (see `by_deadline`).
+    head_by_deadline: bool,
 }
 
 impl Tracking {
@@ -37,6 +46,8 @@ impl Tracking {
             dispatched: Some(dispatched),
             grpc,
             announced,
+            head: None,
+            head_by_deadline: false,
         }
     }
 
@@ -54,41 +65,79 @@ impl Tracking {
         self.cancelled.poll_cancelled(cx)
     }
 
-    /// The exchange completed.
-    pub(super) fn succeed(&mut self) {
-        if let Some(d) = self.dispatched.take() {
-            d.succeed();
+    /// The response head came: notes what it says (and rewrites a `CANCELLED` that came
+    /// after the budget ran out).
+    pub(super) fn at_head(&mut self, status: StatusCode, headers: &mut HeaderMap) {
+        self.fix_status(headers);
+        if !self.grpc {
+            self.head = Some(Answer::Http(status));
+            return;
+        }
+        match Answer::grpc_in(headers) {
+            Some(a) if self.by_deadline(a) => self.head_by_deadline = true,
+            Some(a) => self.head = Some(a),
+            // A proxy's (or a server's) HTTP error, with no gRPC status.
+            None if status != StatusCode::OK => self.head = Some(Answer::Http(status)),
+            None => {}
         }
     }
 
-    /// The transport failed: `Failed` for read-only work; effectful work may have had its
-    /// effect, so its receipt is left to `Dispatched`'s drop (`EffectUnknown`).
-    pub(super) fn transport_failed(&mut self) {
+    /// A gRPC `CANCELLED` or `DEADLINE_EXCEEDED` after the budget the callee was told ran out
+    /// is our deadline (the callee or its transport gave up at it): the call was stopped, as
+    /// if our own timer had fired first.
+    fn by_deadline(&self, a: Answer) -> bool {
+        matches!(a, Answer::Grpc(GRPC_CANCELLED | GRPC_DEADLINE_EXCEEDED)) && self.expired()
+    }
+
+    /// The exchange completed, with `trailers` if it had them: the receipt by its status (for
+    /// gRPC, the trailers' status, else the head's; none at all is a protocol error).
+    pub(super) fn complete(&mut self, trailers: Option<&mut HeaderMap>) {
+        if !self.grpc {
+            let end = self.head.map_or(End::Stopped, End::Answered);
+            return self.end(end);
+        }
+        let status = trailers.and_then(|t| {
+            self.fix_status(t);
+            Answer::grpc_in(t)
+        });
+        let end = match status {
+            Some(a) if self.by_deadline(a) => End::Stopped,
+            Some(a) => End::Answered(a),
+            None if self.head_by_deadline => End::Stopped,
+            None => End::Answered(self.head.unwrap_or(Answer::GrpcMissing)),
+        };
+        self.end(end);
+    }
+
+    fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            if !d.spec().effect().may_have_effect() {
-                d.fail();
-            }
+            outcome::receipt(d, end, self.head);
         }
     }
 
     /// The error for a transport failure `e`.
     pub(super) fn transport_error(&mut self, e: impl Into<BoxError>) -> CallError {
         if self.expired() {
-            // Stopped by the deadline, not failed: `Cancelled` (or `EffectUnknown`) by the
-            // drop.
-            self.dispatched = None;
+            // Stopped by the deadline, not failed.
+            self.end(End::Stopped);
             CallError::transport_after_deadline(e)
         } else {
-            self.transport_failed();
+            self.end(End::Failed);
             CallError::transport(e)
         }
     }
 
     /// Rewrites a CANCELLED status that arrived after the budget ran out.
-    pub(super) fn fix_status(&self, headers: &mut HeaderMap) {
+    fn fix_status(&self, headers: &mut HeaderMap) {
         if self.grpc && self.expired() {
             headers::fix_expired_status(headers);
         }
+    }
+}
+
+impl Drop for Tracking {
+    fn drop(&mut self) {
+        self.end(End::Stopped);
     }
 }
 
@@ -101,8 +150,9 @@ pin_project! {
     /// [`CallError`]. A gRPC body that fails after the budget the callee was told has run out
     /// (a callee or proxy that resets the stream at that deadline) ends with
     /// `DEADLINE_EXCEEDED` trailers too. The call's receipt is recorded when the body has been
-    /// read to its end (`Succeeded`), when it fails, or when it is dropped before its end
-    /// (`Cancelled`, or `EffectUnknown` for effectful calls).
+    /// read to its end (by the response's status: for gRPC the one in the trailers), when it
+    /// fails, or when it is dropped before its end (see the [module docs](super) for the
+    /// table).
     ///
     /// # Examples
     ///
@@ -152,8 +202,9 @@ impl<B> ResponseBody<B> {
         B: Body,
     {
         if inner.is_end_stream() {
-            // Nothing more will be read (and readers may not poll it at all): complete.
-            tracking.succeed();
+            // Nothing more will be read (and readers may not poll it at all): complete, by
+            // the head (a trailers-only gRPC response decides there).
+            tracking.complete(None);
             return ResponseBody::passthrough(inner);
         }
         ResponseBody {
@@ -185,7 +236,7 @@ where
             if let Poll::Ready(cause) = t.poll_stopped(cx) {
                 let grpc = t.grpc();
                 this.inner.set(None);
-                // Dropped receipt: Cancelled, or EffectUnknown for effectful calls.
+                // Stopped: Cancelled, or EffectUnknown for effectful calls.
                 *this.tracking = None;
                 return Poll::Ready(Some(if grpc {
                     let code = headers::client_grpc_code_of(&cause);
@@ -206,7 +257,7 @@ where
             Poll::Ready(None) => {
                 this.inner.set(None);
                 if let Some(mut t) = this.tracking.take() {
-                    t.succeed();
+                    t.complete(None);
                 }
                 Poll::Ready(None)
             }
@@ -216,8 +267,7 @@ where
                     // tonic stop polling here), and nothing is read after them.
                     this.inner.set(None);
                     if let Some(mut t) = this.tracking.take() {
-                        t.fix_status(trailers);
-                        t.succeed();
+                        t.complete(Some(trailers));
                     }
                 } else if this
                     .inner
@@ -229,7 +279,7 @@ where
                     // forwarding it, drops it here): the exchange is complete.
                     this.inner.set(None);
                     if let Some(mut t) = this.tracking.take() {
-                        t.succeed();
+                        t.complete(None);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -239,7 +289,7 @@ where
                 Poll::Ready(Some(match this.tracking.take() {
                     // A callee or proxy that resets the stream when the budget it was told
                     // runs out: our deadline, mid-body as at the head (`ResponseFuture`).
-                    // Receipt by the drop.
+                    // Stopped, by the drop.
                     Some(t) if t.grpc() && t.expired() => {
                         let deadline = crate::Cause::DeadlineExceeded;
                         Ok(Frame::trailers(headers::grpc_status_headers(

@@ -92,7 +92,7 @@ where
                 // The scope first: a call whose scope ended is not polled again.
                 if let Poll::Ready(cause) = t.poll_stopped(cx) {
                     let grpc = t.grpc();
-                    // Dropped receipt: Cancelled, or EffectUnknown for effectful calls.
+                    // Stopped: Cancelled, or EffectUnknown for effectful calls.
                     *tracking = None;
                     return Poll::Ready(stopped(&cause, grpc));
                 }
@@ -103,12 +103,13 @@ where
                 let mut t = tracking.take().expect("checked above");
                 Poll::Ready(match res {
                     Ok(mut res) => {
-                        t.fix_status(res.headers_mut());
+                        let status = res.status();
+                        t.at_head(status, res.headers_mut());
                         Ok(res.map(|body| ResponseBody::tracked(body, t)))
                     }
                     Err(_) if t.grpc() && t.expired() => {
                         // A transport that times out on `grpc-timeout` itself (tonic's
-                        // channel) says CANCELLED; it was our deadline. Receipt by the drop.
+                        // channel) says CANCELLED; it was our deadline. Stopped by the drop.
                         drop(t);
                         Ok(grpc_stopped(&Cause::DeadlineExceeded))
                     }

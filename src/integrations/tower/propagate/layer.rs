@@ -1,13 +1,21 @@
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Request;
 use tower_layer::Layer;
 
 use super::service::Propagate;
+use crate::integrations::effect::{self, Class, UriTarget};
+use crate::integrations::tower::headers;
 use crate::wire::EgressPolicy;
 use crate::ChildSpec;
 
 /// Applies [`Propagate`] to a client service.
+///
+/// Calls are registered with the effect class their request shows (see
+/// [`spec_for`](Self::spec_for)) unless a [`ChildSpec`] says otherwise: one in the request's
+/// extensions, or the layer's own ([`spec`](Self::spec)).
 ///
 /// # Examples
 ///
@@ -15,11 +23,12 @@ use crate::ChildSpec;
 /// use std::time::Duration;
 /// use cancel_scope::integrations::tower::PropagateLayer;
 /// use cancel_scope::wire::EgressPolicy;
-/// use cancel_scope::ChildSpec;
 ///
 /// let layer = PropagateLayer::new()
 ///     .egress(EgressPolicy::new().cap(Duration::from_millis(300)))
-///     .spec(ChildSpec::read_only("inventory"));
+///     .name("inventory")
+///     .read_only_method("/inventory.Inventory/Quote")
+///     .idempotent_method("/inventory.Inventory/SetStock");
 /// # let _ = layer;
 /// ```
 #[derive(Clone, Debug)]
@@ -31,7 +40,12 @@ pub struct PropagateLayer {
 #[derive(Clone, Debug)]
 pub(super) struct Config {
     pub(super) egress: Option<EgressPolicy>,
-    pub(super) spec: ChildSpec,
+    /// A spec for every call: wins over the request's method.
+    spec: Option<ChildSpec>,
+    name: Arc<str>,
+    /// gRPC methods (`/pkg.Service/Method`) or whole services (`/pkg.Service/`) that are not
+    /// side-effecting.
+    methods: HashMap<Box<str>, Class>,
     /// Calls outside any scope may pass, with at most this `grpc-timeout`.
     pub(super) unscoped: Option<Duration>,
 }
@@ -40,22 +54,57 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             egress: None,
-            spec: ChildSpec::read_only("call"),
+            spec: None,
+            name: Arc::from("call"),
+            methods: HashMap::new(),
             unscoped: None,
         }
     }
 }
 
+impl Config {
+    /// The spec of a call made with `req`, when its extensions hold none.
+    pub(super) fn spec_for<B>(&self, req: &Request<B>) -> ChildSpec {
+        if let Some(spec) = &self.spec {
+            return spec.clone();
+        }
+        let class = if headers::is_grpc(req.headers()) {
+            self.grpc_class(req.uri().path())
+        } else {
+            Class::of_method(req.method())
+        };
+        effect::spec(
+            self.name.clone(),
+            class,
+            req.method(),
+            &UriTarget(req.uri()),
+            req.headers(),
+        )
+    }
+
+    /// A gRPC call's class: the method's, else its service's, else side-effecting.
+    fn grpc_class(&self, path: &str) -> Class {
+        let service = path.rfind('/').map(|i| &path[..=i]);
+        self.methods
+            .get(path)
+            .or_else(|| service.and_then(|s| self.methods.get(s)))
+            .copied()
+            .unwrap_or(Class::SideEffecting)
+    }
+}
+
 impl PropagateLayer {
-    /// Calls take the egress policy of their scope's operation and are registered as
-    /// read-only children named `"call"`; a call outside any scope is refused.
+    /// Calls take the egress policy of their scope's operation, are named `"call"` and have
+    /// the effect class of their request ([`spec_for`](Self::spec_for)); a call outside any
+    /// scope is refused.
     ///
     /// # Examples
     ///
     /// ```
     /// use cancel_scope::integrations::tower::PropagateLayer;
-    /// assert_eq!(PropagateLayer::new().child_spec().name(), "call");
-    /// assert_eq!(PropagateLayer::new().unscoped_cap(), None);
+    /// let layer = PropagateLayer::new();
+    /// assert!(layer.child_spec().is_none());
+    /// assert_eq!(layer.unscoped_cap(), None);
     /// ```
     pub fn new() -> Self {
         PropagateLayer {
@@ -79,8 +128,8 @@ impl PropagateLayer {
         self
     }
 
-    /// Registers calls as `spec` (a [`ChildSpec`] in a request's extensions overrides it, e.g.
-    /// for a side-effecting call with an idempotency key).
+    /// Registers every call as `spec`, whatever its request (a [`ChildSpec`] in a request's
+    /// extensions still wins, e.g. for one call with an idempotency key).
     ///
     /// # Examples
     ///
@@ -88,10 +137,67 @@ impl PropagateLayer {
     /// use cancel_scope::integrations::tower::PropagateLayer;
     /// use cancel_scope::ChildSpec;
     /// let layer = PropagateLayer::new().spec(ChildSpec::read_only("users"));
-    /// assert_eq!(layer.child_spec().name(), "users");
+    /// assert_eq!(layer.child_spec().unwrap().name(), "users");
     /// ```
     pub fn spec(mut self, spec: ChildSpec) -> Self {
-        self.config.spec = spec;
+        self.config.spec = Some(spec);
+        self
+    }
+
+    /// Names the calls' children `name` (default `"call"`), keeping the effect class of each
+    /// request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// let layer = PropagateLayer::new().name("inventory");
+    /// assert_eq!(layer.spec_for(&http::Request::new(())).name(), "inventory");
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = name.into();
+        self
+    }
+
+    /// Declares a gRPC method (`"/pkg.Service/Method"`), or every method of a service
+    /// (`"/pkg.Service/"`), read-only: a call to it that is cut off is `Cancelled`, and an error
+    /// status makes it `Failed`. gRPC calls are side-effecting otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// use cancel_scope::Effect;
+    /// let layer = PropagateLayer::new().read_only_method("/inventory.Inventory/");
+    /// let req = http::Request::post("/inventory.Inventory/Quote")
+    ///     .header("content-type", "application/grpc")
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(layer.spec_for(&req).effect(), &Effect::ReadOnly);
+    /// ```
+    pub fn read_only_method(mut self, path: impl Into<Box<str>>) -> Self {
+        self.config.methods.insert(path.into(), Class::ReadOnly);
+        self
+    }
+
+    /// Declares a gRPC method (or, ending in `/`, a whole service) idempotent: safe to retry,
+    /// still an effect (cut off after it was sent, it is `EffectUnknown`). Its key is the
+    /// request's `idempotency-key` metadata, else the method and target.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// let layer = PropagateLayer::new().idempotent_method("/inventory.Inventory/SetStock");
+    /// let req = http::Request::post("/inventory.Inventory/SetStock")
+    ///     .header("content-type", "application/grpc")
+    ///     .header("idempotency-key", "stock-7")
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(layer.spec_for(&req).effect().key(), Some("stock-7"));
+    /// ```
+    pub fn idempotent_method(mut self, path: impl Into<Box<str>>) -> Self {
+        self.config.methods.insert(path.into(), Class::Idempotent);
         self
     }
 
@@ -125,16 +231,16 @@ impl PropagateLayer {
         self.config.egress.as_ref()
     }
 
-    /// The spec calls are registered as.
+    /// The spec every call is registered as, if one was set ([`spec`](Self::spec)).
     ///
     /// # Examples
     ///
     /// ```
     /// use cancel_scope::integrations::tower::PropagateLayer;
-    /// assert!(!PropagateLayer::new().child_spec().effect().may_have_effect());
+    /// assert!(PropagateLayer::new().child_spec().is_none());
     /// ```
-    pub fn child_spec(&self) -> &ChildSpec {
-        &self.config.spec
+    pub fn child_spec(&self) -> Option<&ChildSpec> {
+        self.config.spec.as_ref()
     }
 
     /// The most a call outside any scope may carry as `grpc-timeout`, if such calls are let
@@ -148,6 +254,32 @@ impl PropagateLayer {
     /// ```
     pub fn unscoped_cap(&self) -> Option<Duration> {
         self.config.unscoped
+    }
+
+    /// What a call made with `req` is registered as when its extensions hold no
+    /// [`ChildSpec`]: the layer's [`spec`](Self::spec) if set, else by the request:
+    ///
+    /// | request | effect | id / key |
+    /// |---|---|---|
+    /// | `GET`, `HEAD`, `OPTIONS`, `TRACE` | read-only | – |
+    /// | with an `Idempotency-Key` (not read-only) | idempotent | the header's value |
+    /// | `PUT`, `DELETE`; a gRPC method declared [idempotent](Self::idempotent_method) | idempotent | `"PUT http://host/path"`: method and target |
+    /// | `POST`, `PATCH`, other methods; gRPC | side-effecting | `"POST http://host/path (call N)"`, N unique in the process |
+    /// | a gRPC method declared [read-only](Self::read_only_method) | read-only | – |
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// use cancel_scope::Effect;
+    /// let layer = PropagateLayer::new();
+    /// let put = http::Request::put("http://orders/orders/42").body(()).unwrap();
+    /// assert_eq!(layer.spec_for(&put).effect().key(), Some("PUT http://orders/orders/42"));
+    /// let post = http::Request::post("http://orders/orders").body(()).unwrap();
+    /// assert_eq!(layer.spec_for(&post).effect(), &Effect::SideEffecting);
+    /// ```
+    pub fn spec_for<B>(&self, req: &Request<B>) -> ChildSpec {
+        self.config.spec_for(req)
     }
 }
 

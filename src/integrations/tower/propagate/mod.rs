@@ -10,8 +10,8 @@
 //!    request's [`Operation`](crate::wire::Operation) — and fails fast when the callee would
 //!    get less than the minimum useful budget;
 //! 2. the call is registered as a child ([`ChildSpec`](crate::ChildSpec) from the request's
-//!    extensions, or the layer's) and dispatched right before it is sent: after a cancel it
-//!    is never sent;
+//!    extensions, or the layer's, or the effect class of the request: see below) and
+//!    dispatched right before it is sent: after a cancel it is never sent;
 //! 3. `grpc-timeout` and `service-budget` carry the budget minus the transport pad. Egress
 //!    owns these headers: any budget header already on the request (`grpc-timeout`,
 //!    `service-budget`, Envoy's `x-envoy-expected-rq-timeout-ms`) is read only as the
@@ -24,7 +24,9 @@
 //!    gives it one: a `service-budget` or Envoy header there was copied from elsewhere and
 //!    would give the callee more than its default;
 //! 4. the call — and its response body — is stopped when the child's deadline passes or its
-//!    scope is cancelled, and its receipt records how it ended.
+//!    scope is cancelled;
+//! 5. its receipt follows the response's status and the effect class (the table below), with
+//!    the status kept in an `EffectUnknown` record.
 //!
 //! For gRPC requests a stop is answered as gRPC does: a trailers-only response (or final
 //! trailers, mid-body) with `DEADLINE_EXCEEDED` for a deadline and `CANCELLED` otherwise, so a
@@ -52,7 +54,32 @@
 //! anywhere, without `service-budget` and Envoy headers, with a `grpc-timeout` of at most the
 //! cap it is given.
 //!
-
+//! # The effect class of a call
+//!
+//! Without a [`ChildSpec`](crate::ChildSpec) (in the request's extensions, or the layer's
+//! [`spec`](PropagateLayer::spec)), a call is registered by what its request shows
+//! ([`PropagateLayer::spec_for`]): HTTP `GET`, `HEAD`, `OPTIONS` and `TRACE` read-only; `PUT`
+//! and `DELETE` idempotent (safe to retry, still an effect); `POST`, `PATCH` and other methods
+//! side-effecting, or idempotent with an `Idempotency-Key` header (its value is the key); gRPC
+//! calls side-effecting unless the layer declares the method (or its service)
+//! [read-only](PropagateLayer::read_only_method) or
+//! [idempotent](PropagateLayer::idempotent_method).
+//!
+//! # Receipts
+//!
+//! | the call... | read-only | may have had an effect |
+//! |---|---|---|
+//! | answered HTTP 1xx–3xx or gRPC `OK`, read to its end | `Succeeded` | `Succeeded` |
+//! | answered HTTP 4xx, or gRPC `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `UNAUTHENTICATED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED` | `Failed` | `Failed`: refused unprocessed |
+//! | answered any other error (HTTP 5xx; gRPC `UNKNOWN`, `INTERNAL`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`, …), or a gRPC body without a status | `Failed` | `EffectUnknown` |
+//! | the transport failed | `Failed` | `EffectUnknown` |
+//! | stopped by its scope (or the budget it told ran out), or dropped before the body's end | `Cancelled` | `EffectUnknown` |
+//!
+//! A gRPC call's status is in its trailers: its receipt is decided at the end of the body,
+//! not from the head (which says 200), except for a trailers-only response, whose head
+//! carries the status. An HTTP error status decides at the head: a call answered 404 whose
+//! body is then cut is still `Failed`.
+//!
 //! # The current scope and the request's scope
 //!
 //! Budgets only shrink, so when a request carries a `Scope` in its extensions *and* a scope

@@ -128,7 +128,7 @@ where
         };
         let spec = match req.extensions().get::<ChildSpec>() {
             Some(spec) => spec.clone(),
-            None => self.config.spec.clone(),
+            None => self.config.spec_for(&req),
         };
         let egress = self.config.egress;
         match call::prepare(&parent, within, egress, spec, req.headers_mut()) {

@@ -1,0 +1,254 @@
+//! How an outgoing call ended: its receipt from what the callee answered and from what the
+//! call may have done. The one table both client integrations use.
+//!
+//! | answer | read-only call | call that may have had an effect |
+//! |---|---|---|
+//! | HTTP 1xx, 2xx, 3xx; gRPC `OK` | `Succeeded` | `Succeeded` |
+//! | HTTP 4xx; gRPC `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `UNAUTHENTICATED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED` | `Failed` | `Failed`: refused unprocessed |
+//! | any other status (HTTP 5xx; gRPC `UNKNOWN`, `INTERNAL`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`, …), a gRPC response without a status | `Failed` | `EffectUnknown` |
+//! | no answer: the transport failed | `Failed` | `EffectUnknown` |
+//! | no answer: stopped by the call's scope (deadline, cancel) or dropped | `Cancelled` | `EffectUnknown` |
+//!
+//! An answer that came before the body was cut keeps its say: a call refused with a 4xx whose
+//! body is then cut is `Failed`, a read-only call answered 500 is `Failed`. The status of an
+//! answer is kept in the `EffectUnknown` record ([`EffectRecord::status_str`]).
+
+use http::header::{HeaderMap, HeaderName};
+use http::StatusCode;
+
+use crate::{Dispatched, EffectRecord, Receipt};
+
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// What the callee said about the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "tower"), allow(dead_code))] // gRPC: the tower client only
+pub(crate) enum Answer {
+    /// An HTTP status (of a gRPC call too, when it came without a `grpc-status`).
+    Http(StatusCode),
+    /// A gRPC status code.
+    Grpc(u32),
+    /// A gRPC response that ended without a `grpc-status`.
+    GrpcMissing,
+}
+
+/// The gRPC codes that say the request was refused before it was processed.
+const REFUSED: [u32; 8] = [3, 5, 6, 7, 9, 11, 12, 16];
+
+/// gRPC `CANCELLED` and `DEADLINE_EXCEEDED`.
+#[cfg(feature = "tower")]
+pub(crate) const GRPC_CANCELLED: u32 = 1;
+#[cfg(feature = "tower")]
+pub(crate) const GRPC_DEADLINE_EXCEEDED: u32 = 4;
+
+impl Answer {
+    /// The `grpc-status` in `headers` (trailers, or the head of a trailers-only response). A
+    /// value that is not a number is `UNKNOWN`, as gRPC clients read it.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn grpc_in(headers: &HeaderMap) -> Option<Answer> {
+        let v = headers.get(GRPC_STATUS)?;
+        let code = std::str::from_utf8(v.as_bytes())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(2);
+        Some(Answer::Grpc(code))
+    }
+
+    fn succeeded(self) -> bool {
+        match self {
+            Answer::Http(s) => s.as_u16() < 400,
+            Answer::Grpc(code) => code == 0,
+            Answer::GrpcMissing => false,
+        }
+    }
+
+    /// The request was refused unprocessed.
+    fn refused(self) -> bool {
+        match self {
+            Answer::Http(s) => s.is_client_error(),
+            Answer::Grpc(code) => REFUSED.contains(&code),
+            Answer::GrpcMissing => false,
+        }
+    }
+
+    /// How a record shows it: `HTTP 503`, `gRPC UNAVAILABLE`.
+    fn describe(self) -> String {
+        match self {
+            Answer::Http(s) => format!("HTTP {}", s.as_u16()),
+            Answer::Grpc(code) => match GRPC_NAMES.get(code as usize) {
+                Some(name) => format!("gRPC {name}"),
+                None => format!("gRPC {code}"),
+            },
+            Answer::GrpcMissing => "gRPC status missing".to_owned(),
+        }
+    }
+}
+
+const GRPC_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// How the exchange of a call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The whole answer was read: its status (for gRPC, the one in the trailers).
+    Answered(Answer),
+    /// The transport failed before the end.
+    Failed,
+    /// The call's scope stopped it (deadline, cancel), or it was dropped, before the end.
+    Stopped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+fn verdict(answer: Answer, effectful: bool) -> Verdict {
+    if answer.succeeded() {
+        Verdict::Succeeded
+    } else if !effectful || answer.refused() {
+        Verdict::Failed
+    } else {
+        Verdict::Unknown
+    }
+}
+
+/// Gives `call` its receipt for `end` (see the [module docs](self)). `head`: what the response
+/// head already said (an HTTP status; for gRPC, a trailers-only status or an HTTP error
+/// status).
+pub(crate) fn receipt(call: Dispatched, end: End, head: Option<Answer>) {
+    let effectful = call.spec().effect().may_have_effect();
+    let said = match end {
+        End::Answered(answer) => Some((answer, verdict(answer, effectful))),
+        End::Failed | End::Stopped => head
+            .map(|a| (a, verdict(a, effectful)))
+            // An answer that the cut or failure came after keeps its say, unless it said all
+            // was well: the rest of the exchange did not happen.
+            .filter(|(_, v)| *v != Verdict::Succeeded),
+    };
+    match said {
+        Some((_, Verdict::Succeeded)) => call.succeed(),
+        Some((_, Verdict::Failed)) => call.fail(),
+        Some((answer, Verdict::Unknown)) => unknown(call, Some(answer)),
+        None if effectful => unknown(call, head),
+        None if end == End::Failed => call.fail(),
+        // Stopped: `Cancelled` by the drop (`Failed` while unwinding).
+        None => drop(call),
+    }
+}
+
+fn unknown(call: Dispatched, answer: Option<Answer>) {
+    let spec = call.spec();
+    let mut record = spec
+        .effect_record()
+        .cloned()
+        .unwrap_or_else(|| EffectRecord::new(spec.name()));
+    if let Some(a) = answer {
+        record = record.status(a.describe());
+    }
+    call.finish(Receipt::EffectUnknown(record));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ChildSpec, Scope};
+
+    /// The receipt `end` gives a call of `spec`: `s`ucceeded, `f`ailed, `c`ancelled or
+    /// `u`nknown with the status its record keeps.
+    fn receipt_of(spec: &ChildSpec, end: End, head: Option<Answer>) -> String {
+        let scope = Scope::new();
+        let d = scope.register(spec.clone()).unwrap().dispatch().unwrap();
+        receipt(d, end, head);
+        scope.close();
+        // Quiet at once: the one child has its receipt.
+        assert!(scope.lifecycle().is_final());
+        let r = scope.report();
+        match (r.succeeded(), r.failed(), r.cancelled(), r.effect_unknown()) {
+            (1, 0, 0, 0) => "s".to_owned(),
+            (0, 1, 0, 0) => "f".to_owned(),
+            (0, 0, 1, 0) => "c".to_owned(),
+            (0, 0, 0, 1) => match r.pending_effects()[0].status_str() {
+                Some(status) => format!("u {status}"),
+                None => "u".to_owned(),
+            },
+            _ => format!("? {r}"),
+        }
+    }
+
+    fn http(code: u16) -> Option<Answer> {
+        Some(Answer::Http(StatusCode::from_u16(code).unwrap()))
+    }
+
+    #[test]
+    fn the_table() {
+        let (r, w) = (
+            ChildSpec::read_only("get"),
+            ChildSpec::side_effecting("post", "p"),
+        );
+        let (grpc, missing) = (Answer::Grpc, Answer::GrpcMissing);
+        use End::{Answered as A, Failed as F, Stopped as S};
+        let answered = |a: Option<Answer>| A(a.unwrap());
+        for (spec, end, head, want) in [
+            (&r, answered(http(200)), http(200), "s"),
+            (&r, answered(http(302)), http(302), "s"),
+            (&r, answered(http(503)), http(503), "f"),
+            (&r, answered(http(404)), http(404), "f"),
+            (&w, answered(http(201)), http(201), "s"),
+            (&w, answered(http(409)), http(409), "f"),
+            (&w, answered(http(500)), http(500), "u HTTP 500"),
+            (&r, A(grpc(0)), None, "s"),
+            (&r, A(grpc(14)), None, "f"),
+            (&w, A(grpc(5)), None, "f"),
+            (&w, A(grpc(16)), None, "f"),
+            (&w, A(grpc(4)), None, "u gRPC DEADLINE_EXCEEDED"),
+            (&w, A(grpc(99)), None, "u gRPC 99"),
+            (&w, A(missing), None, "u gRPC status missing"),
+            (&r, A(missing), None, "f"),
+            // Cut or failed after the head, or with no answer at all.
+            (&r, S, http(200), "c"),
+            (&r, S, http(500), "f"),
+            (&r, F, http(200), "f"),
+            (&w, S, http(200), "u HTTP 200"),
+            (&w, S, http(400), "f"),
+            (&w, F, http(502), "u HTTP 502"),
+            (&w, S, None, "u"),
+            (&r, S, None, "c"),
+            (&r, F, None, "f"),
+            (&w, F, None, "u"),
+        ] {
+            let what = format!("{:?} {end:?} after {head:?}", spec.effect());
+            assert_eq!(receipt_of(spec, end, head), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn grpc_status_is_read_from_headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(Answer::grpc_in(&h), None);
+        h.insert(GRPC_STATUS, "14".parse().unwrap());
+        assert_eq!(Answer::grpc_in(&h), Some(Answer::Grpc(14)));
+        h.insert(GRPC_STATUS, "garbage".parse().unwrap());
+        assert_eq!(Answer::grpc_in(&h), Some(Answer::Grpc(2)));
+    }
+}
