@@ -1407,3 +1407,131 @@ async fn receipts_follow_the_status_and_the_effect_class() {
         }
     }
 }
+
+/// What a redirect server's `/landing` saw.
+type Landings = Arc<Mutex<Vec<Option<String>>>>;
+
+/// A server with `/landing` (records the `service-budget` it got, answers 200), `/away` (307
+/// to `away`'s `/landing`), `/here` (307 to its own `/landing`) and `/made` (303 to its own
+/// `/gone`, which answers 404).
+async fn redirecting_server(away: Option<String>) -> (String, Landings) {
+    let landings = Landings::default();
+    let landing = {
+        let landings = landings.clone();
+        move |headers: axum::http::HeaderMap| async move {
+            let budget = headers
+                .get("service-budget")
+                .map(|v| v.to_str().unwrap().to_owned());
+            landings.lock().unwrap().push(budget);
+            "landed"
+        }
+    };
+    let to = |location: String| {
+        move || async move {
+            (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(axum::http::header::LOCATION, location)],
+            )
+        }
+    };
+    let mut app = Router::new()
+        .route("/landing", any(landing))
+        .route("/here", any(to("/landing".to_owned())))
+        .route(
+            "/made",
+            any(|| async {
+                (
+                    StatusCode::SEE_OTHER,
+                    [(axum::http::header::LOCATION, "/gone")],
+                )
+            }),
+        )
+        .route("/gone", any(|| async { StatusCode::NOT_FOUND }));
+    if let Some(away) = away {
+        app = app.route("/away", any(to(format!("{away}landing"))));
+    }
+    (serve(app).await, landings)
+}
+
+/// With `redirect_policy`, a scoped call is not redirected to another origin (another port on
+/// the same host is one): the other server never sees it, nor its budget, operation or
+/// priority, and the caller gets the 307. Within the origin the redirect is followed. A write
+/// that was redirected is receipted as such: its effect may have happened at the first
+/// address, so the 404 of the last one is no proof that nothing happened (`EffectUnknown`,
+/// not `Failed`), and the record says where the call ended up.
+#[tokio::test]
+async fn a_redirect_to_another_origin_does_not_carry_the_budget() {
+    let (other, other_landings) = redirecting_server(None).await;
+    let (url, landings) = redirecting_server(Some(other)).await;
+    let client = reqwest::Client::builder()
+        .redirect(cancel_scope::integrations::reqwest::redirect_policy())
+        .build()
+        .unwrap();
+
+    let scope = Scope::with_timeout(ms(60_000));
+    let res = client
+        .post(format!("{url}away"))
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 307);
+    res.bytes().await.unwrap();
+    assert!(
+        other_landings.lock().unwrap().is_empty(),
+        "followed to another origin"
+    );
+    scope.close();
+    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+    assert_eq!(verdict(&report), "s", "{report}");
+
+    // Within the origin: followed, with the budget.
+    let scope = Scope::with_timeout(ms(60_000));
+    let res = client
+        .get(format!("{url}here"))
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.text().await.unwrap(), "landed");
+    let landed = landings.lock().unwrap().clone();
+    assert_eq!(landed.len(), 1);
+    assert!(
+        landed[0].as_deref().unwrap().starts_with("v=1, rem="),
+        "{landed:?}"
+    );
+
+    // A write redirected (303: processed, see elsewhere) to an address that answers 404.
+    let scope = Scope::with_timeout(ms(60_000));
+    let res = client
+        .post(format!("{url}made"))
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    res.bytes().await.unwrap();
+    scope.close();
+    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+    assert_eq!(verdict(&report), "u HTTP 404", "{report}");
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    let effect = &report.pending_effects()[0];
+    assert!(
+        effect.effect_id().starts_with(&format!("POST {url}made")),
+        "{effect:?}"
+    );
+    assert_eq!(effect.redirected_to_str(), Some(&*format!("{url}gone")));
+
+    // The same POST without a redirect is refused unprocessed: `Failed`.
+    let scope = Scope::with_timeout(ms(60_000));
+    let res = client
+        .post(format!("{url}gone"))
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    res.bytes().await.unwrap();
+    scope.close();
+    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+    assert_eq!(verdict(&report), "f", "{report}");
+}

@@ -103,13 +103,18 @@ impl Chain {
         rec: &Recorder,
         mut bind: impl FnMut(Hop) -> io::Result<std::net::TcpListener>,
     ) -> io::Result<Chain> {
+        // Redirects stay within the origin the call was made to (none here: good practice for
+        // clients between services, whose calls carry a budget and an operation id).
+        let http = reqwest::Client::builder()
+            .redirect(cancel_scope::integrations::reqwest::redirect_policy())
+            .build()
+            .map_err(io::Error::other)?;
         let mut listen = |hop| bind(hop).and_then(Listening::new);
         let external = listen(Hop::External)?;
         let inventory = listen(Hop::Inventory)?;
         let orders = listen(Hop::Orders)?;
         let frontend = listen(Hop::Frontend)?;
         // Nothing fails from here on.
-        let http = reqwest::Client::new();
         let service = |hop, downstream| Service {
             hop,
             mode,

@@ -4,14 +4,15 @@
 //! | answer | read-only call | call that may have had an effect |
 //! |---|---|---|
 //! | HTTP 1xx, 2xx, 3xx; gRPC `OK` | `Succeeded` | `Succeeded` |
-//! | HTTP 4xx; gRPC `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `UNAUTHENTICATED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED` | `Failed` | `Failed`: refused unprocessed |
+//! | HTTP 4xx; gRPC `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `UNAUTHENTICATED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED` | `Failed` | `Failed`: refused unprocessed (`EffectUnknown` if the call was redirected: the refusal is the last hop's) |
 //! | any other status (HTTP 5xx; gRPC `UNKNOWN`, `INTERNAL`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`, …), a gRPC response without a status | `Failed` | `EffectUnknown` |
 //! | no answer: the transport failed | `Failed` | `EffectUnknown` |
 //! | no answer: stopped by the call's scope (deadline, cancel) or dropped | `Cancelled` | `EffectUnknown` |
 //!
 //! An answer that came before the body was cut keeps its say: a call refused with a 4xx whose
 //! body is then cut is `Failed`, a read-only call answered 500 is `Failed`. The status of an
-//! answer is kept in the `EffectUnknown` record ([`EffectRecord::status_str`]).
+//! answer is kept in the `EffectUnknown` record ([`EffectRecord::status_str`]), with where a
+//! redirect took the call ([`EffectRecord::redirected_to_str`]).
 
 use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
@@ -123,10 +124,10 @@ enum Verdict {
     Unknown,
 }
 
-fn verdict(answer: Answer, effectful: bool) -> Verdict {
+fn verdict(answer: Answer, effectful: bool, redirected: bool) -> Verdict {
     if answer.succeeded() {
         Verdict::Succeeded
-    } else if !effectful || answer.refused() {
+    } else if !effectful || (answer.refused() && !redirected) {
         Verdict::Failed
     } else {
         Verdict::Unknown
@@ -135,13 +136,19 @@ fn verdict(answer: Answer, effectful: bool) -> Verdict {
 
 /// Gives `call` its receipt for `end` (see the [module docs](self)). `head`: what the response
 /// head already said (an HTTP status; for gRPC, a trailers-only status or an HTTP error
-/// status).
-pub(crate) fn receipt(call: Dispatched, end: End, head: Option<Answer>) {
+/// status). `redirected_to`: where a followed redirect took the call.
+pub(crate) fn receipt(
+    call: Dispatched,
+    end: End,
+    head: Option<Answer>,
+    redirected_to: Option<&str>,
+) {
     let effectful = call.spec().effect().may_have_effect();
+    let redirected = redirected_to.is_some();
     let said = match end {
-        End::Answered(answer) => Some((answer, verdict(answer, effectful))),
+        End::Answered(answer) => Some((answer, verdict(answer, effectful, redirected))),
         End::Failed | End::Stopped => head
-            .map(|a| (a, verdict(a, effectful)))
+            .map(|a| (a, verdict(a, effectful, redirected)))
             // An answer that the cut or failure came after keeps its say, unless it said all
             // was well: the rest of the exchange did not happen.
             .filter(|(_, v)| *v != Verdict::Succeeded),
@@ -149,15 +156,15 @@ pub(crate) fn receipt(call: Dispatched, end: End, head: Option<Answer>) {
     match said {
         Some((_, Verdict::Succeeded)) => call.succeed(),
         Some((_, Verdict::Failed)) => call.fail(),
-        Some((answer, Verdict::Unknown)) => unknown(call, Some(answer)),
-        None if effectful => unknown(call, head),
+        Some((answer, Verdict::Unknown)) => unknown(call, Some(answer), redirected_to),
+        None if effectful => unknown(call, head, redirected_to),
         None if end == End::Failed => call.fail(),
         // Stopped: `Cancelled` by the drop (`Failed` while unwinding).
         None => drop(call),
     }
 }
 
-fn unknown(call: Dispatched, answer: Option<Answer>) {
+fn unknown(call: Dispatched, answer: Option<Answer>, redirected_to: Option<&str>) {
     let spec = call.spec();
     let mut record = spec
         .effect_record()
@@ -165,6 +172,9 @@ fn unknown(call: Dispatched, answer: Option<Answer>) {
         .unwrap_or_else(|| EffectRecord::new(spec.name()));
     if let Some(a) = answer {
         record = record.status(a.describe());
+    }
+    if let Some(to) = redirected_to {
+        record = record.redirected_to(to);
     }
     call.finish(Receipt::EffectUnknown(record));
 }
@@ -176,10 +186,10 @@ mod tests {
 
     /// The receipt `end` gives a call of `spec`: `s`ucceeded, `f`ailed, `c`ancelled or
     /// `u`nknown with the status its record keeps.
-    fn receipt_of(spec: &ChildSpec, end: End, head: Option<Answer>) -> String {
+    fn receipt_of(spec: &ChildSpec, end: End, head: Option<Answer>, to: Option<&str>) -> String {
         let scope = Scope::new();
         let d = scope.register(spec.clone()).unwrap().dispatch().unwrap();
-        receipt(d, end, head);
+        receipt(d, end, head, to);
         scope.close();
         // Quiet at once: the one child has its receipt.
         assert!(scope.lifecycle().is_final());
@@ -207,38 +217,41 @@ mod tests {
             ChildSpec::side_effecting("post", "p"),
         );
         let (grpc, missing) = (Answer::Grpc, Answer::GrpcMissing);
+        let redirected = Some("http://b/");
         use End::{Answered as A, Failed as F, Stopped as S};
         let answered = |a: Option<Answer>| A(a.unwrap());
-        for (spec, end, head, want) in [
-            (&r, answered(http(200)), http(200), "s"),
-            (&r, answered(http(302)), http(302), "s"),
-            (&r, answered(http(503)), http(503), "f"),
-            (&r, answered(http(404)), http(404), "f"),
-            (&w, answered(http(201)), http(201), "s"),
-            (&w, answered(http(409)), http(409), "f"),
-            (&w, answered(http(500)), http(500), "u HTTP 500"),
-            (&r, A(grpc(0)), None, "s"),
-            (&r, A(grpc(14)), None, "f"),
-            (&w, A(grpc(5)), None, "f"),
-            (&w, A(grpc(16)), None, "f"),
-            (&w, A(grpc(4)), None, "u gRPC DEADLINE_EXCEEDED"),
-            (&w, A(grpc(99)), None, "u gRPC 99"),
-            (&w, A(missing), None, "u gRPC status missing"),
-            (&r, A(missing), None, "f"),
+        for (spec, end, head, to, want) in [
+            (&r, answered(http(200)), http(200), None, "s"),
+            (&r, answered(http(302)), http(302), None, "s"),
+            (&r, answered(http(503)), http(503), None, "f"),
+            (&r, answered(http(404)), http(404), None, "f"),
+            (&w, answered(http(201)), http(201), None, "s"),
+            (&w, answered(http(409)), http(409), None, "f"),
+            (&w, answered(http(500)), http(500), None, "u HTTP 500"),
+            // A refusal after a redirect is the last hop's: the first may have done it.
+            (&w, answered(http(404)), http(404), redirected, "u HTTP 404"),
+            (&r, A(grpc(0)), None, None, "s"),
+            (&r, A(grpc(14)), None, None, "f"),
+            (&w, A(grpc(5)), None, None, "f"),
+            (&w, A(grpc(16)), None, None, "f"),
+            (&w, A(grpc(4)), None, None, "u gRPC DEADLINE_EXCEEDED"),
+            (&w, A(grpc(99)), None, None, "u gRPC 99"),
+            (&w, A(missing), None, None, "u gRPC status missing"),
+            (&r, A(missing), None, None, "f"),
             // Cut or failed after the head, or with no answer at all.
-            (&r, S, http(200), "c"),
-            (&r, S, http(500), "f"),
-            (&r, F, http(200), "f"),
-            (&w, S, http(200), "u HTTP 200"),
-            (&w, S, http(400), "f"),
-            (&w, F, http(502), "u HTTP 502"),
-            (&w, S, None, "u"),
-            (&r, S, None, "c"),
-            (&r, F, None, "f"),
-            (&w, F, None, "u"),
+            (&r, S, http(200), None, "c"),
+            (&r, S, http(500), None, "f"),
+            (&r, F, http(200), None, "f"),
+            (&w, S, http(200), None, "u HTTP 200"),
+            (&w, S, http(400), None, "f"),
+            (&w, F, http(502), None, "u HTTP 502"),
+            (&w, S, None, None, "u"),
+            (&r, S, None, None, "c"),
+            (&r, F, None, None, "f"),
+            (&w, F, None, None, "u"),
         ] {
             let what = format!("{:?} {end:?} after {head:?}", spec.effect());
-            assert_eq!(receipt_of(spec, end, head), want, "{what}");
+            assert_eq!(receipt_of(spec, end, head, to), want, "{what}");
         }
     }
 

@@ -53,10 +53,28 @@
 //! | the call... | read-only | may have had an effect |
 //! |---|---|---|
 //! | answered 1xx–3xx, body read | `Succeeded` | `Succeeded` |
-//! | answered 4xx | `Failed` | `Failed` (refused unprocessed) |
+//! | answered 4xx | `Failed` | `Failed` (refused unprocessed), `EffectUnknown` if it was redirected |
 //! | answered 5xx | `Failed` | `EffectUnknown` |
 //! | transport failed | `Failed` | `EffectUnknown` |
 //! | stopped by its scope or dropped before the body's end | `Cancelled` (`Failed` after an error status) | `EffectUnknown` (`Failed` after a 4xx) |
+//!
+//! # Redirects
+//!
+//! The budget headers are written once, when the call is sent, and reqwest copies a request's
+//! headers onto every redirect it follows (it strips only `Authorization`, `Cookie` and
+//! `Proxy-Authorization` when the host changes). A redirect to another origin (scheme, host,
+//! port) would so carry the call's budget, operation id, generation and priority to a service
+//! the caller never chose, so a client that makes scoped calls is to be built with
+//! [`redirect_policy`]: it follows redirects within the origin of the request (up to 10, as
+//! reqwest's default does) and stops at one to another origin, whose 3xx answer the caller
+//! then gets (to follow as a new call, if it trusts that origin). `Policy::none()` leaves every
+//! redirect to the caller. Within the origin, each hop is told the budget of the first; the
+//! transport pad covers the trip.
+//!
+//! A call that was redirected (its response's URL is not the request's) is receipted as such:
+//! its effect may have happened at the first address or at the last, so a refusal (4xx) is not
+//! taken as "nothing happened", and an `EffectUnknown` record names the last address
+//! ([`EffectRecord::redirected_to_str`](crate::EffectRecord::redirected_to_str)).
 //!
 //! # Examples
 //!
@@ -67,7 +85,10 @@
 //! use cancel_scope::wire::EgressPolicy;
 //! use cancel_scope::Scope;
 //!
-//! let client = reqwest::Client::new();
+//! let client = reqwest::Client::builder()
+//!     .redirect(cancel_scope::integrations::reqwest::redirect_policy())
+//!     .build()
+//!     .unwrap();
 //! let request = Scope::with_timeout(Duration::from_millis(500));
 //! let body = request
 //!     .run(async {
@@ -96,8 +117,10 @@ use crate::scope::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Scope};
 
+mod redirect;
 mod response;
 
+pub use redirect::redirect_policy;
 use response::Call;
 pub use response::ScopedResponse;
 
@@ -328,6 +351,7 @@ impl ScopedRequest {
             let target = target(req.url());
             effect::spec(name, class, req.method(), &target, req.headers())
         });
+        let url = req.url().clone();
         // The caller's own timeout on the request bounds the call's scope too: the callee is
         // told no more, and the call stops at it as at any deadline.
         let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
@@ -348,7 +372,7 @@ impl ScopedRequest {
             res = sent => res,
         };
         match res {
-            Ok(inner) => Ok(ScopedResponse::new(inner, call_state)),
+            Ok(inner) => Ok(ScopedResponse::new(inner, call_state, &url)),
             Err(e) => Err(call_state.failed(e)),
         }
     }

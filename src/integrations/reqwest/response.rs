@@ -3,15 +3,17 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use reqwest::header::HeaderMap;
-use reqwest::{Response, ResponseBuilderExt as _, StatusCode};
+use reqwest::{Response, ResponseBuilderExt as _, StatusCode, Url};
 use tokio::time::{Instant, Sleep};
 
+use super::target;
 use crate::integrations::outcome::{self, Answer, End};
 use crate::integrations::CallError;
 use crate::{Cause, Dispatched, Scope};
@@ -26,6 +28,8 @@ pub(super) struct Call {
     announced: Option<Instant>,
     /// The response's status, once its head came.
     head: Option<Answer>,
+    /// Where a redirect took the call (the response's URL), if it was redirected.
+    redirected_to: Option<Arc<str>>,
 }
 
 impl Call {
@@ -35,6 +39,7 @@ impl Call {
             dispatched: Some(dispatched),
             announced,
             head: None,
+            redirected_to: None,
         }
     }
 
@@ -74,7 +79,7 @@ impl Call {
 
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            outcome::receipt(d, end, self.head);
+            outcome::receipt(d, end, self.head, self.redirected_to.as_deref());
         }
     }
 
@@ -120,9 +125,12 @@ pub struct ScopedResponse {
 }
 
 impl ScopedResponse {
-    /// The response `inner` of `call`.
-    pub(super) fn new(inner: Response, mut call: Call) -> Self {
+    /// The response `inner` of `call`, a request sent to `url`.
+    pub(super) fn new(inner: Response, mut call: Call, url: &Url) -> Self {
         call.head = Some(Answer::Http(inner.status()));
+        if inner.url() != url {
+            call.redirected_to = Some(target(inner.url()).as_str().into());
+        }
         ScopedResponse { inner, call }
     }
 

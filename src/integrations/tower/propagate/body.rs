@@ -111,7 +111,7 @@ impl Tracking {
 
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            outcome::receipt(d, end, self.head);
+            outcome::receipt(d, end, self.head, None);
         }
     }
 
