@@ -27,6 +27,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tower::{Layer, ServiceBuilder};
 
+mod support;
+use support::tower::verdict;
+
 const PATIENCE: Duration = Duration::from_secs(20);
 
 fn ms(n: u64) -> Duration {
@@ -77,8 +80,8 @@ impl Decoder for Utf8 {
 
 // --- the service: "/test.Budget/Probe" -------------------------------------------------------
 //
-// The request is how long to work, in ms ("forever" for ever), or "status:N" to fail with the
-// gRPC code N. The response says what the server saw: the budget of its current scope (if a
+// The request is how long to work, in ms ("forever" for ever), "status:N" to fail with the
+// gRPC code N, or "forward <url>" (see `forward`). The response says what the server saw: the budget of its current scope (if a
 // layer admitted it), the budget headers, and what admission decided (priority, operation id,
 // the caller's operation id, the declared budget). "/test.Budget/Stream" answers "one", then
 // ends with `OK` (request "ok") or `INTERNAL` in the trailers (anything else).
@@ -120,6 +123,9 @@ impl tonic::server::UnaryService<String> for ProbeCall {
                 .and_then(|s| s.remaining())
                 .map(|d| d.as_micros().to_string());
             let admission = request.extensions().get::<Admission>().cloned();
+            if let Some(inner) = request.get_ref().strip_prefix("forward ") {
+                return forward(inner, &request).await.map(tonic::Response::new);
+            }
             match request.get_ref().as_str() {
                 "forever" => std::future::pending::<()>().await,
                 work => match work.strip_prefix("status:") {
@@ -553,20 +559,6 @@ async fn a_grpc_call_cut_off_after_the_server_got_it_needs_reconciliation() {
     assert!(id.starts_with("POST /test.Budget/Probe (call "), "{id}");
 }
 
-/// What a caller's scope says of its one call: `s`ucceeded, `f`ailed, `u`nknown with the
-/// status its record keeps.
-fn verdict(report: &Report) -> String {
-    match (report.succeeded(), report.failed(), report.effect_unknown()) {
-        (1, 0, 0) => "s".to_owned(),
-        (0, 1, 0) => "f".to_owned(),
-        (0, 0, 1) => format!(
-            "u {}",
-            report.pending_effects()[0].status_str().unwrap_or("-")
-        ),
-        _ => format!("? {report}"),
-    }
-}
-
 /// gRPC error statuses from a real tonic server: any error fails a read-only call; a call that
 /// may have had an effect fails only on a refusal (`NOT_FOUND`, `INVALID_ARGUMENT`, ...) and is
 /// `EffectUnknown` on any other error, its status kept in the record.
@@ -707,79 +699,41 @@ const HOSTILE: &str = r#"v=1, rem=86400000, prio=0, op="victim-op", gen=7"#;
 #[derive(Clone)]
 struct Raw(http::HeaderMap);
 
-/// The edge: its one method copies its caller's budget headers (as they arrived) onto calls
-/// to the inner service, from a bare task, from a root scope with no deadline and from the
-/// request's own scope, and records the answers.
-#[derive(Clone)]
-struct Edge {
-    inner: Channel,
-    /// The bare task's status, then the inner service's answers.
-    results: Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl tonic::server::NamedService for Edge {
-    const NAME: &'static str = "test.Edge";
-}
-
-impl tower::Service<http::Request<tonic::body::Body>> for Edge {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let edge = self.clone();
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(Utf8);
-            Ok(grpc.unary(EdgeCall(edge), req).await)
-        })
-    }
-}
-
-struct EdgeCall(Edge);
-
-impl tonic::server::UnaryService<String> for EdgeCall {
-    type Response = String;
-    type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<String>, Status>> + Send>>;
-
-    fn call(&mut self, request: tonic::Request<String>) -> Self::Future {
-        let edge = self.0.clone();
-        Box::pin(async move {
-            let Raw(raw) = request.extensions().get::<Raw>().unwrap().clone();
-            let forward = move || {
-                let mut request = tonic::Request::new("0".to_owned());
-                for name in ["service-budget", "grpc-timeout"] {
-                    if let Some(v) = raw.get(name) {
-                        let v = v.to_str().unwrap().parse().unwrap();
-                        request.metadata_mut().insert(name, v);
-                    }
-                }
-                request
-            };
-            let call = |request: tonic::Request<String>| {
-                let client = PropagateLayer::new().layer(edge.inner.clone());
-                async move {
-                    let mut grpc = tonic::client::Grpc::new(client);
-                    grpc.ready().await.unwrap();
-                    grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
-            };
-            // (a) A bare task.
-            let bare = tokio::spawn(call(forward())).await.unwrap();
-            let mut results = vec![format!("{:?}", bare.unwrap_err().code())];
-            // (b) A root scope with no deadline.
-            results.push(Scope::new().run(call(forward())).await.unwrap()?);
-            // (c) The request's own scope.
-            results.push(call(forward()).await?);
-            edge.results.lock().unwrap().extend(results);
-            Ok(tonic::Response::new("edge".to_owned()))
-        })
-    }
+/// The edge's handler (a probe asked `forward <url>`): copies its caller's budget headers, as
+/// they arrived, onto calls to the probe at `url` through our client layer — from a bare task,
+/// from a root scope with no deadline and from the request's own scope — and answers with the
+/// bare task's status and the two answers, one a line.
+async fn forward(inner: &str, request: &tonic::Request<String>) -> Result<String, Status> {
+    let Raw(raw) = request.extensions().get::<Raw>().unwrap().clone();
+    let inner = channel(inner).await;
+    let forwarded = move || {
+        let mut request = tonic::Request::new("0".to_owned());
+        for name in ["service-budget", "grpc-timeout"] {
+            if let Some(v) = raw.get(name) {
+                let v = v.to_str().unwrap().parse().unwrap();
+                request.metadata_mut().insert(name, v);
+            }
+        }
+        request
+    };
+    let call = |request: tonic::Request<String>| {
+        let client = PropagateLayer::new().layer(inner.clone());
+        async move {
+            let mut grpc = tonic::client::Grpc::new(client);
+            grpc.ready().await.unwrap();
+            grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    // (a) A bare task.
+    let bare = tokio::spawn(call(forwarded())).await.unwrap();
+    let mut results = vec![format!("{:?}", bare.unwrap_err().code())];
+    // (b) A root scope with no deadline.
+    results.push(Scope::new().run(call(forwarded())).await.unwrap()?);
+    // (c) The request's own scope.
+    results.push(call(forwarded()).await?);
+    Ok(results.join("\n"))
 }
 
 /// The attack over tonic: an untrusted caller of the edge (at most 10 s) sends
@@ -797,11 +751,6 @@ async fn a_handler_that_copies_its_callers_metadata_does_not_pass_the_budget_on(
             .priority(5),
     )
     .await;
-    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let edge = Edge {
-        inner: channel(&inner_url).await,
-        results: results.clone(),
-    };
     let keep_raw =
         tower::util::MapRequestLayer::new(|mut req: http::Request<tonic::body::Body>| {
             let raw = Raw(req.headers().clone());
@@ -813,33 +762,27 @@ async fn a_handler_that_copies_its_callers_metadata_does_not_pass_the_budget_on(
     let edge_url = format!("http://{}", listener.local_addr().unwrap());
     let router = Server::builder()
         .layer(ServiceBuilder::new().layer(keep_raw).layer(admit))
-        .add_service(edge);
+        .add_service(Probe::default());
     tokio::spawn(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)));
 
     let mut grpc = tonic::client::Grpc::new(channel(&edge_url).await);
     grpc.ready().await.unwrap();
-    let mut request = tonic::Request::new(String::new());
+    let mut request = tonic::Request::new(format!("forward {inner_url}"));
     request
         .metadata_mut()
         .insert("service-budget", HOSTILE.parse().unwrap());
     let answer = grpc
-        .unary(
-            request,
-            PathAndQuery::from_static("/test.Edge/Forward"),
-            Utf8,
-        )
+        .unary(request, PathAndQuery::from_static(PROBE), Utf8)
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(answer, "edge");
-
-    let results = results.lock().unwrap().clone();
+    let results: Vec<_> = answer.lines().collect();
     assert_eq!(results.len(), 3, "{results:?}");
     assert_eq!(
         results[0], "FailedPrecondition",
         "a bare task's call was sent"
     );
-    let (unbounded, scoped) = (parse(&results[1]), parse(&results[2]));
+    let (unbounded, scoped) = (parse(results[1]), parse(results[2]));
     for seen in [&unbounded, &scoped] {
         assert_ne!(seen.caller_op.as_deref(), Some("victim-op"), "{results:?}");
         assert_ne!(seen.op.as_deref(), Some("victim-op"), "{results:?}");

@@ -28,6 +28,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 use tower::{Layer as _, ServiceExt as _};
 
+mod support;
+use support::tower::verdict;
+
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// The budget of a call whose response head and first chunk must arrive before its deadline,
@@ -1324,6 +1327,18 @@ async fn writes_cut_off_after_the_server_got_them_need_reconciliation() {
     }
 }
 
+/// Sends `req` as the one call of a scope of its own (a minute), reads the whole body, and
+/// returns the response's status and the call's receipt (see `verdict`).
+async fn receipt_of_call(req: reqwest::RequestBuilder) -> (u16, String) {
+    let scope = Scope::with_timeout(ms(60_000));
+    let res = req.scoped_in(&scope).send().await.unwrap();
+    let status = res.status().as_u16();
+    res.bytes().await.unwrap();
+    scope.close();
+    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+    (status, verdict(&report))
+}
+
 /// Answers `/status/{code}` with that status and a short body.
 async fn status_server() -> String {
     let app = Router::new().route(
@@ -1335,20 +1350,6 @@ async fn status_server() -> String {
         ),
     );
     serve(app).await
-}
-
-/// What a scope's report says of its one call: `s`ucceeded, `f`ailed, `u`nknown (with the
-/// status its record keeps).
-fn verdict(report: &Report) -> String {
-    match (report.succeeded(), report.failed(), report.effect_unknown()) {
-        (1, 0, 0) => "s".to_owned(),
-        (0, 1, 0) => "f".to_owned(),
-        (0, 0, 1) => format!(
-            "u {}",
-            report.pending_effects()[0].status_str().unwrap_or("-")
-        ),
-        _ => format!("? {report}"),
-    }
 }
 
 /// Receipts follow the status and the effect class, the same through both clients: a
@@ -1375,8 +1376,8 @@ async fn receipts_follow_the_status_and_the_effect_class() {
     ] {
         let target = format!("{url}status/{code}");
         for via_tower in [false, true] {
-            let scope = Scope::with_timeout(ms(60_000));
             if via_tower {
+                let scope = Scope::with_timeout(ms(60_000));
                 let tower = propagated_hyper(PropagateLayer::new());
                 let req = http_request(method, &target);
                 let res = scope
@@ -1386,24 +1387,14 @@ async fn receipts_follow_the_status_and_the_effect_class() {
                     .unwrap();
                 assert_eq!(res.status(), code);
                 read_body(res.into_body()).await.unwrap();
+                scope.close();
+                let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
+                assert_eq!(verdict(&report), want, "{method} {code} (tower): {report}");
             } else {
                 let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-                let res = client
-                    .request(method, &target)
-                    .scoped_in(&scope)
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(res.status(), code);
-                res.bytes().await.unwrap();
+                let got = receipt_of_call(client.request(method.clone(), &target)).await;
+                assert_eq!(got, (code, want.to_owned()), "{method} answered {code}");
             }
-            scope.close();
-            let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
-            assert_eq!(
-                verdict(&report),
-                want,
-                "{method} answered {code} (tower: {via_tower}): {report}"
-            );
         }
     }
 }
@@ -1468,38 +1459,19 @@ async fn a_redirect_to_another_origin_does_not_carry_the_budget() {
         .build()
         .unwrap();
 
-    let scope = Scope::with_timeout(ms(60_000));
-    let res = client
-        .post(format!("{url}away"))
-        .scoped_in(&scope)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 307);
-    res.bytes().await.unwrap();
-    assert!(
-        other_landings.lock().unwrap().is_empty(),
-        "followed to another origin"
-    );
-    scope.close();
-    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
-    assert_eq!(verdict(&report), "s", "{report}");
+    // To another origin: not followed, the 307 is the answer.
+    let got = receipt_of_call(client.post(format!("{url}away"))).await;
+    assert_eq!(got, (307, "s".to_owned()));
+    let other = other_landings.lock().unwrap().clone();
+    assert!(other.is_empty(), "followed to another origin: {other:?}");
 
     // Within the origin: followed, with the budget.
-    let scope = Scope::with_timeout(ms(60_000));
-    let res = client
-        .get(format!("{url}here"))
-        .scoped_in(&scope)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.text().await.unwrap(), "landed");
+    let got = receipt_of_call(client.get(format!("{url}here"))).await;
+    assert_eq!(got, (200, "s".to_owned()));
     let landed = landings.lock().unwrap().clone();
     assert_eq!(landed.len(), 1);
-    assert!(
-        landed[0].as_deref().unwrap().starts_with("v=1, rem="),
-        "{landed:?}"
-    );
+    let budget = landed[0].as_deref().unwrap_or_default();
+    assert!(budget.starts_with("v=1, rem="), "{landed:?}");
 
     // A write redirected (303: processed, see elsewhere) to an address that answers 404.
     let scope = Scope::with_timeout(ms(60_000));
@@ -1516,22 +1488,11 @@ async fn a_redirect_to_another_origin_does_not_carry_the_budget() {
     assert_eq!(verdict(&report), "u HTTP 404", "{report}");
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
     let effect = &report.pending_effects()[0];
-    assert!(
-        effect.effect_id().starts_with(&format!("POST {url}made")),
-        "{effect:?}"
-    );
+    let id = effect.effect_id();
+    assert!(id.starts_with(&format!("POST {url}made")), "{effect:?}");
     assert_eq!(effect.redirected_to_str(), Some(&*format!("{url}gone")));
 
     // The same POST without a redirect is refused unprocessed: `Failed`.
-    let scope = Scope::with_timeout(ms(60_000));
-    let res = client
-        .post(format!("{url}gone"))
-        .scoped_in(&scope)
-        .send()
-        .await
-        .unwrap();
-    res.bytes().await.unwrap();
-    scope.close();
-    let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
-    assert_eq!(verdict(&report), "f", "{report}");
+    let got = receipt_of_call(client.post(format!("{url}gone"))).await;
+    assert_eq!(got, (404, "f".to_owned()));
 }
