@@ -54,6 +54,16 @@
 //! anywhere, without `service-budget` and Envoy headers, with a `grpc-timeout` of at most the
 //! cap it is given.
 //!
+//! # Redirects
+//!
+//! The layer writes the budget headers of each request it is given and does not follow
+//! redirects itself (gRPC has none). A tower-http `FollowRedirect` placed *inside* it repeats
+//! the first request's headers on every hop, to whatever origin the hop goes, as reqwest does
+//! (see `integrations::reqwest::redirect_policy`); placed *outside* it, every hop is a call of
+//! its own, registered and told the budget left then, and its policy decides which origins
+//! get the call (and so its operation id and priority): give it one that stays within the
+//! origin of the request.
+//!
 //! # The effect class of a call
 //!
 //! Without a [`ChildSpec`](crate::ChildSpec) (in the request's extensions, or the layer's
