@@ -1118,7 +1118,7 @@ async fn trusted_inner() -> (String, Arc<Mutex<Vec<InnerSaw>>>) {
 
 /// What a caller of the edge sends: the most it may ask for, the most urgent priority, and
 /// the operation id of someone else's request.
-const HOSTILE: &str = r#"v=1, rem=86400000, prio=0, op="victim-op", gen=7"#;
+const HOSTILE_SERVICE_BUDGET: &str = r#"v=1, rem=86400000, prio=0, op="victim-op", gen=7"#;
 
 /// The budget headers of `raw`, as a handler that forwards its caller's headers copies them.
 fn budget_headers_of(raw: &axum::http::HeaderMap) -> reqwest::header::HeaderMap {
@@ -1217,7 +1217,7 @@ async fn a_handler_that_copies_its_callers_budget_headers_does_not_pass_them_on(
 
     let res = reqwest::Client::new()
         .get(&edge_url)
-        .header("service-budget", HOSTILE)
+        .header("service-budget", HOSTILE_SERVICE_BUDGET)
         .send()
         .await
         .unwrap();

@@ -95,8 +95,7 @@ impl Chain {
     /// listener before any server starts (so that each knows where the next one listens):
     /// if one cannot listen, the listeners made so far are closed as they are dropped and no
     /// server was started, so a start that fails part way leaves nothing listening or
-    /// running (before, the servers started until then went on serving, their handles
-    /// dropped: detached, not stopped).
+    /// running.
     fn start_with(
         mode: Mode,
         timing: &Timing,
