@@ -52,7 +52,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`budget`] | pure budget arithmetic |
-//! | [`Scope`] | the tree, deadlines, cancel, the current scope |
+//! | [`Scope`] | the tree, deadlines, cancel, the current scope ([`CarryScope`] carries it across a bare spawn) |
 //! | [`Ticket`], [`Receipt`], [`Scope::spawn`], [`Scope::spawn_fallible`] | registered children and their receipts |
 //! | [`Permit`], [`Tethered`] | resources counted against a scope |
 //! | [`Report`], [`Lifecycle`] | stable quiescence |
@@ -109,6 +109,7 @@
 //! | `sqlx-sqlite` | `integrations::sqlx` for SQLite (bundled): statements interrupted on cancel |
 //! | `sqlx` | both of the above |
 //! | `tower` | `integrations::tower`: `Admit` (server) and `Propagate` (client) middleware for axum, tonic and hyper (adds `tower-layer`, `tower-service`, `http`, `http-body`) |
+//! | `stream` | `futures_core::Stream` support: a [`Carried`] stream is polled with its scope current (adds `futures-core`) |
 //! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
@@ -153,7 +154,8 @@ pub use error::Error;
 pub use guard::{Permit, Tethered};
 pub use quiesce::{Lifecycle, Quiesce, Report};
 pub use scope::{
-    Cancelled, ChildBuilder, OnCancel, Run, Scope, DEFAULT_CLEANUP_BUDGET, DEFAULT_GRACE,
+    Cancelled, Carried, CarryScope, ChildBuilder, OnCancel, Run, Scope, DEFAULT_CLEANUP_BUDGET,
+    DEFAULT_GRACE,
 };
 
 /// The README's example is compiled and run as a doc test.

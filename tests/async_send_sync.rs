@@ -34,6 +34,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<budget::BudgetExhausted>();
     send_sync::<ChildBuilder<'static>>();
     send::<Run<std::future::Ready<u8>>>();
+    send_sync::<Carried<std::future::Ready<u8>>>();
 }
 
 #[test]

@@ -13,10 +13,12 @@ use crate::sync::{Arc, AtomicU8, LazyBox, Mutex, OnceLock, Ordering};
 use crate::tree::{self, Node};
 
 mod builder;
+mod carry;
 mod future;
 mod timer;
 
 pub use builder::ChildBuilder;
+pub use carry::{Carried, CarryScope};
 pub(crate) use future::OwnRun;
 pub use future::{Cancelled, OnCancel, Run};
 pub(crate) use timer::Timers;
