@@ -1,6 +1,7 @@
 //! The crate's one error type.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::budget::BudgetExhausted;
 use crate::cause::Cause;
@@ -33,6 +34,7 @@ pub(crate) enum Kind {
     StaleGeneration,
     BudgetExhausted(BudgetExhausted),
     Panicked,
+    IdleTimeout(Duration),
 }
 
 impl Error {
@@ -57,6 +59,12 @@ impl Error {
     pub(crate) fn panicked() -> Self {
         Error {
             kind: Kind::Panicked,
+        }
+    }
+    #[cfg_attr(not(feature = "stream"), allow(dead_code))]
+    pub(crate) fn idle(idle: Duration) -> Self {
+        Error {
+            kind: Kind::IdleTimeout(idle),
         }
     }
 
@@ -153,6 +161,46 @@ impl Error {
         matches!(self.kind, Kind::Panicked)
     }
 
+    /// A stream bounded by a scope (`Scope::run_stream`, feature `stream`) had no item for its
+    /// idle timeout, and ended. The scope itself goes on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// # #[cfg(feature = "stream")] {
+    /// use std::time::Duration;
+    /// use futures::StreamExt;
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// let mut quiet = s.run_stream(futures::stream::pending::<u8>()).idle_timeout(Duration::from_secs(1));
+    /// let err = quiet.next().await.unwrap().unwrap_err();
+    /// assert!(err.is_idle_timeout() && !err.is_cancelled());
+    /// assert_eq!(err.idle_timeout(), Some(Duration::from_secs(1)));
+    /// # }
+    /// # }
+    /// ```
+    pub fn is_idle_timeout(&self) -> bool {
+        matches!(self.kind, Kind::IdleTimeout(_))
+    }
+
+    /// The idle timeout that ran out, when [`is_idle_timeout`](Self::is_idle_timeout).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::Scope;
+    /// let s = Scope::new();
+    /// s.cancel();
+    /// assert_eq!(s.child().build().unwrap_err().idle_timeout(), None);
+    /// ```
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        match self.kind {
+            Kind::IdleTimeout(d) => Some(d),
+            _ => None,
+        }
+    }
+
     /// The cancel cause, when [`is_cancelled`](Self::is_cancelled).
     ///
     /// # Examples
@@ -205,6 +253,7 @@ impl fmt::Display for Error {
             Kind::StaleGeneration => f.write_str("stale generation: the scope was cancelled since"),
             Kind::BudgetExhausted(b) => fmt::Display::fmt(b, f),
             Kind::Panicked => f.write_str("task panicked"),
+            Kind::IdleTimeout(d) => write!(f, "no item within the idle timeout ({d:?})"),
         }
     }
 }

@@ -109,7 +109,7 @@
 //! | `sqlx-sqlite` | `integrations::sqlx` for SQLite (bundled): statements interrupted on cancel |
 //! | `sqlx` | both of the above |
 //! | `tower` | `integrations::tower`: `Admit` (server) and `Propagate` (client) middleware for axum, tonic and hyper (adds `tower-layer`, `tower-service`, `http`, `http-body`) |
-//! | `stream` | `futures_core::Stream` support: a [`Carried`] stream is polled with its scope current (adds `futures-core`) |
+//! | `stream` | `futures_core::Stream` support: `Scope::run_stream` (a stream that ends with the cause at the cancel or the deadline, with an idle timeout beside), and [`Carried`] streams (adds `futures-core`) |
 //! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
@@ -157,6 +157,9 @@ pub use scope::{
     Cancelled, Carried, CarryScope, ChildBuilder, OnCancel, Run, Scope, DEFAULT_CLEANUP_BUDGET,
     DEFAULT_GRACE,
 };
+
+#[cfg(feature = "stream")]
+pub use scope::RunStream;
 
 /// The README's example is compiled and run as a doc test.
 #[cfg(doctest)]

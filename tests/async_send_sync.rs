@@ -35,6 +35,8 @@ fn public_types_are_send_and_sync() {
     send_sync::<ChildBuilder<'static>>();
     send::<Run<std::future::Ready<u8>>>();
     send_sync::<Carried<std::future::Ready<u8>>>();
+    #[cfg(feature = "stream")]
+    send_sync::<RunStream<futures::stream::Empty<u8>>>();
 }
 
 #[test]
@@ -43,6 +45,8 @@ fn futures_are_unpin_where_expected() {
     unpin::<Cancelled>();
     unpin::<Quiesce>();
     unpin::<JoinHandle<u8>>();
+    #[cfg(feature = "stream")]
+    unpin::<RunStream<futures::stream::Empty<u8>>>();
 }
 
 #[test]

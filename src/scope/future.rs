@@ -117,9 +117,9 @@ pin_project! {
     }
 }
 
-/// What a [`Run`] holds of its scope.
+/// What a [`Run`] (or a [`RunStream`](super::RunStream)) holds of its scope.
 #[derive(Debug)]
-enum Hold {
+pub(super) enum Hold {
     /// A unit: the body is work of the scope, which is not quiet until the body has stopped.
     Unit,
     /// Nothing: the scope (or an ancestor, on the way up) refused the body when the run was
@@ -130,16 +130,24 @@ enum Hold {
     Nothing,
 }
 
+impl Hold {
+    /// A unit of `scope` for a body, or why the scope refuses one (see [`Scope::run`]).
+    #[inline(always)]
+    pub(super) fn take(scope: &Scope) -> Hold {
+        // Refused as `spawn` and `dispatch` refuse their work once the deadline has passed.
+        scope.expire_if_passed();
+        match tree::take_unit_while_busy(&scope.node, true) {
+            Ok(_) => Hold::Unit,
+            Err(refused) => Hold::Refused(refused),
+        }
+    }
+}
+
 impl<F: Future> Run<F> {
     /// A body of `scope`: takes a unit of it (see [`Scope::run`] for when it is refused).
     #[inline(always)]
     pub(super) fn new(scope: Scope, fut: F) -> Self {
-        // Refused as `spawn` and `dispatch` refuse their work once the deadline has passed.
-        scope.expire_if_passed();
-        let hold = match tree::take_unit_while_busy(&scope.node, true) {
-            Ok(_) => Hold::Unit,
-            Err(refused) => Hold::Refused(refused),
-        };
+        let hold = Hold::take(&scope);
         Run::with_hold(scope, fut, hold)
     }
 
@@ -235,10 +243,10 @@ impl<F: Future> Future for Run<F> {
 
 /// What a stopping [`Run`] gives back once its work is dropped (see [`Run::stop`]), in a drop
 /// of its own so that a panic of the work's drop gives it back too.
-struct GiveBack<'a> {
-    scope: &'a mut Option<Scope>,
-    hold: &'a mut Hold,
-    own: bool,
+pub(super) struct GiveBack<'a> {
+    pub(super) scope: &'a mut Option<Scope>,
+    pub(super) hold: &'a mut Hold,
+    pub(super) own: bool,
 }
 
 impl Drop for GiveBack<'_> {

@@ -15,12 +15,16 @@ use crate::tree::{self, Node};
 mod builder;
 mod carry;
 mod future;
+#[cfg(feature = "stream")]
+mod stream;
 mod timer;
 
 pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
 pub(crate) use future::OwnRun;
 pub use future::{Cancelled, OnCancel, Run};
+#[cfg(feature = "stream")]
+pub use stream::RunStream;
 pub(crate) use timer::Timers;
 
 /// The tree node behind a [`Scope`].
