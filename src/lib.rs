@@ -101,7 +101,8 @@
 //!
 //! # Feature flags
 //!
-//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab` and `sfv`.
+//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab`, `once_cell`
+//! and `sfv`.
 //!
 //! | feature | what |
 //! |---|---|
@@ -110,6 +111,7 @@
 //! | `sqlx` | both of the above |
 //! | `tower` | `integrations::tower`: `Admit` (server) and `Propagate` (client) middleware for axum, tonic and hyper (adds `tower-layer`, `tower-service`, `http`, `http-body`) |
 //! | `stream` | `futures_core::Stream` support: `Scope::run_stream` (a stream that ends with the cause at the cancel or the deadline, with an idle timeout beside), and [`Carried`] streams (adds `futures-core`) |
+//! | `tokio-util` | `CancellationToken` interop, both ways: `Scope::cancellation_token` (cancelled with the scope, for libraries that take a token) and `ChildBuilder::cancelled_by` (a child that a token cancels); no task either way (adds `tokio-util` without default features) |
 //! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this

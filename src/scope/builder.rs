@@ -48,6 +48,9 @@ pub struct ChildBuilder<'a> {
     min_useful: Duration,
     name: Option<std::sync::Arc<str>>,
     grace: Option<Duration>,
+    /// Tokens that cancel the child, each with the cause it gives (see `token`).
+    #[cfg(feature = "tokio-util")]
+    pub(super) tokens: Vec<(tokio_util::sync::CancellationToken, crate::Cause)>,
 }
 
 impl<'a> ChildBuilder<'a> {
@@ -61,6 +64,8 @@ impl<'a> ChildBuilder<'a> {
             min_useful: Duration::ZERO,
             name: None,
             grace: None,
+            #[cfg(feature = "tokio-util")]
+            tokens: Vec::new(),
         }
     }
 
@@ -214,6 +219,8 @@ impl<'a> ChildBuilder<'a> {
     ///   its timer ran: that is the parent's cancel).
     /// * [`Error::is_budget_exhausted`]: the child's budget would be zero or below
     ///   [`min_useful`](Self::min_useful).
+    /// * With the `tokio-util` feature, [`Error::is_cancelled`] with its cause: a token given
+    ///   to `cancelled_by` is cancelled already.
     ///
     /// # Panics
     ///
@@ -232,6 +239,10 @@ impl<'a> ChildBuilder<'a> {
     #[track_caller]
     #[inline]
     pub fn build(self) -> Result<Scope, Error> {
+        #[cfg(feature = "tokio-util")]
+        if !self.tokens.is_empty() {
+            return super::token::build_cancelled_by(self);
+        }
         let parent = self.parent;
         if parent.node.state().is_closed() {
             // Fast path of the check that `new_child` makes under the registry lock.
@@ -287,6 +298,8 @@ impl<'a> ChildBuilder<'a> {
             min_useful,
             name,
             grace,
+            #[cfg(feature = "tokio-util")]
+                tokens: _,
         } = self;
         let pext = &parent.node.ext;
         let bounded = pext.deadline.is_some() || cap.is_some() || deadline.is_some();

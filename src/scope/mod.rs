@@ -18,6 +18,8 @@ mod future;
 #[cfg(feature = "stream")]
 mod stream;
 mod timer;
+#[cfg(feature = "tokio-util")]
+mod token;
 
 pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
@@ -81,6 +83,9 @@ pub(crate) struct ScopeExt {
     /// Immutable values attached for this scope's [`Report`](crate::Report) (retry ledgers,
     /// failures) here or below, oldest first, at most [`MAX_NOTES`]; allocated by the first.
     notes: LazyBox<Mutex<Notes>>,
+    /// The scope's own tokio-util token, made on the first ask (see `token`).
+    #[cfg(feature = "tokio-util")]
+    token: token::TokenSlot,
 }
 
 /// The part of [`ScopeExt`] that descendants inherit as it is.
@@ -375,6 +380,8 @@ impl Scope {
             timer: AtomicU8::new(0),
             marked: false,
             notes: LazyBox::new(),
+            #[cfg(feature = "tokio-util")]
+            token: token::TokenSlot::new(),
         });
         let scope = Scope { node };
         if deadline.is_some() {
@@ -1031,6 +1038,8 @@ impl ScopeExt {
             timer: AtomicU8::new(0),
             marked: false,
             notes: LazyBox::new(),
+            #[cfg(feature = "tokio-util")]
+            token: token::TokenSlot::new(),
         }
     }
 
@@ -1080,6 +1089,8 @@ impl ScopeExt {
             timer: AtomicU8::new(0),
             marked,
             notes: LazyBox::new(),
+            #[cfg(feature = "tokio-util")]
+            token: token::TokenSlot::new(),
         }
     }
 }
