@@ -583,3 +583,16 @@ async fn write_whose_session_dies_mid_flight_is_effect_unknown() {
     assert_eq!(report.effect_unknown(), 1, "{report}");
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
 }
+
+/// The default clean-up budget ends before the default grace period (a clean-up cut at its
+/// budget ends with its own receipt, not quarantined), and holds a cancel's worst case on a
+/// control connection not open yet: two connect attempts, then a repeated cancel.
+#[test]
+fn the_default_cleanup_fits_the_control_connection_and_ends_within_the_grace() {
+    use cancel_scope::integrations::sqlx::{
+        DEFAULT_CLEANUP_BUDGET, DEFAULT_CONTROL_CONNECT_TIMEOUT,
+    };
+    assert!(DEFAULT_CLEANUP_BUDGET < cancel_scope::DEFAULT_GRACE);
+    let recancel_every = Duration::from_millis(100);
+    assert!(2 * DEFAULT_CONTROL_CONNECT_TIMEOUT + recancel_every < DEFAULT_CLEANUP_BUDGET);
+}

@@ -13,7 +13,25 @@ use crate::Scope;
 
 /// How long the clean-up of a connection may take by default: the server cancel, draining the
 /// connection and resetting it (see [`GuardedPool::cleanup_budget`]).
-pub const DEFAULT_CLEANUP_BUDGET: Duration = Duration::from_secs(1);
+///
+/// The crate's [`DEFAULT_CLEANUP_BUDGET`](crate::DEFAULT_CLEANUP_BUDGET), half of the default
+/// grace period [`DEFAULT_GRACE`](crate::DEFAULT_GRACE): with the defaults, a clean-up that
+/// runs out of budget (the connection is then closed) ends with the statement's own receipt
+/// before the grace period ends and `quiesce` would quarantine it. On PostgreSQL that budget
+/// holds the server cancel and its repeats every 100 ms once the control connection is open
+/// (one round trip each: four repeats and the reset fit), and opening the control connection
+/// on first use, twice at most, each within the
+/// [control connect timeout](GuardedPool::control_connect_timeout) of 150 ms, with a repeat
+/// still left. A pool whose control connection needs longer to open (a slow TLS handshake)
+/// raises that timeout, and with it this budget and the scopes' grace period.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::integrations::sqlx::DEFAULT_CLEANUP_BUDGET;
+/// assert!(DEFAULT_CLEANUP_BUDGET < cancel_scope::DEFAULT_GRACE);
+/// ```
+pub const DEFAULT_CLEANUP_BUDGET: Duration = crate::DEFAULT_CLEANUP_BUDGET;
 
 /// A sqlx [`Pool`] whose connections and statements are children of a [`Scope`].
 ///

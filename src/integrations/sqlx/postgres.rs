@@ -77,8 +77,9 @@ const TERMINATE: &str = concat!(
 const RECANCEL_EVERY: Duration = Duration::from_millis(100);
 
 /// How long opening the control connection may take by default (see
-/// [`GuardedPool::control_connect_timeout`]).
-pub const DEFAULT_CONTROL_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// [`GuardedPool::control_connect_timeout`]): two attempts and a repeated cancel fit in the
+/// default clean-up budget ([`DEFAULT_CLEANUP_BUDGET`](super::DEFAULT_CLEANUP_BUDGET)).
+pub const DEFAULT_CONTROL_CONNECT_TIMEOUT: Duration = Duration::from_millis(150);
 
 /// The `application_name` of the control connection.
 const CONTROL_APPLICATION_NAME: &str = "cancel-scope control";
