@@ -18,41 +18,13 @@ use sqlx::{Row, Sqlite};
 use tokio::time::Instant;
 
 mod support;
-use support::sqlx::leave_a_block_open;
+use support::sqlx::{cancel_after, count_orders, leave_a_block_open, one_connection};
 
 const SLACK: Duration = Duration::from_millis(500);
 
 /// Counts to two billion: minutes of work unless interrupted.
 const LONG_READ: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
                          WHERE x < 2000000000) SELECT count(*) FROM c";
-
-/// One in-memory database behind a pool of exactly one connection: "the next query on the same
-/// pool" is then a query on the very connection that was interrupted.
-async fn one_connection() -> GuardedPool<Sqlite> {
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .min_connections(1)
-        .idle_timeout(None)
-        .max_lifetime(None)
-        .connect("sqlite::memory:")
-        .await
-        .expect("open sqlite");
-    sqlx::query("CREATE TABLE orders (id TEXT)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    GuardedPool::new(pool).cleanup_budget(Duration::from_secs(5))
-}
-
-/// Cancels `scope` after `after`, returning when it did.
-fn cancel_after(scope: &Scope, after: Duration) -> tokio::task::JoinHandle<Instant> {
-    let scope = scope.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        scope.cancel();
-        Instant::now()
-    })
-}
 
 async fn next_query_succeeds(db: &GuardedPool<Sqlite>) {
     let start = Instant::now();
@@ -67,13 +39,6 @@ async fn next_query_succeeds(db: &GuardedPool<Sqlite>) {
         .expect("the pool still serves");
     assert_eq!(row.get::<i64, _>(0), 42);
     assert!(start.elapsed() < Duration::from_secs(1));
-}
-
-async fn count_orders(db: &GuardedPool<Sqlite>) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(db.pool())
-        .await
-        .unwrap()
 }
 
 /// Issue figure: a recursive CTE that would run for minutes is interrupted within 100 ms of

@@ -8,7 +8,6 @@ use ::sqlx::Execute;
 
 use super::pool::{cancelled, check_budget, Shared};
 use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release, StatementSpec, TypedQuery};
-#[allow(unused_imports)] // (doc links)
 use crate::ChildSpec;
 use crate::{Dispatched, Receipt, Scope, Tethered};
 
@@ -52,6 +51,9 @@ pub struct GuardedConnection<DB: Backend> {
     scope: Scope,
     /// `Some` until the connection leaves the guard (release, drop, or an abandoned statement).
     held: Option<Held<DB>>,
+    /// A [`GuardedTransaction`](super::GuardedTransaction) on it was dropped open: the next
+    /// statement first rolls it back (the release does, if none comes).
+    rollback_due: bool,
 }
 
 struct Held<DB: Backend> {
@@ -127,6 +129,18 @@ pub(super) struct InFlight<'a, DB: Backend> {
 }
 
 impl<DB: Backend> InFlight<'_, DB> {
+    /// The error of a statement cut off by its scope's cancel: the cause, and whether the
+    /// statement may have taken effect (sent, and not read-only: its receipt is then
+    /// `EffectUnknown`, see [`Cut::finish`]).
+    pub(super) fn cut_off(&self, scope: &Scope) -> Error {
+        let unknown = self.sent
+            && self
+                .dispatched
+                .as_ref()
+                .is_some_and(|d| effect_unknown(d.spec()).is_some());
+        cancelled(scope).effect_unknown(unknown)
+    }
+
     /// The statement ended on the connection: its receipt is the caller's to record.
     pub(super) fn land(mut self) -> Dispatched {
         self.dispatched
@@ -160,6 +174,7 @@ impl<DB: Backend> GuardedConnection<DB> {
             shared,
             scope,
             held: Some(Held { conn, state, unit }),
+            rollback_due: false,
         }
     }
 
@@ -409,6 +424,38 @@ impl<DB: Backend> GuardedConnection<DB> {
         E: 'q + Execute<'q, DB>,
         O: Op<DB>,
     {
+        self.roll_back_if_due().await?;
+        self.run_guarded::<E, O>(spec, query).await
+    }
+
+    /// A transaction dropped open on this connection is rolled back later: before its next
+    /// statement, or by its release.
+    pub(super) fn roll_back_later(&mut self) {
+        self.rollback_due = true;
+    }
+
+    /// Rolls back a transaction dropped open on this connection (see
+    /// [`roll_back_later`](Self::roll_back_later)), as a read-only child of the scope. If that
+    /// fails, the statement that was to follow is not sent.
+    pub(super) async fn roll_back_if_due(&mut self) -> Result<(), Error> {
+        if std::mem::take(&mut self.rollback_due) {
+            let spec = ChildSpec::read_only("rollback of a dropped transaction");
+            self.run_guarded::<_, ExecuteOp>(spec.into(), ::sqlx::raw_sql(DB::ROLLBACK))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// [`guarded`](Self::guarded), without the rollback that may be due before.
+    async fn run_guarded<'q, E, O>(
+        &mut self,
+        spec: StatementSpec,
+        query: E,
+    ) -> Result<O::Output, Error>
+    where
+        E: 'q + Execute<'q, DB>,
+        O: Op<DB>,
+    {
         let dispatched = self.start(spec, query.sql())?;
         let scope = self.scope.clone();
         let mut flight = InFlight {
@@ -452,8 +499,9 @@ impl<DB: Backend> GuardedConnection<DB> {
                 // Interrupt and hand the connection to clean-up with the statement, whose
                 // receipt is recorded there (while it still holds the scope open) once the
                 // clean-up knows whether the statement stopped.
+                let err = flight.cut_off(&scope);
                 drop(flight);
-                Err(cancelled(&scope))
+                Err(err)
             }
         }
     }
@@ -537,7 +585,7 @@ pub(super) fn settle<DB: Backend>(
         // A write sent, and then its session or connection failed under it: it may have
         // committed before that.
         dispatched.finish(unknown);
-        Error::database(e)
+        Error::database(e).effect_unknown(true)
     } else {
         dispatched.fail();
         Error::database(e)

@@ -35,6 +35,8 @@ use std::fmt;
 /// ```
 pub struct Error {
     kind: Kind,
+    /// The statement may have taken effect (see [`Error::is_effect_unknown`]).
+    effect_unknown: bool,
 }
 
 enum Kind {
@@ -48,25 +50,61 @@ impl Error {
     pub(super) fn scope(e: crate::Error) -> Self {
         Error {
             kind: Kind::Scope(e),
+            effect_unknown: false,
         }
     }
 
     pub(super) fn database(e: ::sqlx::Error) -> Self {
         Error {
             kind: Kind::Database(e),
+            effect_unknown: false,
         }
     }
 
     pub(super) fn abandoned() -> Self {
         Error {
             kind: Kind::Abandoned,
+            effect_unknown: false,
         }
     }
 
     pub(super) fn no_scope() -> Self {
         Error {
             kind: Kind::NoScope,
+            effect_unknown: false,
         }
+    }
+
+    /// The statement was cut off after it was sent, or lost with its session, and may have
+    /// taken effect: its receipt is [`EffectUnknown`](crate::Receipt::EffectUnknown), listed
+    /// in the report's pending effects. Only for statements that may have an effect (a
+    /// write, a `COMMIT`); with [`is_cancelled`](Self::is_cancelled) or
+    /// [`is_database`](Self::is_database) as the cause. Refused statements, never sent, are
+    /// not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::Scope;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let scope = Scope::new();
+    /// scope.cancel();
+    /// let err = db.execute(&scope, "insert", sqlx::query("INSERT INTO t VALUES (1)")).await.unwrap_err();
+    /// assert!(err.is_cancelled() && !err.is_effect_unknown()); // refused: never sent
+    /// # }
+    /// # }
+    /// ```
+    pub fn is_effect_unknown(&self) -> bool {
+        self.effect_unknown
+    }
+
+    /// This error, saying that the statement may have taken effect.
+    pub(super) fn effect_unknown(mut self, unknown: bool) -> Self {
+        self.effect_unknown = unknown;
+        self
     }
 
     /// No scope was given and none is current ([`Scope::try_current`](crate::Scope::try_current)):
@@ -283,7 +321,11 @@ impl fmt::Debug for Error {
             Kind::Database(e) => f.debug_tuple("Database").field(e).finish(),
             Kind::Abandoned => f.write_str("Abandoned"),
             Kind::NoScope => f.write_str("NoScope"),
+        }?;
+        if self.effect_unknown {
+            f.write_str(" (effect unknown)")?;
         }
+        Ok(())
     }
 }
 
@@ -297,7 +339,11 @@ impl fmt::Display for Error {
                  connection went to clean-up",
             ),
             Kind::NoScope => f.write_str("no scope given and none is current"),
+        }?;
+        if self.effect_unknown {
+            f.write_str("; the statement may have taken effect")?;
         }
+        Ok(())
     }
 }
 

@@ -12,9 +12,10 @@
 //!
 //! Here a database call is a child of its scope like any other, written as with sqlx itself:
 //! `sqlx::query_as` and `sqlx::query_scalar` give typed rows ([`TypedQuery`]), `fetch`
-//! streams them ([`RowStream`]), the current scope ([`Scope::try_current`]) is used when
-//! none is passed, and a statement given only a name gets its effect class from its SQL
-//! ([`StatementSpec`]).
+//! streams them ([`RowStream`]), `begin` starts a transaction ([`GuardedTransaction`]:
+//! `commit`, `rollback`, rolled back on drop), the current scope ([`Scope::try_current`]) is
+//! used when none is passed, and a statement given only a name gets its effect class from its
+//! SQL ([`StatementSpec`]).
 //!
 //! * **Acquiring** a pooled connection ([`GuardedPool::acquire`]) waits at most the scope's
 //!   remaining budget — queueing for a connection pays from the same budget — and the
@@ -187,6 +188,7 @@ mod postgres;
 mod sqlite;
 mod statement;
 mod stream;
+mod transaction;
 
 pub use connection::GuardedConnection;
 pub use error::Error;
@@ -195,6 +197,7 @@ pub use pool::{GuardedPool, DEFAULT_CLEANUP_BUDGET};
 pub use postgres::{UndeliveredCancel, DEFAULT_CONTROL_CONNECT_TIMEOUT};
 pub use statement::{StatementSpec, TypedQuery};
 pub use stream::RowStream;
+pub use transaction::GuardedTransaction;
 
 /// A boxed future, as sqlx's executors return them.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -249,6 +252,11 @@ pub trait Backend: Database + sealed::Sealed {
     /// open a transaction block, which the release then rolls back).
     #[doc(hidden)]
     fn note_statement(_state: &mut Self::ConnState, _sql: &str) {}
+
+    /// Rolls back the transaction block of the session if one is open, and is harmless if
+    /// none is (SQLite refuses a bare `ROLLBACK` outside one: a `SAVEPOINT` first opens one).
+    #[doc(hidden)]
+    const ROLLBACK: &'static str = "ROLLBACK";
 
     /// Asks a running statement to stop, synchronously (SQLite: sets the interrupt flag).
     #[doc(hidden)]

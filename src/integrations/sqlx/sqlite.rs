@@ -43,6 +43,8 @@ impl Backend for Sqlite {
     type PoolState = SqlitePoolState;
     type ConnState = SqliteConnState;
 
+    const ROLLBACK: &'static str = "SAVEPOINT cancel_scope_rollback; ROLLBACK";
+
     fn pool_state(_pool: &Pool<Self>) -> SqlitePoolState {
         SqlitePoolState(())
     }
@@ -139,10 +141,9 @@ impl Backend for Sqlite {
             // user, whose `COMMIT` would commit this scope's writes after its `quiesce`
             // (invariant 6). SQLite cannot be asked without `unsafe`, so: `SAVEPOINT` opens
             // a block if none is open, and `ROLLBACK` then always has one to end.
-            const ROLLBACK: &str = "SAVEPOINT cancel_scope_release; ROLLBACK";
             if !state.may_open_block
                 || (&mut **conn.conn())
-                    .execute(::sqlx::raw_sql(ROLLBACK))
+                    .execute(::sqlx::raw_sql(<Sqlite as Backend>::ROLLBACK))
                     .await
                     .is_ok()
             {

@@ -157,6 +157,26 @@ impl StatementSpec {
     }
 }
 
+impl StatementSpec {
+    /// The spec of a statement inside a transaction block: a statement given only a name has
+    /// no effect of its own there (nothing takes effect before the block's `COMMIT`, and a
+    /// block cut off is rolled back), so it is read-only — unless its text may end the block
+    /// (`COMMIT`, `END`, `PREPARE`), when it is resolved as outside one. A [`ChildSpec`] given
+    /// is kept as it is (a statement whose effect does not wait for the commit).
+    pub(super) fn in_transaction(self, sql: &str) -> ChildSpec {
+        match self.0 {
+            Inner::Named(name)
+                if !words(sql)
+                    .iter()
+                    .any(|w| matches!(w.as_str(), "COMMIT" | "END" | "PREPARE")) =>
+            {
+                ChildSpec::read_only(name)
+            }
+            inner => StatementSpec(inner).resolve(sql),
+        }
+    }
+}
+
 impl From<ChildSpec> for StatementSpec {
     fn from(spec: ChildSpec) -> Self {
         StatementSpec(Inner::Given(spec))

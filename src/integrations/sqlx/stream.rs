@@ -7,7 +7,6 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 
 use super::connection::{arm, decode, settle, GuardedConnection, InFlight};
-use super::pool::cancelled;
 use super::{Backend, Error, GuardedPool, StatementSpec, TypedQuery};
 use crate::Scope;
 
@@ -103,6 +102,10 @@ impl<DB: Backend> GuardedConnection<DB> {
     {
         let spec = spec.into();
         let inner = async_stream::stream! {
+            if let Err(e) = self.roll_back_if_due().await {
+                yield Err(e);
+                return;
+            }
             let dispatched = match self.start(spec, query.sql()) {
                 Ok(d) => d,
                 Err(e) => {
@@ -133,8 +136,9 @@ impl<DB: Backend> GuardedConnection<DB> {
                     return;
                 }
                 None => {
+                    let err = flight.cut_off(&scope);
                     drop(flight);
-                    yield Err(cancelled(&scope));
+                    yield Err(err);
                     return;
                 }
             }
@@ -161,8 +165,9 @@ impl<DB: Backend> GuardedConnection<DB> {
                     }
                     None => {
                         drop(rows);
+                        let err = flight.cut_off(&scope);
                         drop(flight);
-                        yield Err(cancelled(&scope));
+                        yield Err(err);
                         return;
                     }
                 }

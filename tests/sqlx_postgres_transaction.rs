@@ -1,0 +1,171 @@
+//! `GuardedTransaction` on a real PostgreSQL server (a throwaway cluster per test, see
+//! `support/postgres.rs`): commit, rollback and rollback on drop; after a cancel the
+//! connection goes back to the pool clean; a `COMMIT` cut off after it was sent is
+//! `EffectUnknown`. Real sockets, real time.
+
+mod support;
+
+use std::time::Duration;
+
+use cancel_scope::integrations::sqlx::GuardedPool;
+use cancel_scope::{ChildSpec, Lifecycle, Scope};
+use sqlx::Postgres;
+use support::postgres::*;
+use support::sqlx::cancel_after;
+
+/// The pool's connection (pool of one: the very connection the test used) is clean: not in
+/// a transaction block (`now()`, the start of the transaction, is the time of this query
+/// string only outside one) and with the server's `statement_timeout` back.
+async fn clean_for_the_next_user(db: &GuardedPool<Postgres>) {
+    use sqlx::Row;
+    // The simple protocol: one statement timestamp for the query string.
+    let row = sqlx::raw_sql(
+        "SELECT pg_catalog.now() = pg_catalog.statement_timestamp(), \
+         pg_catalog.current_setting('statement_timeout')",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let (outside_a_block, timeout): (bool, String) = (row.get(0), row.get(1));
+    assert!(outside_a_block, "a transaction block was left open");
+    assert_eq!(timeout, "0", "statement_timeout was not restored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_persists_and_a_transaction_dropped_open_is_rolled_back() {
+    let Some(pg) = PgCluster::start("pg_tx_commit_and_drop") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+
+    let mut tx = db
+        .begin(&scope, ChildSpec::idempotent("place-order", "order-1"))
+        .await
+        .unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(count_orders(&db).await, 1);
+    clean_for_the_next_user(&db).await;
+
+    // Owning its connection, dropped open: rolled back by the release.
+    let mut tx = db.begin(&scope, "discarded").await.unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))
+        .await
+        .unwrap();
+    drop(tx);
+    // On a borrowed connection: rolled back before its next statement.
+    let mut conn = db.acquire(&scope).await.unwrap();
+    let mut tx = conn.begin("discarded too").await.unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-3')"))
+        .await
+        .unwrap();
+    drop(tx);
+    let n: i64 = conn
+        .fetch_one("count", sqlx::query_scalar("SELECT count(*) FROM orders"))
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    conn.release().await;
+    assert_eq!(count_orders(&db).await, 1);
+    clean_for_the_next_user(&db).await;
+
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_cancel_the_transaction_is_rolled_back_and_the_connection_is_clean() {
+    let Some(pg) = PgCluster::start("pg_tx_cancel") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+
+    // Cancelled between statements: the commit is refused, the rollback needs nothing sent.
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+    let mut tx = db.begin(&scope, "place-order").await.unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
+        .await
+        .unwrap();
+    scope.cancel();
+    tx.rollback().await.unwrap();
+    clean_for_the_next_user(&db).await;
+    assert_eq!(count_orders(&db).await, 0);
+
+    // Cancelled while a write of the transaction runs: the write is stopped on the server,
+    // `Cancelled` (it is rolled back with the transaction, which can never commit), and the
+    // clean-up rolls the block back before the connection goes back to the pool.
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+    let mut tx = db.begin(&scope, "bulk-load").await.unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))
+        .await
+        .unwrap();
+    let canceller = cancel_after(&scope, Duration::from_millis(200));
+    let err = tx
+        .execute(
+            "slow-insert",
+            sqlx::query("INSERT INTO orders SELECT 'o-3' FROM pg_catalog.pg_sleep(30)"),
+        )
+        .await
+        .unwrap_err();
+    canceller.await.unwrap();
+    assert!(err.is_cancelled() && !err.is_effect_unknown(), "{err:?}");
+    drop(tx);
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert!(report.pending_effects().is_empty(), "{report}");
+    assert!(report.undelivered_cancels().is_empty(), "{report}");
+    clean_for_the_next_user(&db).await;
+    assert_eq!(count_orders(&db).await, 0);
+}
+
+/// A `COMMIT` that runs a deferred constraint trigger taking 30 s: the scope is cancelled
+/// while it runs, so the call returns at the cancel not knowing whether it committed:
+/// `EffectUnknown` (here the server cancel stops the trigger, so it did not), and the
+/// connection is clean for the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_cut_off_after_it_was_sent_is_an_unknown_effect() {
+    let Some(pg) = PgCluster::start("pg_tx_commit_cut") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_catalog.pg_sleep(30); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON orders \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+    let mut tx = db
+        .begin(&scope, ChildSpec::side_effecting("place-order", "order-9"))
+        .await
+        .unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-9')"))
+        .await
+        .unwrap();
+    let canceller = cancel_after(&scope, Duration::from_millis(300));
+    let err = tx.commit().await.unwrap_err();
+    canceller.await.unwrap();
+    assert!(err.is_cancelled() && err.is_effect_unknown(), "{err:?}");
+
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    assert_eq!(report.pending_effects()[0].effect_id(), "order-9");
+    clean_for_the_next_user(&db).await;
+    assert_eq!(
+        count_orders(&db).await,
+        0,
+        "the server cancel stopped the commit"
+    );
+}
