@@ -11,7 +11,9 @@ use cancel_scope::integrations::sqlx::GuardedPool;
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::Postgres;
 use support::postgres::*;
-use support::sqlx::cancel_after;
+use support::sqlx::{
+    assert_one_unknown_effect, cancel_after, commit_cut_off, drop_two_open_transactions,
+};
 
 /// The pool's connection (pool of one: the very connection the test used) is clean: not in
 /// a transaction block (`now()`, the start of the transaction, is the time of this query
@@ -51,19 +53,8 @@ async fn commit_persists_and_a_transaction_dropped_open_is_rolled_back() {
     assert_eq!(count_orders(&db).await, 1);
     clean_for_the_next_user(&db).await;
 
-    // Owning its connection, dropped open: rolled back by the release.
-    let mut tx = db.begin(&scope, "discarded").await.unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))
-        .await
-        .unwrap();
-    drop(tx);
-    // On a borrowed connection: rolled back before its next statement.
-    let mut conn = db.acquire(&scope).await.unwrap();
-    let mut tx = conn.begin("discarded too").await.unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-3')"))
-        .await
-        .unwrap();
-    drop(tx);
+    // Dropped open, owning its connection and on a borrowed one: rolled back.
+    let mut conn = drop_two_open_transactions(&db, &scope).await;
     let n: i64 = conn
         .fetch_one("count", sqlx::query_scalar("SELECT count(*) FROM orders"))
         .await
@@ -146,22 +137,9 @@ async fn a_commit_cut_off_after_it_was_sent_is_an_unknown_effect() {
     .unwrap();
 
     let scope = Scope::with_timeout(Duration::from_secs(10));
-    let mut tx = db
-        .begin(&scope, ChildSpec::side_effecting("place-order", "order-9"))
-        .await
-        .unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-9')"))
-        .await
-        .unwrap();
-    let canceller = cancel_after(&scope, Duration::from_millis(300));
-    let err = tx.commit().await.unwrap_err();
-    canceller.await.unwrap();
-    assert!(err.is_cancelled() && err.is_effect_unknown(), "{err:?}");
+    commit_cut_off(&db, &scope, "order-9", Duration::from_millis(300)).await;
 
-    let report = scope.quiesce().await;
-    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
-    assert_eq!(report.effect_unknown(), 1, "{report}");
-    assert_eq!(report.pending_effects()[0].effect_id(), "order-9");
+    assert_one_unknown_effect(&scope.quiesce().await, "order-9");
     clean_for_the_next_user(&db).await;
     assert_eq!(
         count_orders(&db).await,

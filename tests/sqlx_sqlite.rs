@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use cancel_scope::integrations::sqlx::{GuardedConnection, GuardedPool};
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Row, Sqlite};
 use tokio::time::Instant;
 
 mod support;
-use support::sqlx::{cancel_after, count_orders, leave_a_block_open, one_connection};
+use support::sqlx::{
+    cancel_after, count_orders, file_database, leave_a_block_open, one_connection,
+};
 
 const SLACK: Duration = Duration::from_millis(500);
 
@@ -353,25 +354,7 @@ async fn open_transaction_is_rolled_back_on_release_not_committed_by_the_next_us
 /// and `quiesce` returned, when the lock comes free and the statement goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_waiting_for_a_lock_cannot_commit_after_the_cancel() {
-    use sqlx::sqlite::SqliteConnectOptions;
-    use sqlx::{Connection, SqliteConnection};
-
-    let dir = tempfile::tempdir().unwrap();
-    let options = SqliteConnectOptions::new()
-        .filename(dir.path().join("orders.db"))
-        .create_if_missing(true)
-        .busy_timeout(Duration::from_secs(10));
-    let mut holder = SqliteConnection::connect_with(&options).await.unwrap();
-    sqlx::query("CREATE TABLE orders (id TEXT)")
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let db = GuardedPool::new(pool).cleanup_budget(Duration::from_millis(200));
+    let (_dir, mut holder, db) = file_database(|o| o, Duration::from_millis(200)).await;
     sqlx::raw_sql("BEGIN IMMEDIATE") // the write lock
         .execute(&mut holder)
         .await

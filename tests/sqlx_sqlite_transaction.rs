@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use cancel_scope::integrations::sqlx::GuardedPool;
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{Connection, Sqlite, SqliteConnection};
+use sqlx::sqlite::SqliteJournalMode;
+use sqlx::Sqlite;
 
 mod support;
-use support::sqlx::{cancel_after, count_orders, one_connection};
+use support::sqlx::{
+    assert_one_unknown_effect, cancel_after, commit_cut_off, count_orders,
+    drop_two_open_transactions, file_database, one_connection,
+};
 
 /// The pool's only connection is not left in a transaction block: `BEGIN` works on it
 /// (SQLite refuses a `BEGIN` inside a block), and then it is rolled back.
@@ -52,19 +55,7 @@ async fn a_committed_transaction_persists_and_each_statement_is_a_child() {
 async fn dropped_open_it_is_rolled_back() {
     let db = one_connection().await;
     let scope = Scope::new();
-    // Owning its connection: rolled back by the connection's release.
-    let mut tx = db.begin(&scope, "discarded").await.unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
-        .await
-        .unwrap();
-    drop(tx);
-    // On a borrowed connection: before that connection's next statement.
-    let mut conn = db.acquire(&scope).await.unwrap();
-    let mut tx = conn.begin("discarded too").await.unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))
-        .await
-        .unwrap();
-    drop(tx);
+    let mut conn = drop_two_open_transactions(&db, &scope).await;
     let n: i64 = conn
         .fetch_one("count", sqlx::query_scalar("SELECT count(*) FROM orders"))
         .await
@@ -147,23 +138,11 @@ async fn a_write_cut_off_inside_the_transaction_is_cancelled_not_an_unknown_effe
 /// it does, once the reader lets go): `EffectUnknown`, never `Cancelled`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_cut_off_after_it_was_sent_is_an_unknown_effect() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = SqliteConnectOptions::new()
-        .filename(dir.path().join("orders.db"))
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Delete)
-        .busy_timeout(Duration::from_secs(10));
-    let mut reader = SqliteConnection::connect_with(&options).await.unwrap();
-    sqlx::query("CREATE TABLE orders (id TEXT)")
-        .execute(&mut reader)
-        .await
-        .unwrap();
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let db = GuardedPool::new(pool).cleanup_budget(Duration::from_secs(5));
+    let (_dir, mut reader, db) = file_database(
+        |o| o.journal_mode(SqliteJournalMode::Delete),
+        Duration::from_secs(5),
+    )
+    .await;
     // A read transaction: its shared lock keeps any COMMIT from taking the file.
     sqlx::raw_sql("BEGIN; SELECT count(*) FROM orders")
         .execute(&mut reader)
@@ -171,23 +150,10 @@ async fn a_commit_cut_off_after_it_was_sent_is_an_unknown_effect() {
         .unwrap();
 
     let scope = Scope::new();
-    let mut tx = db
-        .begin(&scope, ChildSpec::side_effecting("place-order", "order-7"))
-        .await
-        .unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-7')"))
-        .await
-        .unwrap();
-    let canceller = cancel_after(&scope, Duration::from_millis(100));
-    let err = tx.commit().await.unwrap_err();
-    canceller.await.unwrap();
-    assert!(err.is_cancelled() && err.is_effect_unknown(), "{err:?}");
+    commit_cut_off(&db, &scope, "order-7", Duration::from_millis(100)).await;
 
     sqlx::raw_sql("COMMIT").execute(&mut reader).await.unwrap();
-    let report = scope.quiesce().await;
-    assert_eq!(report.state(), Lifecycle::NeedsReconciliation, "{report}");
-    assert_eq!(report.effect_unknown(), 1, "{report}");
-    assert_eq!(report.pending_effects()[0].effect_id(), "order-7");
+    assert_one_unknown_effect(&scope.quiesce().await, "order-7");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

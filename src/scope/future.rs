@@ -172,20 +172,7 @@ impl<F: Future> Run<F> {
     /// quiet for good, out of reach of a quarantine (invariant 5).
     fn stop(self: Pin<&mut Self>, own: bool) {
         let this = self.project();
-        let Some(scope) = this.scope.as_ref() else {
-            return;
-        };
-        tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
-        let back = GiveBack {
-            scope: this.scope,
-            hold: this.hold,
-            own,
-        };
-        let mut fut = this.fut;
-        if fut.is_some() {
-            with_current(&mut *back.scope, || fut.set(None));
-        }
-        drop(back);
+        stop_body(this.scope, this.key, this.hold, own, this.fut);
     }
 
     /// The poll of [`Run`] (always inlined into [`OwnRun`]'s too: an output returned through
@@ -241,12 +228,34 @@ impl<F: Future> Future for Run<F> {
     }
 }
 
+/// [`Run::stop`] (and the end of a [`RunStream`](super::RunStream)), on the parts of the body:
+/// `work` is dropped with `scope` current, after it left the cancel waiters under `key` and
+/// before what `hold` holds is given back.
+#[inline(always)]
+pub(super) fn stop_body<W>(
+    scope: &mut Option<Scope>,
+    key: &mut WaiterKey,
+    hold: &mut Hold,
+    own: bool,
+    mut work: Pin<&mut Option<W>>,
+) {
+    let Some(s) = scope.as_ref() else {
+        return;
+    };
+    tree::forget_waiter(&s.node, Wait::Cancel, key);
+    let back = GiveBack { scope, hold, own };
+    if work.is_some() {
+        with_current(&mut *back.scope, || work.set(None));
+    }
+    drop(back);
+}
+
 /// What a stopping [`Run`] gives back once its work is dropped (see [`Run::stop`]), in a drop
 /// of its own so that a panic of the work's drop gives it back too.
-pub(super) struct GiveBack<'a> {
-    pub(super) scope: &'a mut Option<Scope>,
-    pub(super) hold: &'a mut Hold,
-    pub(super) own: bool,
+struct GiveBack<'a> {
+    scope: &'a mut Option<Scope>,
+    hold: &'a mut Hold,
+    own: bool,
 }
 
 impl Drop for GiveBack<'_> {

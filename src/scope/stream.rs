@@ -10,10 +10,10 @@ use futures_core::stream::{FusedStream, Stream};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use super::future::{GiveBack, Hold};
+use super::future::{stop_body, Hold};
 use super::{sleepable_after, with_current, Scope};
 use crate::error::Error;
-use crate::tree::{self, Wait, WaiterKey};
+use crate::tree::{self, WaiterKey};
 
 impl Scope {
     /// Runs `stream` as a body of this scope, as [`run`](Scope::run) runs a future: each item
@@ -185,21 +185,8 @@ impl<S> RunStream<S> {
     /// `Run::stop`).
     fn stop(self: Pin<&mut Self>) {
         let this = self.project();
-        let Some(scope) = this.scope.as_ref() else {
-            return;
-        };
-        tree::forget_waiter(&scope.node, Wait::Cancel, this.key);
         *this.sleep = None;
-        let back = GiveBack {
-            scope: this.scope,
-            hold: this.hold,
-            own: false,
-        };
-        let mut stream = this.stream;
-        if stream.is_some() {
-            with_current(&mut *back.scope, || stream.set(None));
-        }
-        drop(back);
+        stop_body(this.scope, this.key, this.hold, false, this.stream);
     }
 }
 

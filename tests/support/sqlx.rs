@@ -74,3 +74,107 @@ pub async fn count_orders(db: &GuardedPool<sqlx::Sqlite>) -> i64 {
         .await
         .unwrap()
 }
+
+/// A database file in a temporary directory (`options` on top of its defaults, with a 10 s
+/// busy timeout), a connection to it outside the pool that created table `orders` (to hold
+/// locks), and a guarded pool of one connection with `cleanup` as its clean-up budget. The
+/// directory goes with the returned `TempDir`.
+#[cfg(feature = "sqlx-sqlite")]
+pub async fn file_database(
+    options: impl FnOnce(sqlx::sqlite::SqliteConnectOptions) -> sqlx::sqlite::SqliteConnectOptions,
+    cleanup: std::time::Duration,
+) -> (
+    tempfile::TempDir,
+    sqlx::SqliteConnection,
+    GuardedPool<sqlx::Sqlite>,
+) {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let options = options(
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("orders.db"))
+            .create_if_missing(true)
+            .busy_timeout(std::time::Duration::from_secs(10)),
+    );
+    let mut holder = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE orders (id TEXT)")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    (dir, holder, GuardedPool::new(pool).cleanup_budget(cleanup))
+}
+
+/// Drops two transactions open, each after an `INSERT` into `orders`: one that owns its
+/// connection, then one on a connection of `scope`, which is returned (its next statement
+/// rolls the second one back first).
+pub async fn drop_two_open_transactions<DB: Backend>(
+    db: &GuardedPool<DB>,
+    scope: &Scope,
+) -> cancel_scope::integrations::sqlx::GuardedConnection<DB>
+where
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let mut tx = db.begin(scope, "discarded").await.unwrap();
+    tx.execute(
+        "insert",
+        sqlx::query::<DB>("INSERT INTO orders VALUES ('o-2')"),
+    )
+    .await
+    .unwrap();
+    drop(tx);
+    let mut conn = db.acquire(scope).await.unwrap();
+    let mut tx = conn.begin("discarded too").await.unwrap();
+    tx.execute(
+        "insert",
+        sqlx::query::<DB>("INSERT INTO orders VALUES ('o-3')"),
+    )
+    .await
+    .unwrap();
+    drop(tx);
+    conn
+}
+
+/// Begins a transaction whose `COMMIT` is registered with effect id `effect`, inserts an
+/// order, and has `scope` cancelled `after` the `COMMIT` was sent; checks that the call says
+/// the effect is unknown.
+pub async fn commit_cut_off<DB: Backend>(
+    db: &GuardedPool<DB>,
+    scope: &Scope,
+    effect: &str,
+    after: std::time::Duration,
+) where
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let mut tx = db
+        .begin(scope, ChildSpec::side_effecting("place-order", effect))
+        .await
+        .unwrap();
+    tx.execute(
+        "insert",
+        sqlx::query::<DB>("INSERT INTO orders VALUES ('o-9')"),
+    )
+    .await
+    .unwrap();
+    let canceller = cancel_after(scope, after);
+    let err = tx.commit().await.unwrap_err();
+    canceller.await.unwrap();
+    assert!(err.is_cancelled() && err.is_effect_unknown(), "{err:?}");
+}
+
+/// The report of a scope whose one unknown effect is `effect`.
+pub fn assert_one_unknown_effect(report: &Report, effect: &str) {
+    assert_eq!(
+        report.state(),
+        cancel_scope::Lifecycle::NeedsReconciliation,
+        "{report}"
+    );
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    assert_eq!(report.pending_effects()[0].effect_id(), effect);
+}
