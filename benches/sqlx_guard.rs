@@ -9,6 +9,9 @@
 //!
 //! Run: `cargo bench --bench sqlx_guard --features sqlx-sqlite`
 
+// `criterion_group!` defines a `pub fn` without documentation.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

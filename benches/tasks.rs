@@ -6,6 +6,9 @@
 //!
 //! `cargo bench --bench tasks`
 
+// `criterion_group!` defines a `pub fn` without documentation.
+#![allow(missing_docs)]
+
 use std::future::Future;
 use std::hint::black_box;
 use std::time::{Duration, Instant};

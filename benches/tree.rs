@@ -3,6 +3,9 @@
 //!
 //! `cargo bench --bench tree`
 
+// `criterion_group!` defines a `pub fn` without documentation.
+#![allow(missing_docs)]
+
 use std::future::Future;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

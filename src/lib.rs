@@ -117,12 +117,7 @@
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
 //! crate's own loopback tests.
 
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 #![warn(clippy::disallowed_types)]
 

@@ -50,12 +50,7 @@
 //! # }
 //! ```
 
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 use std::io::Write;

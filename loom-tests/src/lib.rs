@@ -5,12 +5,7 @@
 //! explores the interleavings of the public synchronous API. Without `cfg(loom)` this crate is
 //! empty.
 
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 #[cfg(loom)]
