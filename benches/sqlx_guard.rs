@@ -1,5 +1,5 @@
 //! Overhead of a guarded trivial query against the same query unguarded, side by side in one
-//! criterion group, on SQLite in-memory (issue 6: target ≤ 1.1x).
+//! criterion group, on SQLite in-memory (target ≤ 1.1x).
 //!
 //! * `sqlx_sqlite_select_1`: `SELECT 1` on a connection already held — the per-statement cost
 //!   of the guard (budget check, register, dispatch, race against the cancel, receipt).

@@ -20,8 +20,8 @@
 //!
 //! # Examples
 //!
-//! The 1000 ms request of the design notes: 60 ms queued at ingress, 90 ms spent in the handler
-//! and 100 ms kept for the response leave 750 ms for the dependency.
+//! The 1000 ms request of `docs/design.md`: 60 ms queued at ingress, 90 ms spent in the
+//! handler and 100 ms kept for the response leave 750 ms for the dependency.
 //!
 //! ```
 //! use std::time::Duration;

@@ -284,7 +284,7 @@ async fn inventory(State(svc): State<Service>, headers: HeaderMap) -> Response {
     let run = Run::start(&svc, &headers);
     let work = quote(svc.rec.clone(), run.id.clone(), svc.timing.quote);
     let quoted = match svc.mode {
-        // Like the seed's Go handler that sleeps without watching its context: the work is
+        // Like a handler that sleeps without watching its context: the work is
         // not tied to the request. When the caller hangs up, this handler is dropped, but the
         // task runs on to the end.
         Mode::PerHop => tokio::spawn(work).await.map_err(|e| e.to_string()),

@@ -14,14 +14,14 @@
 //!                           └──────> external-stub (only if inventory succeeded)
 //! ```
 //!
-//! It reproduces the experiment of the seed article `002`: a client that gives up after
-//! 100 ms, one that has 2 s, and assertions by request id. Every hop logs structured lines
-//! (`tracing`, on stderr) with the request id.
+//! Two requests go down the chain, one from a client that gives up after 100 ms and one from a
+//! client that has 2 s, and the report asserts what happened to each, by request id. Every hop
+//! logs structured lines (`tracing`, on stderr) with the request id.
 //!
-//! * **Per-hop timeouts** (the seed's services): each hop has its own fixed timeout and
-//!   ignores its caller's budget; inventory's handler does not watch cancellation. When the
-//!   client leaves, the dropped connections stop frontend and orders (so external-stub is not
-//!   called), but inventory's quote works on to its end for nobody.
+//! * **Per-hop timeouts** (services as they are commonly written): each hop has its own fixed
+//!   timeout and ignores its caller's budget; inventory's handler does not watch cancellation.
+//!   When the client leaves, the dropped connections stop frontend and orders (so
+//!   external-stub is not called), but inventory's quote works on to its end for nobody.
 //! * **Scoped budgets**: the edge admits the client's budget (`grpc-timeout`) with
 //!   [`AdmitLayer`](cancel_scope::integrations::tower::AdmitLayer), every hop runs its request
 //!   in a scope and passes on what is left with

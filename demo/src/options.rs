@@ -18,7 +18,7 @@ use crate::run::{ARRIVAL, PATIENCE};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Every hop has its own fixed timeout for its calls and ignores its caller's budget;
-    /// inventory's work runs in a detached task that nothing can stop (the seed's services).
+    /// inventory's work runs in a detached task that nothing can stop.
     PerHop,
     /// The edge admits the client's budget, every hop runs its request in a scope, calls pass
     /// what is left on, and inventory's work runs inside its request's scope.
@@ -56,11 +56,11 @@ impl fmt::Display for Mode {
     }
 }
 
-/// The failure group's client budget unless `--client-ms` says otherwise (the seed's 100 ms).
+/// The failure group's client budget unless `--client-ms` says otherwise.
 pub const DEFAULT_CLIENT_BUDGET: Duration = Duration::from_millis(100);
-/// Inventory's work unless `--inventory-ms` says otherwise (the seed's 350 ms).
+/// Inventory's work unless `--inventory-ms` says otherwise.
 pub const DEFAULT_INVENTORY_WORK: Duration = Duration::from_millis(350);
-/// The success group's client budget (the seed's 2 s).
+/// The success group's client budget.
 pub const SUCCESS_BUDGET: Duration = Duration::from_secs(2);
 /// The largest value `--client-ms` and `--inventory-ms` take: the demonstration should finish
 /// in seconds.

@@ -24,7 +24,7 @@ pub const PATIENCE: Duration = Duration::from_secs(10);
 /// connecting, say) sent nothing, and no event tells the two apart. Before the time scale.
 pub(crate) const ARRIVAL: Duration = Duration::from_secs(1);
 
-/// The two requests of a mode (the seed's groups).
+/// The two requests of a mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Group {
     /// A 2 s client budget: the request must go through.
@@ -580,7 +580,7 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
     let quote = options.timing().quote;
     let work = ms(quote);
     match mode {
-        // The seed's observation: the quote ran on after the client had left (when it did,
+        // The claim: the quote ran on after the client had left (when it did,
         // not when its budget said it would: its timer can fire late).
         Mode::PerHop => {
             let (passed, detail) = match failure.inventory_work() {
@@ -770,7 +770,7 @@ mod tests {
         }
     }
 
-    /// The seed's claim is about when the client gave up, not about when its budget ran
+    /// The per-hop claim is about when the client gave up, not about when its budget ran
     /// out: a client whose timer fired late (a loaded machine) was still waiting when the
     /// quote finished, and the claim does not hold.
     #[test]

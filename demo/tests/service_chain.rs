@@ -54,7 +54,7 @@ async fn per_hop_timeouts_let_inventory_work_on_after_the_client_left() {
     // Dropping the connections stopped orders before it called external-stub...
     assert!(!failed.called(Hop::Orders, Hop::External));
     assert!(!failed.saw(Hop::External));
-    // ... but inventory's quote ran to its end after the client had given up (the seed).
+    // ... but inventory's quote ran to its end after the client had given up.
     match failed.inventory_work() {
         Work::Finished { at, worked } => {
             assert!(at > failed.client_done(), "{}", run.render());
@@ -144,7 +144,7 @@ async fn the_program_reports_both_modes_and_exits_zero() {
     assert!(!out.contains("FAIL"), "{out}");
 }
 
-/// The seed's control: with a quote shorter than the client's budget the failure group's
+/// The control: with a quote shorter than the client's budget the failure group's
 /// claims are false, and the program must say so and exit 1 (not 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_does_not_hold_makes_the_exit_status_non_zero() {

@@ -1,5 +1,5 @@
 //! loom models of the cancel walk: concurrent cancels, cancel racing child creation, and child
-//! handles dropped while the parent is cancelled (DESIGN.md invariants 1, 3 and 7).
+//! handles dropped while the parent is cancelled (docs/design.md invariants 1, 3 and 7).
 #![cfg(loom)]
 
 use std::sync::Arc as StdArc;

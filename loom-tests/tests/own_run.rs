@@ -1,6 +1,6 @@
 //! loom models of an own ticket's run (`OwnTicket::run`, the way a retry attempt, a hedge or a
 //! fan-out branch runs its work on the ticket of its own child scope): the run's cancel waiter
-//! racing the cancel of the scope above (DESIGN.md invariant 1: the cancel reaches it, no lost
+//! racing the cancel of the scope above (docs/design.md invariant 1: the cancel reaches it, no lost
 //! wake-up), its work stopped before the ticket comes back or its receipt is recorded
 //! (invariant 6), and a run given up by its caller leaving nothing of the caller behind.
 #![cfg(loom)]

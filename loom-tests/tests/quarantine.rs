@@ -1,5 +1,5 @@
 //! loom models of quarantine: the grace period of `quiesce()` ending while a child records its
-//! own receipt (DESIGN.md invariants 5 and 6).
+//! own receipt (docs/design.md invariants 5 and 6).
 //!
 //! `quiesce()` has no timer under loom; `Scope::__quarantine_now` runs the step it takes when
 //! the grace period after a cancel ends.

@@ -1,5 +1,5 @@
 //! loom models of stable quiescence: late registrations, guard releases and child scopes
-//! racing `close`/`cancel` and `quiesce()` (DESIGN.md invariants 3, 5 and 6).
+//! racing `close`/`cancel` and `quiesce()` (docs/design.md invariants 3, 5 and 6).
 #![cfg(loom)]
 
 use cancel_scope::{ChildSpec, Lifecycle, Scope, Ticket};

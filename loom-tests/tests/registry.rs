@@ -1,5 +1,5 @@
 //! loom models of the child registry: registration, the dispatch compare-and-swap and
-//! receipts racing a cancel (DESIGN.md invariants 2, 3 and 5).
+//! receipts racing a cancel (docs/design.md invariants 2, 3 and 5).
 #![cfg(loom)]
 
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope, Ticket};

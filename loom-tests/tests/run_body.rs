@@ -1,5 +1,5 @@
 //! loom models of the body of `Scope::run`: it is work of its scope (it holds a unit of it), so
-//! the scope is not quiet while a body runs (DESIGN.md invariant 6: once quiet, nothing of the
+//! the scope is not quiet while a body runs (docs/design.md invariant 6: once quiet, nothing of the
 //! scope can still commit) and a cancel of an ancestor reaches a body that closed its own
 //! scope (invariant 1).
 #![cfg(loom)]

@@ -1,6 +1,6 @@
 //! loom models of a quarantined shield: the report of the scope whose quarantine stops a
 //! shielded cleanup never loses an effect the cleanup left open in its own scope, whoever is
-//! recording that effect's receipt as the quarantine comes (DESIGN.md invariants 5 and 6).
+//! recording that effect's receipt as the quarantine comes (docs/design.md invariants 5 and 6).
 //!
 //! A shield runs its cleanup under a root scope of its own (a separate tree), so the scope's
 //! quiet does not wait for the receipts of the cleanup's children: its quarantine copies the

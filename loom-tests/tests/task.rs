@@ -1,6 +1,6 @@
 //! loom models of spawned tasks: the one compare-and-swap that registers and dispatches a task
 //! racing a cancel, the cancel waking the tasks that wait, and a task's receipt racing a
-//! quarantine (DESIGN.md invariants 2, 5 and 6).
+//! quarantine (docs/design.md invariants 2, 5 and 6).
 //!
 //! There is no runtime under loom: `Scope::__task` gives the future that `spawn` would hand
 //! to tokio, and a model thread polls it with `block_on` (running the task) or drops it

@@ -1,5 +1,5 @@
 //! loom models of waiting for a cancel: the `cancelled()` future and `on_cancel` callbacks
-//! racing the cancel (DESIGN.md invariant 1: a cancel reaches everything registered on the
+//! racing the cancel (docs/design.md invariant 1: a cancel reaches everything registered on the
 //! scope, once).
 #![cfg(loom)]
 

@@ -25,7 +25,7 @@
 //!
 //! # Examples
 //!
-//! The aggregation page of the design notes: a common deadline of 500 ms, price and stock
+//! The aggregation page of `docs/design.md`: a common deadline of 500 ms, price and stock
 //! required, recommendations and reviews optional and cut at 350 ms, 150 ms left to aggregate.
 //!
 //! ```

@@ -11,7 +11,7 @@ use std::time::Duration;
 ///
 /// # Examples
 ///
-/// The decision table of the design notes:
+/// The decision table of `docs/design.md`:
 ///
 /// ```
 /// use std::time::Duration;

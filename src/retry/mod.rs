@@ -41,7 +41,7 @@
 //!
 //! # Examples
 //!
-//! The 800 ms budget of the design notes, three attempts with a 300 ms hop cap, against a
+//! The 800 ms budget of `docs/design.md`, three attempts with a 300 ms hop cap, against a
 //! dependency that hangs: the attempts get 266, 267 and 267 ms — never more than the request
 //! has.
 //!

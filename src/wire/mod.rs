@@ -26,7 +26,8 @@
 //! A codec may lose precision, but only downwards: encoders truncate, never round up, and
 //! saturate at a maximum rather than wrap; decoders reject anything they cannot represent
 //! exactly instead of guessing. A hop can therefore only ever see *less* time than its caller
-//! had, which is invariant 4 of `DESIGN.md` ("budgets never grow") carried over the network.
+//! had, which is invariant 4 of `docs/design.md` ("budgets never grow") carried over the
+//! network.
 //! Transport padding (`outgoing remaining = local remaining − pad`) and clamping to an
 //! endpoint's policy (`incoming remaining = min(header, endpoint cap, ...)`) belong to the
 //! ingress/egress layers built on top of these codecs, not to the codecs.
