@@ -32,7 +32,8 @@ use crate::{Dispatched, Receipt, Scope, Tethered};
 /// use cancel_scope::integrations::sqlx::GuardedPool;
 /// use cancel_scope::{ChildSpec, Lifecycle, Scope};
 ///
-/// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+/// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+/// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
 /// let scope = Scope::new();
 /// let mut conn = db.acquire(&scope).await.unwrap();
 /// conn.fetch_all(ChildSpec::read_only("tables"), sqlx::query("SELECT name FROM sqlite_master"))
@@ -187,7 +188,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let scope = Scope::new();
     /// let conn = db.acquire(&scope).await.unwrap();
     /// assert_eq!(conn.scope().generation(), scope.generation());
@@ -216,7 +218,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
     /// conn.execute(ChildSpec::read_only("ddl"), sqlx::query("CREATE TABLE t (v)")).await.unwrap();
     /// let done = conn
@@ -275,7 +278,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
     /// use sqlx::Row;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
     /// let rows = conn
     ///     .fetch_all(ChildSpec::read_only("series"), sqlx::query("SELECT 1 UNION ALL SELECT 2"))
@@ -316,7 +320,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
     /// use sqlx::Row;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
     /// let row = conn.fetch_one(ChildSpec::read_only("one"), sqlx::query("SELECT 1")).await.unwrap();
     /// assert_eq!(row.get::<i64, _>(0), 1);
@@ -351,7 +356,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
     /// let row = conn
     ///     .fetch_optional(ChildSpec::read_only("none"), sqlx::query("SELECT 1 WHERE 0"))
@@ -391,7 +397,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{Lifecycle, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let scope = Scope::new();
     /// let conn = db.acquire(&scope).await.unwrap();
     /// conn.release().await;

@@ -17,7 +17,8 @@ use std::fmt;
 /// use cancel_scope::integrations::sqlx::GuardedPool;
 /// use cancel_scope::{ChildSpec, Scope};
 ///
-/// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+/// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+/// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
 /// let scope = Scope::new();
 ///
 /// let err = db.execute(&scope, ChildSpec::read_only("typo"), sqlx::query("SELEC 1"))
@@ -117,7 +118,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// assert!(db.acquire(None).await.unwrap_err().is_no_scope());
     /// // Inside a scope's work, that scope is used.
     /// let scope = Scope::new();
@@ -140,7 +142,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let scope = Scope::new();
     /// scope.cancel();
     /// assert!(db.acquire(&scope).await.unwrap_err().is_cancelled());
@@ -160,7 +163,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{Cause, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let scope = Scope::new();
     /// scope.cancel_because(Cause::DeadlineExceeded);
     /// assert!(db.acquire(&scope).await.unwrap_err().is_deadline_exceeded());
@@ -181,7 +185,8 @@ impl Error {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap())
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap())
     ///     .min_useful(Duration::from_millis(50));
     /// let scope = Scope::with_timeout(Duration::from_millis(20));
     /// assert!(db.acquire(&scope).await.unwrap_err().is_budget_exhausted());
@@ -201,7 +206,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let scope = Scope::new();
     /// scope.close();
     /// assert!(db.acquire(&scope).await.unwrap_err().is_closed());
@@ -222,7 +228,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let err = db
     ///     .execute(&Scope::new(), ChildSpec::read_only("bad"), sqlx::query("SELECT * FROM nope"))
     ///     .await
@@ -246,7 +253,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
     /// let ok = conn.fetch_one(ChildSpec::read_only("one"), sqlx::query("SELECT 1")).await;
     /// assert!(ok.is_ok());
@@ -267,7 +275,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{Cause, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let scope = Scope::new();
     /// scope.cancel_because(Cause::ClientGone);
     /// let err = db.acquire(&scope).await.unwrap_err();
@@ -291,7 +300,8 @@ impl Error {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let err = db
     ///     .execute(&Scope::new(), ChildSpec::read_only("bad"), sqlx::query("SELECT * FROM nope"))
     ///     .await

@@ -133,7 +133,9 @@
 //! use cancel_scope::{ChildSpec, Lifecycle, Scope};
 //! use sqlx::Row;
 //!
-//! let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+//! // One connection: every connection to `sqlite::memory:` opens a database of its own.
+//! let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1);
+//! let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
 //! let request = Scope::with_timeout(Duration::from_secs(2));
 //!
 //! let mut conn = db.acquire(&request).await.unwrap();

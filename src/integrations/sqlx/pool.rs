@@ -48,7 +48,9 @@ pub const DEFAULT_CLEANUP_BUDGET: Duration = crate::DEFAULT_CLEANUP_BUDGET;
 /// use cancel_scope::{ChildSpec, Scope};
 /// use sqlx::Row;
 ///
-/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+/// // One connection: every connection to `sqlite::memory:` opens a database of its own.
+/// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1);
+/// let pool = options.connect("sqlite::memory:").await.unwrap();
 /// let db = GuardedPool::new(pool).min_useful(Duration::from_millis(5));
 ///
 /// let scope = Scope::with_timeout(Duration::from_millis(300));
@@ -80,7 +82,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
-    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let pool = options.connect("sqlite::memory:").await.unwrap();
     /// let db = GuardedPool::new(pool.clone());
     /// assert_eq!(db.pool().size(), pool.size());
     /// # }
@@ -110,7 +113,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let pool = options.connect("sqlite::memory:").await.unwrap();
     /// let db = GuardedPool::new(pool).min_useful(Duration::from_millis(10));
     /// let scope = Scope::with_timeout(Duration::from_millis(5));
     /// assert!(db.acquire(&scope).await.unwrap_err().is_budget_exhausted());
@@ -131,7 +135,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::sqlx::GuardedPool;
-    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let pool = options.connect("sqlite::memory:").await.unwrap();
     /// let db = GuardedPool::new(pool).cleanup_budget(Duration::from_millis(500));
     /// # drop(db);
     /// # }
@@ -162,7 +167,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// assert!(!db.pool().is_closed());
     /// # }
     /// # }
@@ -258,7 +264,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let done = db.execute(&Scope::new(), ChildSpec::read_only("noop"), sqlx::query("SELECT 1"))
     ///     .await
     ///     .unwrap();
@@ -299,7 +306,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let rows = db
     ///     .fetch_all(&Scope::new(), ChildSpec::read_only("two"), sqlx::query("SELECT 1 UNION ALL SELECT 2"))
     ///     .await
@@ -342,7 +350,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
     /// use sqlx::Row;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let row = db.fetch_one(&Scope::new(), ChildSpec::read_only("one"), sqlx::query("SELECT 7"))
     ///     .await
     ///     .unwrap();
@@ -383,7 +392,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// # #[cfg(feature = "sqlx-sqlite")] {
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::{ChildSpec, Scope};
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let row = db
     ///     .fetch_optional(&Scope::new(), ChildSpec::read_only("none"), sqlx::query("SELECT 1 WHERE 0"))
     ///     .await

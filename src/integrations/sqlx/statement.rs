@@ -20,7 +20,8 @@ use crate::ChildSpec;
 /// use cancel_scope::integrations::sqlx::GuardedPool;
 /// use cancel_scope::Scope;
 ///
-/// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+/// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+/// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
 /// let scope = Scope::new();
 /// // Any `FromRow` type: a tuple here, or a `#[derive(sqlx::FromRow)]` struct.
 /// let (id, name): (i64, String) = db

@@ -28,7 +28,8 @@ use crate::Scope;
 /// use cancel_scope::integrations::sqlx::GuardedPool;
 /// use cancel_scope::Scope;
 ///
-/// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+/// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+/// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
 /// let scope = Scope::new();
 /// let mut conn = db.acquire(&scope).await.unwrap();
 /// let mut rows = conn.fetch("series", sqlx::query_scalar::<_, i64>("SELECT 1 UNION ALL SELECT 2"));
@@ -80,7 +81,8 @@ impl<DB: Backend> GuardedConnection<DB> {
     /// use futures::TryStreamExt;
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let mut conn = db.acquire(&Scope::new()).await.unwrap();
     /// let names: Vec<String> = conn
     ///     .fetch("names", sqlx::query_scalar("SELECT 'a' UNION ALL SELECT 'b'"))
@@ -201,7 +203,8 @@ impl<DB: Backend> GuardedPool<DB> {
     /// use futures::TryStreamExt;
     /// use cancel_scope::integrations::sqlx::GuardedPool;
     /// use cancel_scope::Scope;
-    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let db = GuardedPool::new(options.connect("sqlite::memory:").await.unwrap());
     /// let n = db
     ///     .fetch(&Scope::new(), "three", sqlx::query("SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3"))
     ///     .try_fold(0, |n, _| async move { Ok(n + 1) })
