@@ -1,6 +1,37 @@
 //! One end-to-end time budget per request and one cancellation tree per operation, for async
 //! services on tokio.
 //!
+//! # Quick start
+//!
+//! A server layer admits every request into a scope with the budget its caller sent, the
+//! handler finds that scope as the current one, and an outgoing call made in it carries what
+//! is left (features `tower` and `reqwest`):
+//!
+#![cfg_attr(all(feature = "tower", feature = "reqwest"), doc = "```no_run")]
+#![cfg_attr(not(all(feature = "tower", feature = "reqwest")), doc = "```ignore")]
+//! use std::time::Duration;
+//! use cancel_scope::integrations::reqwest::{redirect_policy, RequestBuilderExt as _};
+//! use cancel_scope::integrations::{tower::AdmitLayer, CallError};
+//! use cancel_scope::{wire::EndpointPolicy, Scope};
+//!
+//! // Every request runs in a scope of its own: the caller's `grpc-timeout` or
+//! // `service-budget`, at most 2 s; 1 s if it sent none. With axum:
+//! // `Router::new().route("/order", post(order)).layer(admit)`; tonic: `.layer(admit)`.
+//! let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+//! let admit = AdmitLayer::new(policy);
+//! let http = reqwest::Client::builder().redirect(redirect_policy()).build().unwrap();
+//!
+//! async fn order(http: &reqwest::Client) -> Result<String, CallError> {
+//!     let left = Scope::current().remaining(); // the request's scope, not passed by hand
+//!     // A child of the current scope, told what is left: not sent if too little is, stopped
+//!     // at the deadline, its receipt in the request's report.
+//!     let stock = http.get("http://inventory/stock/42").send_scoped().await?;
+//!     Ok(format!("{left:?} left; stock: {}", stock.text().await?))
+//! }
+//! ```
+//!
+//! # Scopes
+//!
 //! A [`Scope`] is a node of a cancellation tree with a deadline. Every piece of work of a
 //! request — spawned tasks, database queries, HTTP and gRPC calls, connection permits, retry
 //! attempts — is tied to a scope, and the scope guarantees:
@@ -17,7 +48,7 @@
 //!   [`Receipt`] and every guard is released, and reports unknown side effects for
 //!   reconciliation. After that nothing of the scope can start or commit.
 //!
-//! # Examples
+//! Without a server, scopes are made and used directly:
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -47,19 +78,157 @@
 //! # }
 //! ```
 //!
-//! # Layers
+//! # Public API
 //!
-//! | module | job |
-//! |---|---|
-//! | [`budget`] | pure budget arithmetic |
-//! | [`Scope`] | the tree, deadlines, cancel, the current scope ([`CarryScope`] carries it across a bare spawn) |
-//! | [`Ticket`], [`Receipt`], [`Scope::spawn`], [`Scope::spawn_fallible`] | registered children and their receipts |
-//! | [`Permit`], [`Tethered`] | resources counted against a scope |
-//! | [`Report`], [`Lifecycle`] | stable quiescence |
-//! | [`retry`] | retries and hedges within one budget, with a ledger per call |
-//! | [`fanout`] | parallel required and optional branches sharing one budget |
-//! | [`wire`] | `grpc-timeout`, `service-budget` and Envoy header codecs; admission and egress |
-//! | `integrations` | database, tower and reqwest adapters (behind features) |
+//! Every public item, by module. The guarantees behind them are in `docs/design.md` and
+//! the wire formats in `docs/wire.md` (both in the crate's package and repository).
+//!
+//! | module | item | what |
+//! |---|---|---|
+//! | crate root | [`Scope`] | a node of the cancellation tree: deadline, cause, children, tasks, guards; the current scope |
+//! | | [`ChildBuilder`] | builds a child scope: reserve, cap, deadline, minimum useful budget, name, grace period |
+//! | | [`Cause`] | why a scope was cancelled: deadline, explicit cancel, parent cancelled, client gone |
+//! | | [`Run`] | a future run as the scope's body, with the scope current, stopped at its cancel ([`Scope::run`]) |
+//! | | [`CarryScope`] | `in_current_scope()` / `with_scope(&s)`: the scope made current in a future moved into a bare `tokio::spawn` (not registered, not stopped) |
+//! | | [`Carried`] | the future (or stream) `CarryScope` makes |
+//! | | [`Cancelled`] | completes when the scope is cancelled ([`Scope::cancelled`]) |
+//! | | [`OnCancel`] | a callback that runs once at the cancel ([`Scope::on_cancel`]); dropping it unregisters it |
+//! | | [`ChildSpec`] | a child before it is registered: its name and its [`Effect`] |
+//! | | [`Effect`] | what a child may do outside the process: read-only, idempotent (with a key), side-effecting |
+//! | | [`Ticket`] | a registered child, not yet dispatched ([`Scope::register`]) |
+//! | | [`Dispatched`] | a dispatched child, which ends with a receipt (given, or recorded when dropped) |
+//! | | [`Receipt`] | how a registered child ended; exactly one per child |
+//! | | [`EffectRecord`] | an effect whose outcome is unknown: id, payload digest, provider handle, status |
+//! | | [`JoinHandle`] | waits for a task of [`Scope::spawn`], [`Scope::spawn_fallible`], [`Scope::spawn_blocking`] or [`Scope::shield`] |
+//! | | [`Failure`] | a child that ended with an error, as the report lists it |
+//! | | [`Permit`] | a semaphore permit counted against a scope ([`Scope::acquire`]) |
+//! | | [`Tethered`] | any resource counted against a scope while it lives ([`Scope::tether`]) |
+//! | | [`Quiesce`] | resolves to the scope's [`Report`] once it is quiet ([`Scope::quiesce`]) |
+//! | | [`Report`] | what a scope did, as of the moment it became quiet: state, receipts, pending effects |
+//! | | [`Lifecycle`] | where a scope is in its life, and its final state |
+//! | | [`Error`] | why an operation of the crate did not run or did not finish, with predicates |
+//! | | [`DEFAULT_GRACE`] | how long `quiesce` waits after a cancel before it quarantines (1 s) |
+//! | | [`DEFAULT_CLEANUP_BUDGET`] | a budget for a shielded cleanup that ends within the default grace period (500 ms) |
+//! | [`budget`] | [`ChildBudget`](budget::ChildBudget) | a child's budget: `min(parent − reserve, cap, operation)`, refused below a minimum |
+//! | | [`BudgetExhausted`](budget::BudgetExhausted) | too little budget left for the work to be useful; nothing was started |
+//! | | [`Split`](budget::Split) | how a retry shares what is left among its attempts: even or greedy |
+//! | | [`EndpointBudget`](budget::EndpointBudget) | an endpoint's rules for a declared budget: maximum, default, reserve |
+//! | | [`grant`](budget::grant) | the greedy grant: `max(0, min(cap, remaining − reserve))` |
+//! | | [`hop_timeout`](budget::hop_timeout) | a per-hop timeout: `min(cap, max(floor, remaining − pad))`, never more than remaining |
+//! | [`retry`] | [`Retry`](retry::Retry) | a retry policy: attempts, budget split, reserve, backoff, retry budget |
+//! | | [`Hedge`](retry::Hedge) | hedged calls: another attempt when the one before has not answered |
+//! | | [`HedgeDelay`](retry::HedgeDelay) | when a hedge starts: a fixed delay or a latency percentile |
+//! | | [`Latencies`](retry::Latencies) | a dependency's recent latencies, for percentile hedge delays |
+//! | | [`Decision`](retry::Decision) | what to do after a failed attempt: the caller's classification of its error |
+//! | | [`Classify`](retry::Classify) | classifies an operation's errors; implemented for every `Fn(&E) -> Decision` |
+//! | | [`Attempt`](retry::Attempt) | what an attempt knows about itself: number, budget, endpoint, scope |
+//! | | [`AttemptEnd`](retry::AttemptEnd) | how one attempt ended |
+//! | | [`AttemptRecord`](retry::AttemptRecord) | one attempt in a ledger |
+//! | | [`Ledger`](retry::Ledger) | every attempt of one call, what they cost and why the call stopped |
+//! | | [`Stop`](retry::Stop) | why a call stopped starting attempts |
+//! | | [`RetryError`](retry::RetryError) | a retry or hedge call that did not succeed: why, the last error, the ledger |
+//! | | [`RetryBudget`](retry::RetryBudget) | a token bucket that caps retries and hedges to a ratio of requests |
+//! | | [`Exponential`](retry::Exponential) | exponential backoff with jitter |
+//! | | [`ExponentialIter`](retry::ExponentialIter) | the delays of an `Exponential` schedule |
+//! | | [`Jitter`](retry::Jitter) | how much randomness spreads the delays of callers that failed together |
+//! | | [`BackoffFn`](retry::BackoffFn) | a schedule made by a function (see `backoff_fn`) |
+//! | | [`backoff_fn`](retry::backoff_fn) | a backoff schedule made afresh for every call, for schedules that are not `Clone` |
+//! | [`fanout`] | [`FanOut`](fanout::FanOut) | parallel required and optional branches sharing one budget |
+//! | | [`Required`](fanout::Required) | the handle of a required branch |
+//! | | [`Optional`](fanout::Optional) | the handle of an optional branch, whose value may be absent |
+//! | | [`Joined`](fanout::Joined) | the results of a fan-out whose required branches all succeeded |
+//! | | [`FanOutError`](fanout::FanOutError) | a fan-out that failed: which branch, and why |
+//! | | [`BoxError`](fanout::BoxError) | a branch's own error, boxed |
+//! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit) |
+//! | | [`Trust`](wire::Trust) | presets for all the trust settings at once: untrusted, trusted |
+//! | | [`OnBadInput`](wire::OnBadInput) | what admission does with a budget header it cannot decode: refuse, or fall back |
+//! | | [`OverCap`](wire::OverCap) | what admission does with a budget over the maximum: clamp, or refuse |
+//! | | [`Incoming`](wire::Incoming) | the budget headers of an incoming request, decoded line by line |
+//! | | [`Admission`](wire::Admission) | the audit record of one admitted request: what it asked for, what it got, and from whom |
+//! | | [`AdmissionError`](wire::AdmissionError) | why a request was not admitted: invalid, or exhausted |
+//! | | [`BudgetSource`](wire::BudgetSource) | where an admitted request's budget came from |
+//! | | [`PrioritySource`](wire::PrioritySource) | where an admitted request's priority came from |
+//! | | [`OperationSource`](wire::OperationSource) | where an admitted request's operation id and generation came from |
+//! | | [`Operation`](wire::Operation) | request-wide facts on the root scope: operation id, priority, generation, egress defaults |
+//! | | [`EgressPolicy`](wire::EgressPolicy) | how outgoing calls take their budget: reserve, cap, transport pad, minimum |
+//! | | [`Outgoing`](wire::Outgoing) | the budget of one outgoing call, as `grpc-timeout` and `service-budget` values |
+//! | | (also here) | `GrpcTimeoutError`, `ServiceBudget`, `ServiceBudgetError`, `ServiceBudgetErrorKind`, `EnvoyTimeoutError`, re-exported from the modules below |
+//! | [`wire::grpc_timeout`] | [`encode`](wire::grpc_timeout::encode) | a remaining budget as a `grpc-timeout` value: the finest unit that fits, truncated |
+//! | | [`encode_into`](wire::grpc_timeout::encode_into) | the same, written into a `fmt::Write` without allocating |
+//! | | [`decode`](wire::grpc_timeout::decode) | a `grpc-timeout` value, decoded strictly |
+//! | | [`decode_bytes`](wire::grpc_timeout::decode_bytes) | the same from raw header bytes |
+//! | | [`GrpcTimeoutError`](wire::grpc_timeout::GrpcTimeoutError) | why a `grpc-timeout` value was rejected |
+//! | | [`HEADER`](wire::grpc_timeout::HEADER) | `grpc-timeout` |
+//! | | [`MAX_TIMEOUT`](wire::grpc_timeout::MAX_TIMEOUT) | the largest budget the header can express, `99999999H` |
+//! | [`wire::service_budget`] | [`ServiceBudget`](wire::service_budget::ServiceBudget) | a `service-budget` header, version 1: remaining budget, operation, generation, priority, audit deadline |
+//! | | [`ServiceBudgetError`](wire::service_budget::ServiceBudgetError) | why a `service-budget` value was rejected or a `ServiceBudget` could not be built |
+//! | | [`ServiceBudgetErrorKind`](wire::service_budget::ServiceBudgetErrorKind) | the kinds of `ServiceBudgetError` |
+//! | | [`HEADER`](wire::service_budget::HEADER) | `service-budget` |
+//! | | [`VERSION`](wire::service_budget::VERSION) | the format version read and written, `1` |
+//! | | [`MAX_HEADER_LEN`](wire::service_budget::MAX_HEADER_LEN) | the longest value parsed, 1024 bytes |
+//! | | [`MAX_REMAINING`](wire::service_budget::MAX_REMAINING) | the largest `rem`, 24 hours |
+//! | | [`MAX_OPERATION_ID_LEN`](wire::service_budget::MAX_OPERATION_ID_LEN) | the longest `op`, 128 characters |
+//! | | [`MAX_PRIORITY`](wire::service_budget::MAX_PRIORITY) | the largest `prio`, 7 (the least urgent) |
+//! | | [`MAX_INTEGER`](wire::service_budget::MAX_INTEGER) | the largest `gen` and `dl`: the largest RFC 8941 Integer |
+//! | [`wire::envoy`] | [`decode_expected_timeout`](wire::envoy::decode_expected_timeout) | an `x-envoy-expected-rq-timeout-ms` value: whole milliseconds |
+//! | | [`decode_expected_timeout_bytes`](wire::envoy::decode_expected_timeout_bytes) | the same from raw header bytes |
+//! | | [`EnvoyTimeoutError`](wire::envoy::EnvoyTimeoutError) | why an Envoy timeout value was rejected |
+//! | | [`EXPECTED_RQ_TIMEOUT_MS`](wire::envoy::EXPECTED_RQ_TIMEOUT_MS) | `x-envoy-expected-rq-timeout-ms` |
+#![cfg_attr(
+    any(feature = "tower", feature = "reqwest"),
+    doc = "| `integrations` | [`CallError`](integrations::CallError) | why an outgoing call through `Propagate` or the reqwest extension did not run or finish |"
+)]
+#![cfg_attr(
+    feature = "tower",
+    doc = "| [`integrations::tower`] | (re-exports) | `Admit`, `AdmitLayer`, `Ingress`, `Propagate`, `PropagateLayer` from the modules below |
+| [`integrations::tower::admit`] | [`AdmitLayer`](integrations::tower::admit::AdmitLayer) | the server layer: every request admitted into a root scope under an `EndpointPolicy` |
+| | [`Admit`](integrations::tower::admit::Admit) | the server middleware `AdmitLayer` makes |
+| | [`Ingress`](integrations::tower::admit::Ingress) | when a request arrived, if an outer layer knows better (a request extension) |
+| | [`ResponseBody`](integrations::tower::admit::ResponseBody) | the handler's response body, bounded by the request's deadline |
+| `integrations::tower::admit::future` | [`ResponseFuture`](integrations::tower::admit::future::ResponseFuture) | the response future of `Admit`: the handler run in the request's scope |
+| [`integrations::tower::propagate`] | [`PropagateLayer`](integrations::tower::propagate::PropagateLayer) | the client layer: every call in a child scope, its budget on the wire, its receipt by status |
+| | [`Propagate`](integrations::tower::propagate::Propagate) | the client middleware `PropagateLayer` makes |
+| | [`ResponseBody`](integrations::tower::propagate::ResponseBody) | a call's response body, bounded by the call's deadline |
+| `integrations::tower::propagate::future` | [`ResponseFuture`](integrations::tower::propagate::future::ResponseFuture) | the response future of `Propagate`: the call, stopped when its budget ends |"
+)]
+#![cfg_attr(
+    feature = "reqwest",
+    doc = "| [`integrations::reqwest`] | [`RequestBuilderExt`](integrations::reqwest::RequestBuilderExt) | `scoped()`, `scoped_in(&scope)`, `send_scoped()` on a `reqwest::RequestBuilder` |
+| | [`ScopedRequest`](integrations::reqwest::ScopedRequest) | a request about to be sent as a call in a child scope |
+| | [`ScopedResponse`](integrations::reqwest::ScopedResponse) | its response, whose body is read within the call's deadline |
+| | [`redirect_policy`](integrations::reqwest::redirect_policy) | a redirect policy that keeps a call's budget headers within its origin |"
+)]
+#![cfg_attr(
+    any(feature = "sqlx-postgres", feature = "sqlx-sqlite"),
+    doc = "| [`integrations::sqlx`] | [`GuardedPool`](integrations::sqlx::GuardedPool) | a sqlx pool whose connections and statements are children of a scope |
+| | [`GuardedConnection`](integrations::sqlx::GuardedConnection) | a pooled connection held for a scope, counted as its guard |
+| | [`RowStream`](integrations::sqlx::RowStream) | the rows of a guarded `fetch`, as they come |
+| | [`GuardedTransaction`](integrations::sqlx::GuardedTransaction) | a transaction whose statements are children of a scope: `commit`, `rollback`, rolled back on drop |
+| | [`StatementSpec`](integrations::sqlx::StatementSpec) | how a statement is registered: a `ChildSpec`, or a name and the effect read from its SQL |
+| | [`TypedQuery`](integrations::sqlx::TypedQuery) | a sqlx query whose rows come back typed (`query_as`, `query_scalar`) |
+| | [`Backend`](integrations::sqlx::Backend) | a database the guards support: PostgreSQL, SQLite |
+| | [`Error`](integrations::sqlx::Error) | why a guarded database call did not run or did not finish |
+| | [`UndeliveredCancel`](integrations::sqlx::UndeliveredCancel) | a server-side cancel that could not be delivered, as the report lists it |
+| | [`DEFAULT_CLEANUP_BUDGET`](integrations::sqlx::DEFAULT_CLEANUP_BUDGET) | how long a connection's clean-up may take by default |
+| | [`DEFAULT_CONTROL_CONNECT_TIMEOUT`](integrations::sqlx::DEFAULT_CONTROL_CONNECT_TIMEOUT) | how long opening the control connection may take by default |"
+)]
+#![cfg_attr(
+    feature = "stream",
+    doc = "| crate root (feature `stream`) | [`RunStream`] | a stream bounded by its scope ([`Scope::run_stream`]): ends with the cause at cancel, with an idle timeout |"
+)]
+#![cfg_attr(
+    feature = "tokio-util",
+    doc = "| crate root (feature `tokio-util`) | [`Scope::cancellation_token`], [`ChildBuilder::cancelled_by`] | tokio-util `CancellationToken` interop, both ways |"
+)]
+#![cfg_attr(
+    not(any(
+        feature = "sqlx-postgres",
+        feature = "sqlx-sqlite",
+        feature = "tower",
+        feature = "reqwest"
+    )),
+    doc = "| `integrations` | | adapters behind the features below; documented when they are enabled (docs.rs enables them all) |"
+)]
 //!
 //! # User code that panics
 //!
@@ -117,6 +286,7 @@
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
 //! crate's own loopback tests.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 #![warn(clippy::disallowed_types)]
