@@ -16,9 +16,9 @@ mod support {
 
     /// The preemption bound of the two-thread models (unless `LOOM_MAX_PREEMPTIONS` is set).
     ///
-    /// The races found so far in this tree needed at most two preemptions (one to stop a
-    /// canceller half way, one to let another thread overtake it); three leaves a margin and
-    /// every two-thread model still runs in a few seconds. The three-thread models use
+    /// The races these models check need at most two preemptions (one to stop a canceller
+    /// half way, one to let another thread overtake it); three leaves a margin and every
+    /// two-thread model still runs in a few seconds. The three-thread models use
     /// [`THREE_THREAD_PREEMPTIONS`].
     pub const DEFAULT_PREEMPTIONS: usize = 3;
 
