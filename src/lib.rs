@@ -305,6 +305,7 @@ mod guard;
 ))]
 pub mod integrations;
 mod quiesce;
+pub mod reconcile;
 pub mod registry;
 pub mod retry;
 mod scope;

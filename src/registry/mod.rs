@@ -90,6 +90,7 @@ mod scopes;
 pub use error::{JoinError, RegistryError};
 pub use id::{OperationId, MAX_ID_LEN};
 pub use memory::InProcessRegistry;
+pub(crate) use operations::bounded;
 pub use operations::{Join, JoinCounts, Joined, Operations, DEFAULT_TIMEOUT};
 pub use scopes::{LocalScopes, OPERATION_CANCELLED};
 
