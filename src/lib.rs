@@ -270,8 +270,8 @@
 //!
 //! # Feature flags
 //!
-//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab`, `once_cell`
-//! and `sfv`.
+//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab`, `once_cell`,
+//! `sfv` and `getrandom`.
 //!
 //! | feature | what |
 //! |---|---|
@@ -282,6 +282,7 @@
 //! | `stream` | `futures_core::Stream` support: `Scope::run_stream` (a stream that ends with the cause at the cancel or the deadline, with an idle timeout beside), and [`Carried`] streams (adds `futures-core`) |
 //! | `tokio-util` | `CancellationToken` interop, both ways: `Scope::cancellation_token` (cancelled with the scope, for libraries that take a token) and `ChildBuilder::cancelled_by` (a child that a token cancels); no task either way (adds `tokio-util` without default features) |
 //! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
+//! | `redis` | `integrations::redis`: the operation registry on Redis, cancels announced on pub/sub (adds `redis` with its tokio connection manager, `futures-core`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
 //! crate's own loopback tests.
@@ -301,7 +302,8 @@ mod guard;
     feature = "sqlx-postgres",
     feature = "sqlx-sqlite",
     feature = "tower",
-    feature = "reqwest"
+    feature = "reqwest",
+    feature = "redis"
 ))]
 pub mod integrations;
 mod quiesce;

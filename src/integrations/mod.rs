@@ -5,6 +5,7 @@
 //! | `sqlx` | `sqlx`, `sqlx-postgres`, `sqlx-sqlite` | database calls that really stop on cancel |
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
 //! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
+//! | `redis` | `redis` | the operation registry shared by processes through Redis |
 //!
 //! The tower and reqwest client sides work alike: they fail with the same `CallError`, own
 //! the budget headers of the requests they send (a header already on a request may only
@@ -25,6 +26,8 @@ mod error;
 mod headers;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod outcome;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]

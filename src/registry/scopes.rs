@@ -279,6 +279,19 @@ impl LocalScopes {
         nodes.len()
     }
 
+    /// [`cancel`](Self::cancel) for a task that nobody awaits (a pub/sub listener): a panic of
+    /// a waker or callback is contained, and the other scopes are still cancelled.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn cancel_contained(&self, id: &OperationId, until: Option<Instant>) -> usize {
+        let nodes = self.close(id, until);
+        for node in &nodes {
+            tree::contain_panic(|| {
+                tree::cancel(node, Cause::cancelled(OPERATION_CANCELLED), now_stamp());
+            });
+        }
+        nodes.len()
+    }
+
     /// Records `id` as cancelled and takes its live scopes out of the index (the caller
     /// cancels them, and drops them, after the lock).
     fn close(&self, id: &OperationId, until: Option<Instant>) -> Vec<crate::sync::Arc<Core>> {

@@ -8,6 +8,8 @@ pub mod postgres;
 pub mod fault;
 pub mod panics;
 pub mod quiesce;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub mod sqlx;
 #[cfg(feature = "tower")]
