@@ -68,6 +68,8 @@ mod memory;
 mod reconciler;
 
 pub use error::IntentError;
+#[cfg(feature = "sqlx-postgres")]
+pub(crate) use intent::check_len;
 pub use intent::{EffectClass, Intent, IntentRecord, Resolution, Resolved, MAX_FIELD_LEN};
 pub use journal::{Journal, Journaled, DEFAULT_JOURNAL_TIMEOUT};
 pub use memory::InMemoryIntents;

@@ -102,6 +102,12 @@
 //!   its pid and start time.) The database role must be allowed to signal the backend: the
 //!   same role, a superuser or `pg_signal_backend`.
 //!
+//! # Durable intents
+//!
+//! `PgIntentStore` (feature `sqlx-postgres`) keeps the intents of
+//! [`reconcile`](crate::reconcile) in a PostgreSQL table created if missing, so that a process
+//! killed after sending a write leaves a record another process reconciles.
+//!
 //! # SQLite
 //!
 //! Acquiring a connection installs a progress handler on it (through
@@ -183,6 +189,8 @@ use crate::{ChildSpec, Dispatched, Receipt, Scope};
 
 mod connection;
 mod error;
+#[cfg(feature = "sqlx-postgres")]
+mod intents;
 mod pool;
 #[cfg(feature = "sqlx-postgres")]
 mod postgres;
@@ -194,6 +202,8 @@ mod transaction;
 
 pub use connection::GuardedConnection;
 pub use error::Error;
+#[cfg(feature = "sqlx-postgres")]
+pub use intents::{PgIntentStore, PgIntentStoreBuilder, DEFAULT_INTENT_TABLE};
 pub use pool::{GuardedPool, DEFAULT_CLEANUP_BUDGET};
 #[cfg(feature = "sqlx-postgres")]
 pub use postgres::{UndeliveredCancel, DEFAULT_CONTROL_CONNECT_TIMEOUT};
