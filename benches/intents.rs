@@ -118,8 +118,16 @@ fn in_postgres(c: &mut Criterion) {
             timed(&rt, n, || async {
                 let spec = next_spec(&counter, "bare");
                 let id = spec.effect_record().unwrap().effect_id().to_owned();
-                sqlx::query(&bare_insert).bind(&id).execute(&pool).await.unwrap();
-                sqlx::query(&bare_update).bind(&id).execute(&pool).await.unwrap();
+                sqlx::query(&bare_insert)
+                    .bind(&id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                sqlx::query(&bare_update)
+                    .bind(&id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
             })
         })
         .side("journal_postgres", |n| {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cancel_scope::reconcile::{
     EffectClass, InMemoryIntents, Intent, IntentError, IntentRecord, IntentStore, Journal,
-    Reconciler, Resolution, Resolved,
+    Journaled, Reconciler, Resolution, Resolved,
 };
 use cancel_scope::registry::BoxFuture;
 use cancel_scope::{ChildSpec, EffectRecord, Lifecycle, Receipt, Scope};
@@ -23,6 +23,15 @@ fn journal() -> (Arc<InMemoryIntents>, Journal) {
 
 async fn intent(store: &dyn IntentStore, id: &str) -> IntentRecord {
     store.get(id).await.unwrap().expect("an intent")
+}
+
+/// Registers a side-effecting child `pay` with effect id `id` under `scope` and dispatches it
+/// through `journal`.
+async fn pay(journal: &Journal, scope: &Scope, id: &str) -> Result<Journaled, IntentError> {
+    let ticket = scope
+        .register(ChildSpec::side_effecting("pay", id))
+        .unwrap();
+    journal.dispatch(ticket, None).await
 }
 
 #[test]
@@ -260,15 +269,25 @@ async fn a_cancel_while_the_intent_is_written_dispatches_nothing_and_resolves_it
     assert_eq!(report.cancelled(), 1); // the ticket: never dispatched
 }
 
+/// Dispatches a child of `spec` under `scope` through a journal on a store that never
+/// answers a write; returns the journal's error.
+async fn dispatch_on_a_hung_store(
+    store: &Arc<Gated>,
+    timeout: Duration,
+    scope: &Scope,
+    spec: ChildSpec,
+) -> IntentError {
+    let journal = Journal::new(store.clone()).timeout(timeout);
+    let ticket = scope.register(spec).unwrap();
+    journal.dispatch(ticket, None).await.unwrap_err()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deadline_that_passes_while_the_intent_is_written_dispatches_nothing() {
     let store = Gated::new();
-    let journal = Journal::new(store.clone()).timeout(ms(5000));
     let scope = Scope::with_timeout(ms(100));
-    let ticket = scope
-        .register(ChildSpec::idempotent("put", "order-1"))
-        .unwrap();
-    let err = journal.dispatch(ticket, None).await.unwrap_err();
+    let spec = ChildSpec::idempotent("put", "order-1");
+    let err = dispatch_on_a_hung_store(&store, ms(5000), &scope, spec).await;
     assert!(err.is_refused() && err.refusal().unwrap().is_deadline_exceeded());
     assert_eq!(
         intent(&*store, "order-1").await.resolution(),
@@ -280,12 +299,9 @@ async fn a_deadline_that_passes_while_the_intent_is_written_dispatches_nothing()
 #[tokio::test(start_paused = true)]
 async fn a_store_that_does_not_answer_in_time_stops_the_dispatch() {
     let store = Gated::new();
-    let journal = Journal::new(store.clone()).timeout(ms(50));
     let scope = Scope::with_timeout(ms(1000));
-    let ticket = scope
-        .register(ChildSpec::side_effecting("pay", "pay-1"))
-        .unwrap();
-    let err = journal.dispatch(ticket, None).await.unwrap_err();
+    let spec = ChildSpec::side_effecting("pay", "pay-1");
+    let err = dispatch_on_a_hung_store(&store, ms(50), &scope, spec).await;
     assert!(err.is_timeout() && err.is_fault() && !err.is_refused());
     scope.close();
     let report = scope.quiesce().await;
@@ -298,33 +314,14 @@ async fn a_full_store_refuses_the_intent_and_nothing_is_dispatched() {
     let store = Arc::new(InMemoryIntents::new().max(1));
     let journal = Journal::new(store.clone());
     let scope = Scope::with_timeout(ms(1000));
-    let first = journal
-        .dispatch(
-            scope
-                .register(ChildSpec::side_effecting("pay", "pay-1"))
-                .unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
-    let second = scope
-        .register(ChildSpec::side_effecting("pay", "pay-2"))
-        .unwrap();
-    let err = journal.dispatch(second, None).await.unwrap_err();
+    let first = pay(&journal, &scope, "pay-1").await.unwrap();
+    let err = pay(&journal, &scope, "pay-2").await.unwrap_err();
     assert!(err.is_full());
     assert!(store.get("pay-2").await.unwrap().is_none());
 
     // Once the first is resolved, its record makes room (a pending one never does).
     first.succeed().await.unwrap();
-    let third = journal
-        .dispatch(
-            scope
-                .register(ChildSpec::side_effecting("pay", "pay-3"))
-                .unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
+    let third = pay(&journal, &scope, "pay-3").await.unwrap();
     assert!(store.get("pay-1").await.unwrap().is_none());
     assert_eq!(store.len(), 1);
     drop(third);
@@ -347,15 +344,7 @@ async fn only_the_classes_the_journal_records_get_an_intent() {
         call.succeed().await.unwrap();
     }
     assert!(store.is_empty());
-    let call = journal
-        .dispatch(
-            scope
-                .register(ChildSpec::side_effecting("pay", "pay-1"))
-                .unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
+    let call = pay(&journal, &scope, "pay-1").await.unwrap();
     assert!(call.is_journaled());
     call.succeed().await.unwrap();
     assert_eq!(store.len(), 1);
@@ -398,13 +387,7 @@ async fn a_reconciler_run_resolves_what_it_can_decide() {
     let (store, journal) = journal();
     let scope = Scope::with_timeout(ms(1000));
     for id in ["pay-1", "pay-2", "pay-3"] {
-        let spec = ChildSpec::side_effecting("pay", id);
-        drop(
-            journal
-                .dispatch(scope.register(spec).unwrap(), None)
-                .await
-                .unwrap(),
-        );
+        drop(pay(&journal, &scope, id).await.unwrap()); // unknown outcomes
     }
     let reconciler = Reconciler::new(store.clone());
     let done = reconciler

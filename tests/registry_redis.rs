@@ -66,6 +66,14 @@ impl Instance {
         assert!(matches!(status, Ok(Some(_))), "listener not subscribed");
     }
 
+    /// Begins a fresh operation of a minute (as its edge), and returns its id.
+    fn begin(&self) -> OperationId {
+        let id = OperationId::random();
+        let join = Join::new(id.clone(), ms(60_000)).create(true);
+        assert!(self.run(self.ops.join(join)).unwrap().created());
+        id
+    }
+
     /// A request scope of operation `id` on this instance, attached, with work running under
     /// it until it is cancelled; returns the scope and the work's handle.
     fn request(
@@ -96,6 +104,15 @@ impl Instance {
             .expect_err("the work ran to its end");
         assert_eq!(err.cause().unwrap().reason(), Some(OPERATION_CANCELLED));
     }
+}
+
+/// An edge whose cancels are recorded in the store but never announced (every message is
+/// lost), and a listening instance.
+fn silent_edge_and_listener(server: &RedisServer) -> (Instance, Instance) {
+    let a = Instance::with(server, |b| b.announce(false));
+    let b = Instance::new(server);
+    b.subscribed(1);
+    (a, b)
 }
 
 fn key(id: &OperationId) -> String {
@@ -150,9 +167,7 @@ fn a_cancel_on_one_instance_stops_the_others_scopes_through_pub_sub() {
     let a = Instance::new(&server);
     let b = Instance::new(&server);
     b.subscribed(1);
-    let id = OperationId::random();
-    a.run(a.ops.join(Join::new(id.clone(), ms(60_000)).create(true)))
-        .unwrap();
+    let id = a.begin();
     b.run(b.ops.join(Join::new(id.clone(), ms(60_000)).generation(0)))
         .unwrap();
     let (scope, work) = b.request(&id);
@@ -173,13 +188,8 @@ fn a_lost_announcement_is_caught_at_the_next_generation_check() {
     let Some(server) = RedisServer::start("lost_announcement") else {
         return;
     };
-    // A's cancels are recorded in the store but never announced: every message is lost.
-    let a = Instance::with(&server, |b| b.announce(false));
-    let b = Instance::new(&server);
-    b.subscribed(1);
-    let id = OperationId::random();
-    a.run(a.ops.join(Join::new(id.clone(), ms(60_000)).create(true)))
-        .unwrap();
+    let (a, b) = silent_edge_and_listener(&server);
+    let id = a.begin();
     let (straggler, _work) = b.request(&id);
 
     a.run(a.ops.cancel(&id)).unwrap();
@@ -214,19 +224,10 @@ fn a_listener_that_reconnects_catches_up_on_the_cancels_it_missed() {
     let Some(server) = RedisServer::start("listener_catches_up") else {
         return;
     };
-    let a = Instance::with(&server, |b| b.announce(false));
-    let b = Instance::new(&server);
-    b.subscribed(1);
-    let id = OperationId::random();
-    a.run(a.ops.join(Join::new(id.clone(), ms(60_000)).create(true)))
-        .unwrap();
+    let (a, b) = silent_edge_and_listener(&server);
+    let id = a.begin();
     let (_, work) = b.request(&id);
-    let other = OperationId::random();
-    a.run(
-        a.ops
-            .join(Join::new(other.clone(), ms(60_000)).create(true)),
-    )
-    .unwrap();
+    let other = a.begin();
     let (open, _) = b.request(&other);
 
     a.run(a.ops.cancel(&id)).unwrap();
@@ -248,9 +249,7 @@ fn a_stopped_redis_is_a_fault_within_the_callers_bound() {
     };
     let b = Instance::new(&server);
     let ops = b.ops.clone().timeout(ms(300));
-    let id = OperationId::random();
-    b.run(ops.join(Join::new(id.clone(), ms(60_000)).create(true)))
-        .unwrap();
+    let id = b.begin();
 
     // A hung server: connections stay open, nothing answers.
     let frozen = server.freeze();
