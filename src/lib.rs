@@ -270,8 +270,8 @@
 //!
 //! # Feature flags
 //!
-//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab`, `once_cell`,
-//! `sfv` and `getrandom`.
+//! The default build depends only on tokio, `pin-project-lite`, `parking_lot`, `slab`,
+//! `once_cell`, `sfv` and `getrandom`.
 //!
 //! | feature | what |
 //! |---|---|

@@ -10,6 +10,14 @@ use crate::child::{ChildSpec, Effect};
 
 /// The longest effect id, name, payload digest, provider handle or operation id an intent
 /// holds, in bytes.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::reconcile::{EffectClass, Intent, MAX_FIELD_LEN};
+/// let long = "x".repeat(MAX_FIELD_LEN + 1);
+/// assert!(Intent::new(long, "n", EffectClass::Idempotent).validate().is_err());
+/// ```
 pub const MAX_FIELD_LEN: usize = 1024;
 
 /// The classes of effect an intent can be recorded for (read-only work has none).

@@ -13,6 +13,14 @@ use crate::registry::bounded;
 use crate::Scope;
 
 /// How long a [`Journal`] waits for its store by default: 1 s.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::reconcile::DEFAULT_JOURNAL_TIMEOUT;
+/// assert_eq!(DEFAULT_JOURNAL_TIMEOUT, Duration::from_secs(1));
+/// ```
 pub const DEFAULT_JOURNAL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Durable intents around dispatches: for every call that may have an effect (of the classes

@@ -9,6 +9,13 @@ use super::error::RegistryError;
 /// The longest operation id, in bytes (all ASCII, so also in characters): the limit of the
 /// `service-budget` header's `op` member, so that every id the header can carry is an id the
 /// registry can hold.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::registry::{OperationId, MAX_ID_LEN};
+/// assert!(OperationId::new("x".repeat(MAX_ID_LEN)).is_ok());
+/// ```
 pub const MAX_ID_LEN: usize = 128;
 
 /// The id of an operation: 1 to [`MAX_ID_LEN`] printable ASCII characters (`0x20..=0x7E`).

@@ -94,14 +94,50 @@ pub(crate) use operations::bounded;
 pub use operations::{Join, JoinCounts, Joined, Operations, DEFAULT_TIMEOUT};
 pub use scopes::{LocalScopes, OPERATION_CANCELLED};
 
-/// The future an [`OperationRegistry`] method returns.
+/// The future an [`OperationRegistry`] (or [`IntentStore`](crate::reconcile::IntentStore))
+/// method returns: boxed, so that the traits can be used as `Arc<dyn _>`.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::registry::BoxFuture;
+/// fn answer<'a>() -> BoxFuture<'a, u8> {
+///     Box::pin(async { 42 })
+/// }
+/// # let _ = answer();
+/// ```
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The longest an operation is kept: a longer budget is shortened to it when the operation
 /// begins (30 days; budgets are never lengthened, only this shortened).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::registry::{InProcessRegistry, OperationId, OperationRegistry, MAX_LIFETIME};
+/// let registry = InProcessRegistry::new();
+/// let begun = registry.begin(&OperationId::new("a").unwrap(), Duration::MAX).await.unwrap();
+/// assert_eq!(begun.state().remaining(), MAX_LIFETIME);
+/// # }
+/// ```
 pub const MAX_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// The shortest budget an operation can begin with: stores count time in milliseconds.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::registry::{InProcessRegistry, OperationId, OperationRegistry, MIN_BUDGET};
+/// let registry = InProcessRegistry::new();
+/// let id = OperationId::new("a").unwrap();
+/// let short = MIN_BUDGET - Duration::from_nanos(1);
+/// assert!(registry.begin(&id, short).await.unwrap_err().is_invalid());
+/// # }
+/// ```
 pub const MIN_BUDGET: Duration = Duration::from_millis(1);
 
 /// Where operations' deadlines and generations live.

@@ -15,6 +15,14 @@ use crate::Scope;
 
 /// How long [`Operations`] waits for the registry by default (and never longer than the
 /// request's budget): 100 ms.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::registry::DEFAULT_TIMEOUT;
+/// assert_eq!(DEFAULT_TIMEOUT, Duration::from_millis(100));
+/// ```
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A registry with the rules admission applies: a time bound on every call, the generation

@@ -76,6 +76,13 @@ use listener::{Listener, Running};
 use scripts::{Keys, Scripts};
 
 /// The default key prefix.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::integrations::redis::DEFAULT_PREFIX;
+/// assert_eq!(DEFAULT_PREFIX, "cancel-scope:");
+/// ```
 pub const DEFAULT_PREFIX: &str = "cancel-scope:";
 
 /// An [`OperationRegistry`] on Redis (see the [module docs](self)).

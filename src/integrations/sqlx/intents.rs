@@ -12,6 +12,13 @@ use crate::reconcile::{
 use crate::registry::BoxFuture;
 
 /// The table [`PgIntentStore`] uses unless told otherwise, in schema `public`.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::integrations::sqlx::DEFAULT_INTENT_TABLE;
+/// assert_eq!(DEFAULT_INTENT_TABLE, "cancel_scope_intents");
+/// ```
 pub const DEFAULT_INTENT_TABLE: &str = "cancel_scope_intents";
 
 /// The longest schema or table name (so that the index name, `{table}_pending`, fits
