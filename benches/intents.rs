@@ -7,6 +7,9 @@
 //!
 //! `cargo bench --bench intents --features sqlx-postgres`
 
+// `criterion_group!` defines a `pub fn` without documentation.
+#![allow(missing_docs)]
+
 use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;

@@ -139,6 +139,20 @@
 //! | | [`Joined`](fanout::Joined) | the results of a fan-out whose required branches all succeeded |
 //! | | [`FanOutError`](fanout::FanOutError) | a fan-out that failed: which branch, and why |
 //! | | [`BoxError`](fanout::BoxError) | a branch's own error, boxed |
+//! | [`registry`] | [`OperationRegistry`](registry::OperationRegistry) | an operation's deadline and cancel generation, shared by requests and processes |
+//! | | [`InProcessRegistry`](registry::InProcessRegistry) | the embedded default: bounded, entries expire with their deadline |
+//! | | [`Operations`](registry::Operations) | what admission calls: join an operation, attach a scope, check, cancel, count faults |
+//! | | [`Join`](registry::Join), [`Joined`](registry::Joined), [`JoinCounts`](registry::JoinCounts) | a request joining its operation, the result, the running counts |
+//! | | [`OperationId`](registry::OperationId) | a validated operation id; `random()` gives 128 unguessable bits |
+//! | | [`OperationState`](registry::OperationState), [`Begun`](registry::Begun), [`CancelOutcome`](registry::CancelOutcome) | what the registry answers |
+//! | | [`LocalScopes`](registry::LocalScopes) | this process's scopes per operation, by weak reference, cancelled together |
+//! | | [`RegistryError`](registry::RegistryError), [`JoinError`](registry::JoinError) | a registry fault (admission falls back to the endpoint cap) or a refusal |
+//! | | [`MAX_ID_LEN`](registry::MAX_ID_LEN), [`MAX_LIFETIME`](registry::MAX_LIFETIME), [`MIN_BUDGET`](registry::MIN_BUDGET), [`DEFAULT_TIMEOUT`](registry::DEFAULT_TIMEOUT), [`OPERATION_CANCELLED`](registry::OPERATION_CANCELLED) | the registry's bounds and defaults |
+//! | [`reconcile`] | [`IntentStore`](reconcile::IntentStore) | where durable intents live; [`InMemoryIntents`](reconcile::InMemoryIntents) is the default |
+//! | | [`Journal`](reconcile::Journal), [`Journaled`](reconcile::Journaled) | writes an intent before a possibly-effectful dispatch and resolves it by the receipt |
+//! | | [`Reconciler`](reconcile::Reconciler), [`Reconciled`](reconcile::Reconciled) | lists pending intents and resolves each once |
+//! | | [`Intent`](reconcile::Intent), [`IntentRecord`](reconcile::IntentRecord), [`EffectClass`](reconcile::EffectClass), [`Resolution`](reconcile::Resolution), [`Resolved`](reconcile::Resolved) | an intent, as written and as stored, and how it ended |
+//! | | [`IntentError`](reconcile::IntentError), [`MAX_FIELD_LEN`](reconcile::MAX_FIELD_LEN), [`DEFAULT_JOURNAL_TIMEOUT`](reconcile::DEFAULT_JOURNAL_TIMEOUT) | a store fault; the bounds and defaults |
 //! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit) |
 //! | | [`Trust`](wire::Trust) | presets for all the trust settings at once: untrusted, trusted |
 //! | | [`OnBadInput`](wire::OnBadInput) | what admission does with a budget header it cannot decode: refuse, or fall back |
@@ -208,9 +222,18 @@
 | | [`TypedQuery`](integrations::sqlx::TypedQuery) | a sqlx query whose rows come back typed (`query_as`, `query_scalar`) |
 | | [`Backend`](integrations::sqlx::Backend) | a database the guards support: PostgreSQL, SQLite |
 | | [`Error`](integrations::sqlx::Error) | why a guarded database call did not run or did not finish |
-| | [`UndeliveredCancel`](integrations::sqlx::UndeliveredCancel) | a server-side cancel that could not be delivered, as the report lists it |
-| | [`DEFAULT_CLEANUP_BUDGET`](integrations::sqlx::DEFAULT_CLEANUP_BUDGET) | how long a connection's clean-up may take by default |
-| | [`DEFAULT_CONTROL_CONNECT_TIMEOUT`](integrations::sqlx::DEFAULT_CONTROL_CONNECT_TIMEOUT) | how long opening the control connection may take by default |"
+| | [`DEFAULT_CLEANUP_BUDGET`](integrations::sqlx::DEFAULT_CLEANUP_BUDGET) | how long a connection's clean-up may take by default |"
+)]
+#![cfg_attr(
+    feature = "sqlx-postgres",
+    doc = "| `integrations::sqlx` (PostgreSQL) | [`UndeliveredCancel`](integrations::sqlx::UndeliveredCancel) | a server-side cancel that could not be delivered, as the report lists it |
+| | [`DEFAULT_CONTROL_CONNECT_TIMEOUT`](integrations::sqlx::DEFAULT_CONTROL_CONNECT_TIMEOUT) | how long opening the control connection may take by default |
+| | [`PgIntentStore`](integrations::sqlx::PgIntentStore), [`PgIntentStoreBuilder`](integrations::sqlx::PgIntentStoreBuilder), [`DEFAULT_INTENT_TABLE`](integrations::sqlx::DEFAULT_INTENT_TABLE) | durable intents in a PostgreSQL table |"
+)]
+#![cfg_attr(
+    feature = "redis",
+    doc = "| [`integrations::redis`] | [`RedisRegistry`](integrations::redis::RedisRegistry), [`RedisRegistryBuilder`](integrations::redis::RedisRegistryBuilder) | the operation registry on Redis: a key per operation, cancels on pub/sub |
+| | [`ListenerStatus`](integrations::redis::ListenerStatus), [`DEFAULT_PREFIX`](integrations::redis::DEFAULT_PREFIX) | the pub/sub listener's state; the default key prefix |"
 )]
 #![cfg_attr(
     feature = "stream",

@@ -57,7 +57,7 @@ async fn run(seed: u64) {
                 refused += 1;
             }
         }
-        if rng.next() % 1000 == 0 {
+        if rng.next().is_multiple_of(1000) {
             groups[(rng.next() % 20) as usize].cancel();
         }
     }

@@ -197,7 +197,7 @@ impl Limits {
         // Even: `floor(ms left past the reserve) / attempts_left`, in whole milliseconds, must
         // reach `min_useful` rounded up to whole milliseconds (the share is whole
         // milliseconds), so `attempts_left` times that must be left. In 128 bits: no overflow.
-        let per = min.as_millis() + u128::from(min.subsec_nanos() % 1_000_000 != 0);
+        let per = min.as_millis() + u128::from(!min.subsec_nanos().is_multiple_of(1_000_000));
         let total = per * u128::from(attempts_left.max(1));
         Duration::from_millis(u64::try_from(total).unwrap_or(u64::MAX))
     }
