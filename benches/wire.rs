@@ -129,5 +129,67 @@ fn per_request(c: &mut Criterion) {
     drop(root);
 }
 
-criterion_group!(benches, codecs, per_request);
+/// What one request costs through `Admit`: admission (no budget headers, the policy's
+/// default budget), the handler run as the request scope's body, its response body read to
+/// its end, next to the same handler called bare.
+fn admit_layer(c: &mut Criterion) {
+    use std::convert::Infallible;
+    use std::future::poll_fn;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use cancel_scope::integrations::tower::AdmitLayer;
+    use http::{Request, Response};
+    use http_body::Body;
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    #[derive(Clone)]
+    struct Hello;
+    impl Service<Request<()>> for Hello {
+        type Response = Response<String>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(Ok(Response::new("hello".to_owned())))
+        }
+    }
+
+    /// Calls `svc` once and reads the response body to its end.
+    async fn one<S, B>(svc: &mut S)
+    where
+        S: Service<Request<()>, Response = Response<B>>,
+        S::Error: std::fmt::Debug,
+        B: Body + Unpin,
+    {
+        let res = svc.call(Request::new(())).await.unwrap();
+        let mut body = res.into_body();
+        while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            black_box(frame.is_ok());
+        }
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ms = Duration::from_millis;
+    let policy = EndpointPolicy::new(ms(7_200_000), ms(3_600_000));
+    let mut g = c.benchmark_group("tower/admit");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("anchor: the handler called bare", |b| {
+        let mut svc = Hello;
+        b.iter(|| rt.block_on(one(&mut svc)))
+    });
+    g.bench_function("Admit (root scope per request)", |b| {
+        let mut svc = AdmitLayer::new(policy).layer(Hello);
+        b.iter(|| rt.block_on(one(&mut svc)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, codecs, per_request, admit_layer);
 criterion_main!(benches);
