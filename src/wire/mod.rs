@@ -12,6 +12,7 @@
 //! | `grpc-timeout` | [`grpc_timeout`] | gRPC PROTOCOL-HTTP2: 1–8 ASCII digits and a unit (`H M S m u n`) |
 //! | `service-budget` | [`service_budget`] | this crate's own RFC 8941 dictionary, version 1 |
 //! | `x-envoy-expected-rq-timeout-ms` | [`envoy`] | Envoy's decimal milliseconds, read only |
+//! | `service-effect` (responses) | [`service_effect`] | `none` / `unknown`: whether a request the server stopped may have had an effect |
 //!
 //! # Remaining time, never absolute deadlines
 //!
@@ -94,6 +95,7 @@ pub mod grpc_timeout;
 mod operation;
 mod policy;
 pub mod service_budget;
+pub mod service_effect;
 
 pub use admission::{
     Admission, AdmissionError, BudgetSource, Incoming, OperationSource, PrioritySource,
@@ -104,3 +106,4 @@ pub use grpc_timeout::GrpcTimeoutError;
 pub use operation::Operation;
 pub use policy::{EndpointPolicy, OnBadInput, OverCap, Trust};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};
+pub use service_effect::ServiceEffect;
