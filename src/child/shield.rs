@@ -233,11 +233,13 @@ impl Scope {
         let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
         // The cleanup is still the request's: its operation identity (and priority) go with
         // it, as with `detach`; the cancel does not.
+        // And its effect flag: an effectful call the cleanup dispatches is the request's.
         let shielded = Scope::root_after(
             tokio::time::Instant::now(),
             budget,
             self.shared_name(),
             self.context().cloned(),
+            self.effect_flag().cloned(),
         );
         let run = shielded.run(fut);
         let stop = ShieldStop::new(shielded, self);
@@ -291,11 +293,14 @@ impl Scope {
     /// ```
     #[track_caller]
     pub fn detach(&self, timeout: Duration) -> Scope {
+        // A new operation: the request's effect flag stays behind (what the detached work
+        // does is not what the request's answer says).
         Scope::root_after(
             tokio::time::Instant::now(),
             timeout,
             self.shared_name(),
             self.context().cloned(),
+            None,
         )
     }
 }

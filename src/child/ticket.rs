@@ -234,13 +234,27 @@ impl Ticket {
         let inner = self.inner;
         // A passed deadline is made the cancel now, so that the CAS below fails.
         inner.scope.expire_if_passed();
-        tree::dispatch(&inner.scope.node, inner.cell.generation())?;
+        let seen = inner.cell.generation();
+        if inner.spec.effect().may_have_effect() && can_dispatch(&inner.scope, seen) {
+            // Before the CAS: a request's answer that reads the flag after its cancel then
+            // sees every dispatch that succeeded (see `scope::effect`).
+            inner.scope.note_effect();
+        }
+        tree::dispatch(&inner.scope.node, seen)?;
         if !inner.cell.mark_dispatched() {
             // Ended by a quarantine while prepared: it has its receipt (`Cancelled`) already.
             return Err(Error::closed());
         }
         Ok(Dispatched { inner })
     }
+}
+
+/// Whether the dispatch CAS of a ticket of `scope` registered in generation `seen` can
+/// succeed now: the watermark open, the generation unchanged (a refused dispatch does not
+/// note an effect).
+fn can_dispatch(scope: &Scope, seen: u64) -> bool {
+    let state = scope.node.state();
+    !state.is_closed() && state.generation() == seen
 }
 
 impl Dispatched {

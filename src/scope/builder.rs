@@ -383,7 +383,14 @@ fn link(
     let ext = |_| ScopeExt::child_of(pext, deadline, tightens, name, grace, marked);
     let node = match own {
         None => tree::new_child(&parent.node, ext),
-        Some(spec) => tree::new_child_dispatched(&parent.node, spec, ext),
+        Some(spec) => {
+            // The child's unit CAS in `parent` is its dispatch: the request's effect flag is
+            // set before it, unless the watermark already refuses it (see `scope::effect`).
+            if spec.effect().may_have_effect() && !parent.node.state().is_closed() {
+                parent.note_effect();
+            }
+            tree::new_child_dispatched(&parent.node, spec, ext)
+        }
     }
     .map_err(Error::from)?;
     Ok(Scope::from_child_node(node, read_at.filter(|_| tightens)))

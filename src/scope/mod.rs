@@ -14,6 +14,7 @@ use crate::tree::{self, Node};
 
 mod builder;
 mod carry;
+mod effect;
 mod future;
 #[cfg(feature = "stream")]
 mod stream;
@@ -23,6 +24,7 @@ mod token;
 
 pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
+pub(crate) use effect::EffectFlag;
 pub(crate) use future::OwnRun;
 pub use future::{Cancelled, OnCancel, Run};
 #[cfg(feature = "stream")]
@@ -99,6 +101,9 @@ struct Shared {
     /// on the same thread: see `timer`), if any scope of it has a deadline; a descendant that
     /// tightens its deadline in another runtime has its own (see `Timers::for_child_of`).
     timers: Option<Arc<Timers>>,
+    /// The request's "a possibly-effectful child was dispatched" flag (see `effect`), set on
+    /// an admitted request's scope and shared by every descendant (and a shielded cleanup).
+    effect: Option<Arc<EffectFlag>>,
 }
 
 impl Shared {
@@ -106,6 +111,7 @@ impl Shared {
         grace: DEFAULT_GRACE,
         context: None,
         timers: None,
+        effect: None,
     };
 }
 
@@ -310,7 +316,7 @@ impl Scope {
     /// ```
     #[track_caller]
     pub fn with_timeout(timeout: Duration) -> Scope {
-        Scope::root_after(Instant::now(), timeout, None, None)
+        Scope::root_after(Instant::now(), timeout, None, None, None)
     }
 
     /// A root scope that is cancelled with [`Cause::DeadlineExceeded`] at `deadline`.
@@ -340,36 +346,40 @@ impl Scope {
 
     #[track_caller]
     pub(crate) fn root(deadline: Option<Instant>, name: Option<std::sync::Arc<str>>) -> Scope {
-        Scope::root_with_context(deadline, None, name, None)
+        Scope::root_with_context(deadline, None, name, None, None)
     }
 
     /// A root whose deadline is `timeout` after `now` (a clock reading the caller has
     /// already taken: not read twice), carrying request-wide `context`, which every descendant
-    /// shares.
+    /// shares, and the request's `effect` flag, if it has one (see `effect`).
     #[track_caller]
     pub(crate) fn root_after(
         now: Instant,
         timeout: Duration,
         name: Option<std::sync::Arc<str>>,
         context: Option<Context>,
+        effect: Option<Arc<EffectFlag>>,
     ) -> Scope {
-        Scope::root_with_context(Some(deadline_after(now, timeout)), Some(now), name, context)
+        let deadline = Some(deadline_after(now, timeout));
+        Scope::root_with_context(deadline, Some(now), name, context, effect)
     }
 
-    /// A root carrying request-wide `context`, which every descendant shares; `read_at`: the
-    /// clock reading `deadline` was computed from, if any (otherwise the clock is read to arm
-    /// the deadline).
+    /// A root carrying request-wide `context` and `effect` flag, which every descendant
+    /// shares; `read_at`: the clock reading `deadline` was computed from, if any (otherwise
+    /// the clock is read to arm the deadline).
     #[track_caller]
     fn root_with_context(
         deadline: Option<Instant>,
         read_at: Option<Instant>,
         name: Option<std::sync::Arc<str>>,
         context: Option<Context>,
+        effect: Option<Arc<EffectFlag>>,
     ) -> Scope {
-        let shared = (deadline.is_some() || context.is_some()).then(|| {
+        let shared = (deadline.is_some() || context.is_some() || effect.is_some()).then(|| {
             std::sync::Arc::new(Shared {
                 context,
                 timers: deadline.map(|_| Timers::for_this_thread()),
+                effect,
                 ..Shared::DEFAULT
             })
         });
@@ -827,6 +837,44 @@ impl Scope {
         self.node.ext.shared().context.as_ref()
     }
 
+    /// The request's effect flag, if this scope is (in) an admitted request (see `effect`).
+    pub(crate) fn effect_flag(&self) -> Option<&Arc<EffectFlag>> {
+        self.node.ext.shared().effect.as_ref()
+    }
+
+    /// Notes in the request's effect flag (if any) that a child that may have had an effect
+    /// is about to be dispatched: before its dispatch compare-and-swap (see `effect`).
+    #[inline]
+    pub(crate) fn note_effect(&self) {
+        if let Some(flag) = self.effect_flag() {
+            flag.note();
+        }
+    }
+
+    /// Cancels the scope (a no-op for the cause if it is already cancelled: see
+    /// [`Scope::cancel`]), then reads the request's effect flag: whether a child that may
+    /// have had an effect was dispatched in the request. The cancel first: it returns once
+    /// every descendant is cancelled, so every dispatch that succeeded is seen (see
+    /// `effect`). `false` for a scope without a flag.
+    pub(crate) fn cancel_then_effect(&self) -> bool {
+        self.cancel();
+        self.effect_flag().is_some_and(|f| f.is_set())
+    }
+
+    /// A root without a deadline that carries a request's effect flag, as an admitted
+    /// request's scope does; for the loom models.
+    #[doc(hidden)]
+    pub fn __request_root() -> Scope {
+        let flag = Arc::new(EffectFlag::new());
+        Scope::root_with_context(None, None, None, None, Some(flag))
+    }
+
+    /// [`cancel_then_effect`](Self::cancel_then_effect), for the loom models.
+    #[doc(hidden)]
+    pub fn __cancel_then_effect(&self) -> bool {
+        self.cancel_then_effect()
+    }
+
     /// Runs `f` with this scope current (synchronous code: a tower service's `call`).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -1078,6 +1126,7 @@ impl ScopeExt {
                 grace: grace.unwrap_or(inherited.grace),
                 context: inherited.context.clone(),
                 timers: new_timers.or_else(|| inherited.timers.clone()),
+                effect: inherited.effect.clone(),
             }))
         } else {
             parent.shared.clone()

@@ -236,11 +236,13 @@ impl EndpointPolicy {
             *self.egress(),
         ));
         let deadline = deadline_after(now, remaining);
+        // The request's effect flag: what its answer says if the server stops it.
         let scope = Scope::root_after(
             now,
             remaining,
             Some(operation.id_arc().clone()),
             Some(operation.clone()),
+            Some(crate::sync::Arc::new(crate::scope::EffectFlag::new())),
         );
         let admission = Admission {
             operation,
