@@ -14,7 +14,12 @@
 //! side-effecting...), and give its receipt by one table of response statuses and effect
 //! classes: a read-only call's error is `Failed`; a call that may have had an effect is
 //! `Failed` only when the status says the request was refused unprocessed (HTTP 4xx, gRPC
-//! `NOT_FOUND`...), and `EffectUnknown` otherwise, with the status in its record.
+//! `NOT_FOUND`...), and `EffectUnknown` otherwise, with the status in its record. A callee of
+//! this library that stopped the request itself says whether it had dispatched a call that
+//! may have had an effect (`service-effect: unknown`, see
+//! [`wire::service_effect`](crate::wire::service_effect)): that turns a `Failed` into
+//! `EffectUnknown`, a read-only call's too; [`is_effect_unknown`] is that reading for a
+//! retry classifier.
 
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod call;
@@ -37,3 +42,5 @@ pub mod tower;
 
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 pub use error::CallError;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
+pub use outcome::{is_effect_unknown, service_effect_in};

@@ -48,7 +48,10 @@ pub enum Decision {
     Never,
     /// The attempt may have had its effect and nobody knows: retried (after the backoff) only
     /// for read-only or idempotent work, which repeats its idempotency key; side-effecting work
-    /// stops with [`Receipt::EffectUnknown`](crate::Receipt::EffectUnknown).
+    /// stops with [`Receipt::EffectUnknown`](crate::Receipt::EffectUnknown). An answer whose
+    /// `service-effect` header says `unknown` (a server of this crate stopped the request after
+    /// it dispatched a possibly-effectful call; `integrations::is_effect_unknown` reads it) is
+    /// one, whatever its status.
     EffectUnknown,
 }
 

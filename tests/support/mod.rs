@@ -6,6 +6,8 @@
 pub mod postgres;
 
 pub mod fault;
+#[cfg(feature = "__test-servers")]
+pub mod grpc;
 pub mod panics;
 pub mod quiesce;
 #[cfg(feature = "redis")]

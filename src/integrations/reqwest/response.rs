@@ -30,6 +30,8 @@ pub(super) struct Call {
     head: Option<Answer>,
     /// Where a redirect took the call (the response's URL), if it was redirected.
     redirected_to: Option<Arc<str>>,
+    /// What the callee said of its effects (`service-effect`).
+    server: Option<crate::wire::ServiceEffect>,
 }
 
 impl Call {
@@ -40,6 +42,7 @@ impl Call {
             announced,
             head: None,
             redirected_to: None,
+            server: None,
         }
     }
 
@@ -79,7 +82,8 @@ impl Call {
 
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            outcome::receipt(d, end, self.head, self.redirected_to.as_deref());
+            let to = self.redirected_to.as_deref();
+            outcome::receipt(d, end, self.head, to, self.server);
         }
     }
 
@@ -128,6 +132,7 @@ impl ScopedResponse {
     /// The response `inner` of `call`, a request sent to `url`.
     pub(super) fn new(inner: Response, mut call: Call, url: &Url) -> Self {
         call.head = Some(Answer::Http(inner.status()));
+        call.server = outcome::service_effect_in(inner.headers());
         if inner.url() != url {
             call.redirected_to = Some(target(inner.url()).as_str().into());
         }

@@ -3,15 +3,18 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
+use crate::wire::service_effect::{self, ServiceEffect};
 use crate::Cause;
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+pub(crate) const SERVICE_EFFECT: HeaderName = HeaderName::from_static(service_effect::HEADER);
 
 /// gRPC status codes used here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GrpcCode {
     Cancelled = 1,
+    Unknown = 2,
     InvalidArgument = 3,
     DeadlineExceeded = 4,
     FailedPrecondition = 9,
@@ -38,28 +41,40 @@ pub(crate) fn client_grpc_code_of(cause: &Cause) -> GrpcCode {
     }
 }
 
-/// The gRPC code a server answers for a scope that stopped with `cause`.
-pub(crate) fn grpc_code_of(cause: &Cause) -> GrpcCode {
+/// The gRPC code a server answers for a scope that stopped with `cause`, where `effect` says
+/// whether a child that may have had an effect was dispatched: a stop of the server's own
+/// (a cancel, a shutdown) is `UNAVAILABLE` — which callers retry — only when none was, and
+/// `UNKNOWN` otherwise.
+pub(crate) fn grpc_code_of(cause: &Cause, effect: ServiceEffect) -> GrpcCode {
     match cause.origin() {
         Cause::DeadlineExceeded => GrpcCode::DeadlineExceeded,
         Cause::ClientGone => GrpcCode::Cancelled,
+        _ if effect.is_unknown() => GrpcCode::Unknown,
         _ => GrpcCode::Unavailable,
     }
 }
 
 /// The HTTP status for a scope that stopped with `cause` (499 is nginx's "client closed
-/// request", for logs: nobody is there to read it).
-pub(crate) fn http_status_of(cause: &Cause) -> StatusCode {
+/// request", for logs: nobody is there to read it); a stop of the server's own is `503`
+/// ("try again") only when no child that may have had an effect was dispatched, and `500`
+/// otherwise (see [`grpc_code_of`]).
+pub(crate) fn http_status_of(cause: &Cause, effect: ServiceEffect) -> StatusCode {
     match cause.origin() {
         Cause::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Cause::ClientGone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        _ if effect.is_unknown() => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
+/// Says `effect` in `headers` (the head of an answer, or the trailers of a cut gRPC body).
+pub(crate) fn insert_effect(headers: &mut HeaderMap, effect: ServiceEffect) {
+    headers.insert(SERVICE_EFFECT, HeaderValue::from_static(effect.as_str()));
+}
+
 /// The trailers (or trailers-only headers) of a gRPC status.
 pub(crate) fn grpc_status_headers(code: GrpcCode, message: &str) -> HeaderMap {
-    let mut h = HeaderMap::with_capacity(3);
+    let mut h = HeaderMap::with_capacity(4);
     h.insert(GRPC_STATUS, HeaderValue::from(code as u16));
     if let Ok(v) = HeaderValue::try_from(percent_encode(message)) {
         h.insert(GRPC_MESSAGE, v);

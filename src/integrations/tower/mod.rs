@@ -16,7 +16,23 @@
 //!   | the budget is over a rejecting maximum | 400 | `INVALID_ARGUMENT` (3) | `budget exceeds the endpoint's maximum` |
 //!   | too little budget left on arrival | 504 | `DEADLINE_EXCEEDED` (4) | `budget exhausted` |
 //!   | the deadline passed before the handler answered | 504 | `DEADLINE_EXCEEDED` (4), not `CANCELLED` | `deadline exceeded` |
-//!   | the scope was cancelled by the server | 503 | `UNAVAILABLE` (14) | `service unavailable` |
+//!   | the scope was cancelled by the server, nothing possibly effectful dispatched | 503 | `UNAVAILABLE` (14) | `service unavailable` |
+//!   | the scope was cancelled by the server after a possibly effectful call was dispatched | 500 | `UNKNOWN` (2) | `service unavailable` |
+//!
+//!   Every answer for a request the layer stopped (the last three rows, and the trailers of
+//!   a gRPC body it cut) also says, in `service-effect`, whether a child that may have had an
+//!   effect was dispatched in the request (`unknown`) or not (`none`; see
+//!   [`wire::service_effect`](crate::wire::service_effect)): a request stopped after it sent a
+//!   payment is not "unavailable, try again". What a caller sees, and does:
+//!
+//!   | caller | `503` / `UNAVAILABLE` + `none` | `500` / `UNKNOWN` + `unknown` | `504` / `DEADLINE_EXCEEDED` |
+//!   |---|---|---|---|
+//!   | this crate's `Propagate` and reqwest integration | receipt by the status as always (`Failed` for a read-only call, `EffectUnknown` for an effectful one) | `EffectUnknown`, also for a read-only call | as always; with `unknown`, `EffectUnknown` also for a read-only call |
+//!   | a retry classifier using [`is_effect_unknown`](crate::integrations::is_effect_unknown) | its own rule for the status (a backoff) | `Decision::EffectUnknown`: side-effecting work never retries, idempotent work only with its key | `Decision::EffectUnknown` with `unknown` |
+//!   | grpc-go, grpc-java (gRFC A6 retry policy) | retried where the method's `retryableStatusCodes` lists `UNAVAILABLE` (the usual setting) | not retried unless `UNKNOWN` is listed (it rarely is) | retried only if listed; the client's own deadline has usually passed |
+//!   | browsers (`fetch`, forms) | shown to the page; never retried by the browser for a `POST` | shown to the page | shown to the page |
+//!   | Envoy | retried by `retry_on: 5xx`, `gateway-error` or `retriable-status-codes: 503` | retried by `5xx` (which includes 500): use `gateway-error`, or `retriable-headers` matching `service-effect: none`, so that it is not | retried by `gateway-error` and `5xx` |
+//!   | tower-http, hyper, plain reqwest | no retry of their own (a `tower::retry` policy decides: read the header there) | same | same |
 //!
 //!   The text is the HTTP body (`text/plain`) or the `grpc-message`; a caller the policy shows
 //!   the detail ([`error_detail`](crate::wire::EndpointPolicy::error_detail)) gets the detail

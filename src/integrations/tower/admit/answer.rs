@@ -16,7 +16,7 @@ use http::{Response, StatusCode};
 
 use super::body::ResponseBody;
 use crate::integrations::tower::headers::{self, GrpcCode};
-use crate::wire::AdmissionError;
+use crate::wire::{AdmissionError, ServiceEffect};
 use crate::Cause;
 
 /// The text of the answer for a request stopped by its deadline.
@@ -49,19 +49,32 @@ impl Answers {
         }
     }
 
-    /// The answer for a request whose scope stopped with `cause` before the handler answered.
-    pub(super) fn stopped<B>(self, cause: &Cause) -> Response<ResponseBody<B>> {
+    /// The answer for a request whose scope stopped with `cause` before the handler answered;
+    /// `effect`: whether a child that may have had an effect was dispatched in it (read after
+    /// the scope's cancel, see `Scope::cancel_then_effect`), said in the status and in the
+    /// `service-effect` header.
+    pub(super) fn stopped<B>(
+        self,
+        cause: &Cause,
+        effect: ServiceEffect,
+    ) -> Response<ResponseBody<B>> {
         let text = self.cause_text(cause);
-        if self.grpc {
-            grpc(headers::grpc_code_of(cause), &text)
+        let mut res = if self.grpc {
+            grpc(headers::grpc_code_of(cause, effect), &text)
         } else {
-            http(headers::http_status_of(cause), text)
-        }
+            http(headers::http_status_of(cause, effect), text)
+        };
+        headers::insert_effect(res.headers_mut(), effect);
+        res
     }
 
-    /// The trailers that end a gRPC body whose request's scope stopped with `cause`.
-    pub(super) fn cut_trailers(self, cause: &Cause) -> HeaderMap {
-        headers::grpc_status_headers(headers::grpc_code_of(cause), &self.cause_text(cause))
+    /// The trailers that end a gRPC body whose request's scope stopped with `cause` (`effect`
+    /// as for [`stopped`](Self::stopped)).
+    pub(super) fn cut_trailers(self, cause: &Cause, effect: ServiceEffect) -> HeaderMap {
+        let code = headers::grpc_code_of(cause, effect);
+        let mut trailers = headers::grpc_status_headers(code, &self.cause_text(cause));
+        headers::insert_effect(&mut trailers, effect);
+        trailers
     }
 
     fn cause_text(self, cause: &Cause) -> Cow<'static, str> {

@@ -59,6 +59,7 @@ use crate::guard::Tethered;
 use crate::scope::with_current;
 use crate::sync::{AtomicU8, Mutex, Ordering};
 use crate::tree::Caught;
+use crate::wire::ServiceEffect;
 use crate::{Cancelled, Cause, Error, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -509,13 +510,18 @@ where
             KindProj::Tracked { streaming: s } => {
                 // The scope first: after its cancel nothing more is sent.
                 if s.enter(cx.waker()) {
-                    let cause = s.stop.scope.cause_or_cancelled();
                     let answers = s.answers;
+                    let scope = &s.stop.scope;
+                    // The cancel first: the flag is read once it reached the whole request.
+                    let effect = answers
+                        .grpc
+                        .then(|| ServiceEffect::from_dispatched(scope.cancel_then_effect()));
+                    let cause = scope.cause_or_cancelled();
                     // Ended by the cut already, unless it found this body busy.
                     s.stop.end(this.scope);
                     this.kind.set(Kind::Done);
-                    return Poll::Ready(Some(if answers.grpc {
-                        Ok(Frame::trailers(answers.cut_trailers(&cause)))
+                    return Poll::Ready(Some(if let Some(effect) = effect {
+                        Ok(Frame::trailers(answers.cut_trailers(&cause, effect)))
                     } else {
                         Err(Box::new(Error::cancelled(cause)))
                     }));

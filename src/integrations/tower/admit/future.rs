@@ -12,7 +12,7 @@ use super::answer::Answers;
 use super::body::ResponseBody;
 use super::service::ReportFn;
 use crate::tree::Caught;
-use crate::wire::{Admission, AdmissionError};
+use crate::wire::{Admission, AdmissionError, ServiceEffect};
 use crate::Run;
 use crate::{Cause, Scope};
 
@@ -38,6 +38,17 @@ impl Finish {
     /// The request's scope.
     pub(super) fn scope(&self) -> &Scope {
         &self.scope
+    }
+
+    /// For the answer of a request that stopped: its scope's cause and whether a child that
+    /// may have had an effect was dispatched (read after a cancel that reaches the whole
+    /// request: see `Scope::cancel_then_effect`).
+    pub(super) fn stopped(&self) -> (Cause, ServiceEffect) {
+        let dispatched = self.scope.cancel_then_effect();
+        (
+            self.scope.cause_or_cancelled(),
+            ServiceEffect::from_dispatched(dispatched),
+        )
     }
 
     /// Ends a request whose handler panicked before its response future existed (in the
@@ -183,11 +194,11 @@ where
                     *this.polling = true;
                     drop(late);
                     *this.polling = false;
-                    let cause = this
-                        .finish
-                        .as_ref()
-                        .map_or(Cause::DeadlineExceeded, |f| f.scope().cause_or_cancelled());
-                    Ok(this.answers.stopped(&cause))
+                    let (cause, effect) = this.finish.as_ref().map_or(
+                        (Cause::DeadlineExceeded, ServiceEffect::Unknown),
+                        Finish::stopped,
+                    );
+                    Ok(this.answers.stopped(&cause, effect))
                 }
                 Poll::Ready(Ok(out)) => {
                     // Reading the handler's body (its size hint, its end) runs the handler's
@@ -215,7 +226,11 @@ where
                 }
                 Poll::Ready(Err(stopped)) => {
                     let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
-                    Ok(this.answers.stopped(&cause))
+                    let effect = this
+                        .finish
+                        .as_ref()
+                        .map_or(ServiceEffect::Unknown, |f| f.stopped().1);
+                    Ok(this.answers.stopped(&cause, effect))
                 }
             },
         };

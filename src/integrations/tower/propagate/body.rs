@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::integrations::outcome::{self, Answer, End, GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED};
 use crate::integrations::tower::headers;
 use crate::integrations::CallError;
+use crate::wire::ServiceEffect;
 use crate::{Cancelled, Dispatched, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -31,6 +32,8 @@ pub(super) struct Tracking {
     head: Option<Answer>,
     /// The head carried a gRPC status that our own deadline explains (see `by_deadline`).
     head_by_deadline: bool,
+    /// What the callee said of its effects (`service-effect`, head and trailers).
+    server: Option<ServiceEffect>,
 }
 
 impl Tracking {
@@ -48,6 +51,7 @@ impl Tracking {
             announced,
             head: None,
             head_by_deadline: false,
+            server: None,
         }
     }
 
@@ -69,6 +73,7 @@ impl Tracking {
     /// after the budget ran out).
     pub(super) fn at_head(&mut self, status: StatusCode, headers: &mut HeaderMap) {
         self.fix_status(headers);
+        self.server = outcome::service_effect_in(headers);
         if !self.grpc {
             self.head = Some(Answer::Http(status));
             return;
@@ -98,6 +103,7 @@ impl Tracking {
         }
         let status = trailers.and_then(|t| {
             self.fix_status(t);
+            self.server = outcome::said_effect(self.server, outcome::service_effect_in(t));
             Answer::grpc_in(t)
         });
         let end = match status {
@@ -111,7 +117,7 @@ impl Tracking {
 
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            outcome::receipt(d, end, self.head, None);
+            outcome::receipt(d, end, self.head, None, self.server);
         }
     }
 
