@@ -42,6 +42,9 @@ pub enum Cause {
     ParentCancelled(Arc<Cause>),
     /// The client that the scope serves went away (connection closed, stream reset).
     ClientGone,
+    /// The server is shutting down: its grace period for the requests in flight ended (see
+    /// `wire::ServerScope::shutdown`).
+    Shutdown,
 }
 
 impl Cause {
@@ -108,6 +111,20 @@ impl Cause {
         matches!(self.origin(), Cause::ClientGone)
     }
 
+    /// Whether the origin of this cause is a server's shutdown.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cancel_scope::Cause;
+    /// assert!(Cause::ParentCancelled(Arc::new(Cause::Shutdown)).is_shutdown());
+    /// assert!(!Cause::ClientGone.is_shutdown());
+    /// ```
+    pub fn is_shutdown(&self) -> bool {
+        matches!(self.origin(), Cause::Shutdown)
+    }
+
     /// The reason of an explicit cancel (looking through `ParentCancelled`).
     ///
     /// # Examples
@@ -151,6 +168,7 @@ impl fmt::Debug for Cause {
             Cause::Cancelled { reason: Some(r) } => write!(f, "Cancelled({r:?})"),
             Cause::ParentCancelled(origin) => write!(f, "ParentCancelled({origin:?})"),
             Cause::ClientGone => f.write_str("ClientGone"),
+            Cause::Shutdown => f.write_str("Shutdown"),
         }
     }
 }
@@ -163,6 +181,7 @@ impl fmt::Display for Cause {
             Cause::Cancelled { reason: Some(r) } => write!(f, "cancelled: {r}"),
             Cause::ParentCancelled(origin) => write!(f, "parent cancelled ({origin})"),
             Cause::ClientGone => f.write_str("client gone"),
+            Cause::Shutdown => f.write_str("server shutting down"),
         }
     }
 }

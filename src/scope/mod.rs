@@ -16,6 +16,7 @@ mod builder;
 mod carry;
 mod effect;
 mod future;
+mod request;
 #[cfg(feature = "stream")]
 mod stream;
 mod timer;
@@ -918,7 +919,8 @@ impl Scope {
         let mut n = Some(&*self.node);
         while let Some(node) = n {
             node.ext.notes.get_or_init().lock().push(note.clone());
-            n = node.parent().map(|p| &**p);
+            // A request's scope under a server's is the root of its report (see `request`).
+            n = node.parent().filter(|_| !node.is_boundary()).map(|p| &**p);
         }
     }
 

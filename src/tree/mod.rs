@@ -78,6 +78,23 @@
 //!    do not contend. The parent drops its links (breaking the parent-link cycle) when it loses
 //!    its last handle; a link then lives as long as the children that hold it.
 //!
+//! # Boundaries (a server's requests)
+//!
+//! A *boundary* child ([`new_boundary_child`]: a request's scope under a server's) is a child
+//! for cancel and for quiet — its parent's cancel reaches it, and while it has units it holds
+//! one of its parent's — but a root for its report: receipts, records and guard stamps below it
+//! are counted up to it and no further (the walks up stop there), so a long-lived parent
+//! neither pays for every receipt of every request nor keeps their records (invariant 7's flat
+//! memory). A parent can close its own watermark only ([`close_own`]: a server that stops
+//! admitting), leaving its children open: a child with units goes on, one without can take
+//! none (its first unit needs one of the parent's, invariant 3), and the parent is quiet once
+//! every child's units are gone (invariant 6 as for any node). While the parent is closed, a
+//! boundary child that gives back its last unit can take none again (its report is final,
+//! closed or not) and adds its counts and records to the parent's *before* it gives back its
+//! unit of the parent, so the parent's report, made once it is quiet, has every such child,
+//! and never changes after ([`roll_up`]); a child that went idle while the parent was open
+//! does not.
+//!
 //! # Lock order (deadlock safety)
 //!
 //! Locks of two nodes are held at once in one place only: [`cancel`] holds a registry shard of
@@ -207,6 +224,10 @@ impl Counts {
 pub(crate) struct Records<R> {
     pub(crate) effects: Vec<R>,
     pub(crate) quarantined: Vec<R>,
+    /// Boundary children rolled up into this node (see [`roll_up`]), and how many of them
+    /// had been cancelled by this node's cancel.
+    pub(crate) rolled_up: u64,
+    pub(crate) rolled_up_cancelled: u64,
 }
 
 impl<R> Default for Records<R> {
@@ -214,6 +235,8 @@ impl<R> Default for Records<R> {
         Records {
             effects: Vec::new(),
             quarantined: Vec::new(),
+            rolled_up: 0,
+            rolled_up_cancelled: 0,
         }
     }
 }
@@ -416,8 +439,16 @@ pub(crate) struct Node<X, R> {
     /// What this node is as a ticket of its parent (a quarantine records it); `None` unless it
     /// was created by [`new_child_dispatched`]. Never changed.
     own_info: Option<R>,
+    /// `Some` for a boundary child ([`new_boundary_child`]): the walks that count receipts,
+    /// records and stamps stop here, and this adds the node's report to its closed parent's
+    /// as it becomes quiet ([`roll_up`], made where `R: Clone` is known: the release paths do
+    /// not require it). Never changed.
+    boundary: Option<RollUp<X, R>>,
     pub(crate) ext: X,
 }
+
+/// See `Node::boundary`.
+type RollUp<X, R> = fn(&Node<X, R>, &Node<X, R>);
 
 impl<X, R> std::fmt::Debug for Node<X, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -435,7 +466,14 @@ impl<X, R> Node<X, R> {
     // Always inlined: built in its allocation by `arc_in_place`, which a call would defeat
     // (the node would be assembled on the stack and copied, a store-forwarding stall).
     #[inline(always)]
-    fn new(up: Option<Arc<Link<X, R>>>, key: usize, state: u64, ext: X, own: Option<R>) -> Self {
+    fn new(
+        up: Option<Arc<Link<X, R>>>,
+        key: usize,
+        state: u64,
+        ext: X,
+        own: Option<R>,
+        boundary: Option<RollUp<X, R>>,
+    ) -> Self {
         Node {
             state: AtomicU64::new(state),
             handles: AtomicUsize::new(1),
@@ -453,6 +491,7 @@ impl<X, R> Node<X, R> {
             counts: LazyBox::new(),
             records: LazyBox::new(),
             own_info: own,
+            boundary,
             ext,
         }
     }
@@ -521,6 +560,22 @@ impl<X, R> Node<X, R> {
         self.up.as_deref().map(|l| &*l.parent)
     }
 
+    /// The next node up for the walks that count receipts, records and stamps: the parent,
+    /// unless this is a boundary (see the module docs).
+    #[inline]
+    fn report_parent(&self) -> Option<&Node<X, R>> {
+        if self.boundary.is_some() {
+            None
+        } else {
+            self.parent_node()
+        }
+    }
+
+    /// Whether this is a boundary child (see the module docs).
+    pub(crate) fn is_boundary(&self) -> bool {
+        self.boundary.is_some()
+    }
+
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
         self.shards().map(|s| s.data.lock().children.len()).sum()
@@ -544,7 +599,7 @@ impl<X, R> Node<X, R> {
 
 /// Creates a root node.
 pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
-    arc_in_place(|| Node::new(None, 0, 0, ext, None))
+    arc_in_place(|| Node::new(None, 0, 0, ext, None, None))
 }
 
 /// Creates a child of `parent` and links it into the parent's registry.
@@ -557,7 +612,16 @@ pub(crate) fn new_child<X, R: Clone>(
     parent: &Arc<Node<X, R>>,
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
-    link_child(parent, None, ext)
+    link_child(parent, None, None, ext)
+}
+
+/// Creates a boundary child of `parent` (see the module docs: a request's scope under a
+/// server's), linked as [`new_child`] links any child.
+pub(crate) fn new_boundary_child<X, R: Clone>(
+    parent: &Arc<Node<X, R>>,
+    ext: impl FnOnce(State) -> X,
+) -> Result<Arc<Node<X, R>>, Refused> {
+    link_child(parent, None, Some(roll_up::<X, R>), ext)
 }
 
 /// Creates a child of `parent` that is also a registered and dispatched child (a ticket) of
@@ -586,7 +650,7 @@ pub(crate) fn new_child_dispatched<X, R: Clone>(
     info: &R,
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
-    link_child(parent, Some(info), ext)
+    link_child(parent, Some(info), None, ext)
 }
 
 // Always inlined: `own` is then a constant at each call site, and a plain child is built
@@ -597,6 +661,7 @@ fn link_child<X, R: Clone>(
     // Cloned into the node as it is built in its allocation (not moved in: a moved value
     // would make the node be assembled on the stack and copied).
     own: Option<&R>,
+    boundary: Option<RollUp<X, R>>,
     ext: impl FnOnce(State) -> X,
 ) -> Result<Arc<Node<X, R>>, Refused> {
     if own.is_some() {
@@ -653,6 +718,7 @@ fn link_child<X, R: Clone>(
             state.generation() << GEN_SHIFT | units,
             ext(state),
             own.cloned(),
+            boundary,
         )
     });
     entry.insert(child.clone());
@@ -1208,6 +1274,21 @@ pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
     caught.resume();
 }
 
+/// Closes the registration watermark of `node` alone, not its descendants' (a server that stops
+/// admitting, see the module docs): returns the state before. Its children keep theirs; one
+/// with no unit can take none any more (its first needs one of `node`'s, invariant 3), so
+/// `node` is quiet, for good, once its children's units are gone (invariant 6).
+pub(crate) fn close_own<X, R>(node: &Node<X, R>) -> State {
+    let mut caught = Caught::default();
+    // AcqRel: as `close`.
+    let prev = State(node.state.fetch_or(CLOSED, Ordering::AcqRel));
+    if !prev.is_closed() && prev.active() == 0 {
+        wake_quiet(node, &mut caught);
+    }
+    caught.resume();
+    prev
+}
+
 /// Wakes the `quiesce()`s of `node`, which became quiet (a panic is kept in `caught`).
 fn wake_quiet<X, R>(node: &Node<X, R>, caught: &mut Caught) {
     let waiters = node.inner.lock().take_quiet_waiters();
@@ -1312,12 +1393,56 @@ fn went_idle<X, R>(node: &Node<X, R>, prev: State, caught: &mut Caught) {
         let Some(p) = n.parent_node() else {
             return;
         };
+        if let Some(roll_up) = n.boundary {
+            if p.state().is_closed() {
+                // Idle while its parent is closed, so for good: its report goes into the
+                // parent's before the parent's unit does (see the module docs).
+                roll_up(n, p);
+            }
+        }
         prev = give_back(p);
         if prev.active() != 1 {
             return;
         }
         n = p;
     }
+}
+
+/// Adds the counts and records of `node`, a boundary child that just gave back its last unit
+/// (so for good), to those of its parent `p`, which is closed, and counts it there (see the
+/// module docs). Called before
+/// `node` gives back its unit of `p`, so before `p` can be quiet: `p`'s report has it
+/// (invariant 6). The parent's counts and records are its own from then on (a cancel of the
+/// parent stamps them as any other's).
+fn roll_up<X, R: Clone>(node: &Node<X, R>, p: &Node<X, R>) {
+    if let Some(c) = node.counts.get() {
+        let into = p.counts.get_or_init();
+        let shard = shard_for_this_thread();
+        for kind in [
+            Kind::Succeeded,
+            Kind::Failed,
+            Kind::Cancelled,
+            Kind::Quarantined,
+            Kind::EffectUnknown,
+        ] {
+            let n = c.get(kind);
+            if n != 0 {
+                into.by_kind[shard].kinds[kind as usize].fetch_add(n, Ordering::AcqRel);
+            }
+        }
+        into.orphan_nanos
+            .fetch_add(c.orphan_nanos(), Ordering::AcqRel);
+        into.last_stamp.fetch_max(c.last_stamp(), Ordering::AcqRel);
+    }
+    // Copied out first: one node's lock at a time.
+    let (effects, quarantined) = node.with_records(|r| (r.effects.clone(), r.quarantined.clone()));
+    let by_parent =
+        p.state().is_cancelled() && matches!(node.cause(), Some(Cause::ParentCancelled(_)));
+    let mut into = p.records.get_or_init().lock();
+    into.effects.extend(effects);
+    into.quarantined.extend(quarantined);
+    into.rolled_up += 1;
+    into.rolled_up_cancelled += u64::from(by_parent);
 }
 
 /// The dispatch compare-and-swap (invariant 2): succeeds only if `node`'s generation is still
@@ -1647,7 +1772,7 @@ fn count_receipt<X, R: Clone>(
         if !records.is_empty() {
             cur.add_records(kind, records);
         }
-        n = cur.parent_node();
+        n = cur.report_parent();
     }
 }
 
@@ -1660,7 +1785,7 @@ pub(crate) fn note_effects<X, R: Clone>(node: &Node<X, R>, records: &[R]) {
     let mut n = Some(node);
     while let Some(cur) = n {
         cur.add_records(Kind::EffectUnknown, records);
-        n = cur.parent_node();
+        n = cur.report_parent();
     }
 }
 
@@ -1676,7 +1801,7 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
                 .last_stamp
                 .fetch_max(stamp, Ordering::AcqRel);
         }
-        n = cur.parent_node();
+        n = cur.report_parent();
     }
     release_unit(node);
 }

@@ -94,6 +94,7 @@ pub mod envoy;
 pub mod grpc_timeout;
 mod operation;
 mod policy;
+mod server;
 pub mod service_budget;
 pub mod service_effect;
 
@@ -105,5 +106,6 @@ pub use envoy::EnvoyTimeoutError;
 pub use grpc_timeout::GrpcTimeoutError;
 pub use operation::Operation;
 pub use policy::{EndpointPolicy, OnBadInput, OverCap, Trust};
+pub use server::{ServerScope, ShutdownReport};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};
 pub use service_effect::ServiceEffect;

@@ -14,6 +14,7 @@ const INVALID: &str = "invalid budget header";
 const OVER_CAP: &str = "budget exceeds the endpoint's maximum";
 /// [`AdmissionError::public_message`] of a request with too little budget left.
 const EXHAUSTED: &str = "budget exhausted";
+const UNAVAILABLE: &str = "service unavailable";
 
 /// Why a request was not admitted.
 ///
@@ -52,8 +53,13 @@ pub(super) enum ErrorKind {
     ServiceBudget(ServiceBudgetError),
     Envoy(EnvoyTimeoutError),
     Repeated(&'static str),
-    OverCap { declared: Duration, max: Duration },
+    OverCap {
+        declared: Duration,
+        max: Duration,
+    },
     Exhausted(BudgetExhausted),
+    /// The server's shutdown has begun: it admits no one.
+    Unavailable,
 }
 
 impl AdmissionError {
@@ -72,7 +78,36 @@ impl AdmissionError {
     /// # }
     /// ```
     pub fn is_invalid(&self) -> bool {
-        !self.is_exhausted()
+        !matches!(self.kind, ErrorKind::Exhausted(_) | ErrorKind::Unavailable)
+    }
+
+    /// The server's shutdown has begun ([`ServerScope::shutdown`](crate::wire::ServerScope::shutdown)):
+    /// the request was refused before anything was done for it (answer 503 / `UNAVAILABLE`,
+    /// with a `Retry-After`: another instance can take it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, ServerScope};
+    /// let server = ServerScope::new();
+    /// server.shutdown(Duration::ZERO).await;
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let err = p.admit_in(&server, Incoming::new(), tokio::time::Instant::now()).unwrap_err();
+    /// assert!(err.is_unavailable() && !err.is_invalid());
+    /// assert_eq!(err.public_message(), "service unavailable");
+    /// # }
+    /// ```
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unavailable)
+    }
+
+    /// The refusal of a request that reached a server whose shutdown has begun.
+    pub(crate) fn unavailable() -> Self {
+        AdmissionError {
+            kind: ErrorKind::Unavailable,
+        }
     }
 
     /// Less than the minimum useful budget was left on arrival.
@@ -136,6 +171,7 @@ impl AdmissionError {
         match self.kind {
             ErrorKind::OverCap { .. } => OVER_CAP,
             ErrorKind::Exhausted(_) => EXHAUSTED,
+            ErrorKind::Unavailable => UNAVAILABLE,
             _ => INVALID,
         }
     }
@@ -160,7 +196,7 @@ impl AdmissionError {
             ErrorKind::ServiceBudget(_) => Some(service_budget::HEADER),
             ErrorKind::Envoy(_) => Some(envoy::EXPECTED_RQ_TIMEOUT_MS),
             ErrorKind::Repeated(h) => Some(h),
-            ErrorKind::OverCap { .. } | ErrorKind::Exhausted(_) => None,
+            ErrorKind::OverCap { .. } | ErrorKind::Exhausted(_) | ErrorKind::Unavailable => None,
         }
     }
 
@@ -200,6 +236,7 @@ impl fmt::Display for AdmissionError {
                 write!(f, "{OVER_CAP}: {declared:?} declared, {max:?} at most")
             }
             ErrorKind::Exhausted(b) => write!(f, "{EXHAUSTED}: {b}"),
+            ErrorKind::Unavailable => write!(f, "{UNAVAILABLE}: the server is shutting down"),
         }
     }
 }
@@ -211,7 +248,7 @@ impl std::error::Error for AdmissionError {
             ErrorKind::ServiceBudget(e) => Some(e),
             ErrorKind::Envoy(e) => Some(e),
             ErrorKind::Exhausted(b) => Some(b),
-            ErrorKind::Repeated(_) | ErrorKind::OverCap { .. } => None,
+            ErrorKind::Repeated(_) | ErrorKind::OverCap { .. } | ErrorKind::Unavailable => None,
         }
     }
 }

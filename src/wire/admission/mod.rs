@@ -15,6 +15,7 @@ use super::envoy;
 use super::grpc_timeout;
 use super::operation::Operation;
 use super::policy::{EndpointPolicy, OnBadInput, OverCap};
+use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
 use crate::budget::ChildBudget;
 use crate::scope::deadline_after;
@@ -178,6 +179,76 @@ impl EndpointPolicy {
         incoming: Incoming,
         ingress: Instant,
     ) -> Result<(Scope, Admission), AdmissionError> {
+        self.admit_with(incoming, ingress, |now, remaining, name, operation| {
+            // The request's effect flag: what its answer says if the server stops it.
+            let flag = crate::sync::Arc::new(crate::scope::EffectFlag::new());
+            Ok(Scope::root_after(
+                now,
+                remaining,
+                Some(name),
+                Some(operation),
+                Some(flag),
+            ))
+        })
+    }
+
+    /// [`admit`](Self::admit), with the request's scope a child of `server`'s: cancelled by
+    /// its shutdown, waited for by it, and refused once it has begun (see [`ServerScope`]).
+    /// The scope is in flight for the server while it has work (the handler run with
+    /// [`Scope::run`], a task, a registered child): the server's shutdown waits for it then.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`admit`](Self::admit), and [`AdmissionError::is_unavailable`]: the server's
+    /// shutdown has begun (answer 503 / `UNAVAILABLE` with a `Retry-After`: nothing was done).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as [`admit`](Self::admit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, ServerScope};
+    ///
+    /// let server = ServerScope::new();
+    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let (scope, _) = policy.admit_in(&server, Incoming::new(), Instant::now()).unwrap();
+    /// assert_eq!(scope.remaining(), Some(Duration::from_secs(1)));
+    /// drop(scope);
+    /// let report = server.shutdown(Duration::from_secs(5)).await;
+    /// assert_eq!(report.in_flight(), 0);
+    /// let late = policy.admit_in(&server, Incoming::new(), Instant::now()).unwrap_err();
+    /// assert!(late.is_unavailable());
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn admit_in(
+        &self,
+        server: &ServerScope,
+        incoming: Incoming,
+        ingress: Instant,
+    ) -> Result<(Scope, Admission), AdmissionError> {
+        self.admit_with(incoming, ingress, |now, remaining, name, operation| {
+            server
+                .scope()
+                .request_child_after(now, remaining, Some(name), Some(operation))
+                .map_err(|_| AdmissionError::unavailable())
+        })
+    }
+
+    /// Admission, with `scope` making the request's scope from the clock reading, the budget
+    /// left, the scope's name and the request's operation.
+    #[track_caller]
+    fn admit_with(
+        &self,
+        incoming: Incoming,
+        ingress: Instant,
+        scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
+    ) -> Result<(Scope, Admission), AdmissionError> {
         let now = Instant::now();
         let Decoded {
             mut declared,
@@ -236,14 +307,8 @@ impl EndpointPolicy {
             *self.egress(),
         ));
         let deadline = deadline_after(now, remaining);
-        // The request's effect flag: what its answer says if the server stops it.
-        let scope = Scope::root_after(
-            now,
-            remaining,
-            Some(operation.id_arc().clone()),
-            Some(operation.clone()),
-            Some(crate::sync::Arc::new(crate::scope::EffectFlag::new())),
-        );
+        let context: Arc<Operation> = operation.clone();
+        let scope = scope(now, remaining, operation.id_arc().clone(), context)?;
         let admission = Admission {
             operation,
             caller,
