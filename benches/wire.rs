@@ -12,7 +12,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use cancel_scope::wire::{grpc_timeout, EgressPolicy, EndpointPolicy, Incoming, ServiceBudget};
+use cancel_scope::wire::{
+    grpc_timeout, EgressPolicy, EndpointPolicy, Incoming, ServerScope, ServiceBudget,
+};
 use cancel_scope::Scope;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -113,6 +115,14 @@ fn per_request(c: &mut Criterion) {
                 .unwrap()
         })
     });
+    let server = ServerScope::new();
+    g.bench_function("admit_in (no headers, a child of a server's scope)", |b| {
+        b.iter(|| {
+            policy
+                .admit_in(&server, Incoming::new(), tokio::time::Instant::now())
+                .unwrap()
+        })
+    });
     g.bench_function("egress (call scope, both headers inserted)", |b| {
         b.iter(|| {
             let call = egress.call_scope(black_box(&root)).unwrap();
@@ -186,6 +196,11 @@ fn admit_layer(c: &mut Criterion) {
     });
     g.bench_function("Admit (root scope per request)", |b| {
         let mut svc = AdmitLayer::new(policy).layer(Hello);
+        b.iter(|| rt.block_on(one(&mut svc)))
+    });
+    g.bench_function("Admit under a ServerScope (child per request)", |b| {
+        let server = ServerScope::new();
+        let mut svc = AdmitLayer::new(policy).server(&server).layer(Hello);
         b.iter(|| rt.block_on(one(&mut svc)))
     });
     g.finish();

@@ -171,8 +171,9 @@ async fn budgets_shrink_hop_by_hop_across_three_services() {
     // The edge made up an operation id; the trusted hops below kept it.
     assert!(seen.iter().all(|s| s.operation == seen[0].operation));
 
-    // Every hop's scope went quiet, and the calls each made were receipted.
-    for (rx, calls) in reports.iter_mut().zip([0, 1, 1]) {
+    // Every hop's scope went quiet, and the calls each made were receipted (and its handler:
+    // one more).
+    for (rx, calls) in reports.iter_mut().zip([1, 2, 2]) {
         let (admission, report) = next_report(rx).await;
         assert_eq!(admission.operation_id(), seen[0].operation);
         assert_eq!(report.state(), Lifecycle::Completed, "{report}");
@@ -621,9 +622,9 @@ async fn a_client_that_disconnects_cancels_the_server_scope_and_its_children() {
     let (_, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
-    // The child's task was stopped and receipted.
-    assert_eq!(report.cancelled(), 1, "{report}");
-    assert_eq!(report.total(), 1, "{report}");
+    // The child's task was stopped and receipted, and so was the handler.
+    assert_eq!(report.cancelled(), 2, "{report}");
+    assert_eq!(report.total(), 2, "{report}");
     assert!(child.cause().unwrap().is_client_gone());
 }
 
@@ -643,7 +644,8 @@ async fn the_deadline_answers_504_or_deadline_exceeded() {
     assert!(sent.elapsed() >= ms(300));
     let (admission, report) = next_report(&mut reports).await;
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
-    assert_eq!(report.cancelled(), 1, "{report}");
+    // The child's task and the handler.
+    assert_eq!(report.cancelled(), 2, "{report}");
     assert!(Instant::now() >= admission.deadline());
 
     // A gRPC caller gets DEADLINE_EXCEEDED, not CANCELLED, in a trailers-only response.

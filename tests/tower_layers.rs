@@ -62,7 +62,8 @@ async fn admit_answers_504_exactly_at_the_deadline_and_reports() {
     assert_eq!(a.initial_remaining(), ms(240));
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded));
     assert_eq!(report.state(), Lifecycle::CancelledStable);
-    assert_eq!(report.cancelled(), 1);
+    // The handler and its work, stopped.
+    assert_eq!(report.cancelled(), 2);
 
     // gRPC: trailers-only DEADLINE_EXCEEDED.
     let req = Request::builder()
@@ -129,7 +130,8 @@ async fn dropping_the_response_future_is_client_gone() {
     drop(fut);
     let (_, report) = reports.recv().await.unwrap();
     assert_eq!(report.cause(), Some(&Cause::ClientGone));
-    assert_eq!(report.cancelled(), 1);
+    // The handler and its work.
+    assert_eq!(report.cancelled(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -737,8 +739,11 @@ fn auto_traits() {
     error::<CallError>();
 }
 
+/// A handler whose future panics is answered 500 / `INTERNAL` (not a reset: the panic does
+/// not reach the server), is receipted `Failed` with the panic's message in the report, and
+/// its request is cancelled with "the handler panicked" (not `ClientGone`).
 #[tokio::test(start_paused = true)]
-async fn a_handler_panic_is_not_reported_as_client_gone() {
+async fn a_handler_panic_answers_500_or_internal_and_is_failed() {
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         if true {
@@ -746,10 +751,12 @@ async fn a_handler_panic_is_not_reported_as_client_gone() {
         }
         Ok::<_, Infallible>(Response::new(String::new()))
     }));
-    let fut = svc.call(Request::new(()));
-    // The task's panic is caught by tokio, which then drops the response future.
-    let joined = tokio::spawn(fut).await;
-    assert!(joined.unwrap_err().is_panic());
+    let res = tokio::spawn(svc.call(Request::new(())))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 500);
+    assert_eq!(res.headers()["service-effect"], "none");
     let (_, report) = reports.recv().await.unwrap();
     let cause = report.cause().cloned().unwrap();
     assert_eq!(
@@ -757,13 +764,27 @@ async fn a_handler_panic_is_not_reported_as_client_gone() {
         Cause::cancelled("the handler panicked"),
         "{report:?}"
     );
-    assert_ne!(cause, Cause::ClientGone);
+    assert_eq!(report.failed(), 1, "{report}");
+    let failures = report.failures();
+    assert_eq!(failures.len(), 1, "{report:?}");
+    assert_eq!(failures[0].child(), "handler");
+    assert_eq!(failures[0].error(), "panicked: handler bug");
+
+    // gRPC: a trailers-only `INTERNAL`, the panic's message kept from the caller.
+    let grpc = Request::builder()
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let res = svc.call(grpc).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["grpc-status"], "13");
+    assert_eq!(res.headers()["grpc-message"], "internal error");
 }
 
 /// A handler that panics in `call` itself (before its future exists: code a service runs
-/// synchronously, with the scope current) is a handler panic too: the request's scope is
-/// cancelled with "the handler panicked" and reported, and work it spawned into the scope is
-/// stopped, not left running until the deadline.
+/// synchronously, with the scope current) is a handler panic too: answered 500, the request's
+/// scope cancelled with "the handler panicked" and reported, and work it spawned into the
+/// scope stopped, not left running until the deadline.
 #[tokio::test(start_paused = true)]
 async fn a_handler_panic_in_call_cancels_and_reports_the_request() {
     let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
@@ -776,10 +797,8 @@ async fn a_handler_panic_in_call_cancels_and_reports_the_request() {
         }
         async { Ok::<_, Infallible>(Response::new(String::new())) }
     }));
-    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        drop(svc.call(Request::new(())))
-    }));
-    assert!(called.is_err());
+    let res = svc.call(Request::new(())).await.unwrap();
+    assert_eq!(res.status(), 500);
     let start = Instant::now();
     let report = tokio::time::timeout(ms(10_000), reports.recv())
         .await
@@ -978,7 +997,9 @@ async fn a_body_the_server_stops_polling_lets_the_request_report_at_the_deadline
         assert_eq!(Instant::now() - start, ms(240), "{grpc} {late_poll}");
         assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report}");
         assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
-        assert_eq!(report.total(), 0, "{report}");
+        // The handler, which answered.
+        assert_eq!(report.total(), 1, "{report}");
+        assert_eq!(report.succeeded(), 1, "{report}");
         assert_eq!(report.cancel_to_quiet(), Some(Duration::ZERO), "{report}");
         if late_poll {
             // The client reads again: the body ends as it would have at the deadline.
@@ -1046,7 +1067,8 @@ async fn a_cancel_lets_go_of_an_unpolled_body_and_the_report_waits_for_the_rest_
         Some(&Cause::cancelled("operator")),
         "{report}"
     );
-    assert_eq!(report.succeeded(), 1, "{report}");
+    // The handler and its task.
+    assert_eq!(report.succeeded(), 2, "{report}");
     assert_eq!(report.cancel_to_quiet(), Some(ms(50)), "{report}");
     assert_eq!(report.orphan_work(), ms(50), "{report}");
     let err = next_frame(&mut body).await.unwrap().unwrap_err();

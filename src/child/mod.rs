@@ -6,12 +6,16 @@
 //! dropped or panics. [`Scope::spawn`](crate::Scope::spawn) does all three for a tokio task.
 
 mod failure;
+#[cfg(feature = "tower")]
+mod handler;
 mod receipt;
 mod shield;
 mod task;
 mod ticket;
 
 pub use failure::Failure;
+#[cfg(feature = "tower")]
+pub(crate) use handler::HandlerTicket;
 pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};
 pub(crate) use task::task_spec;
 pub use task::JoinHandle;

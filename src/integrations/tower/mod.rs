@@ -18,6 +18,13 @@
 //!   | the deadline passed before the handler answered | 504 | `DEADLINE_EXCEEDED` (4), not `CANCELLED` | `deadline exceeded` |
 //!   | the scope was cancelled by the server, nothing possibly effectful dispatched | 503 | `UNAVAILABLE` (14) | `service unavailable` |
 //!   | the scope was cancelled by the server after a possibly effectful call was dispatched | 500 | `UNKNOWN` (2) | `service unavailable` |
+//!   | the handler panicked | 500 | `INTERNAL` (13) | `internal error` |
+//!   | refused: the [server](crate::wire::ServerScope)'s shutdown has begun | 503 with `Retry-After` | `UNAVAILABLE` (14) with `grpc-retry-pushback-ms` | `service unavailable` |
+//!
+//!   A request the shutdown cancels at the end of its grace period
+//!   ([`Cause::Shutdown`](crate::Cause::Shutdown)) is answered as any request the server
+//!   stopped, with `Retry-After` (or `grpc-retry-pushback-ms`) when nothing possibly
+//!   effectful was dispatched.
 //!
 //!   Every answer for a request the layer stopped (the last three rows, and the trailers of
 //!   a gRPC body it cut) also says, in `service-effect`, whether a child that may have had an

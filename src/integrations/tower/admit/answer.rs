@@ -9,9 +9,10 @@
 //! ([`on_refusal`](super::AdmitLayer::on_refusal), [`on_report`](super::AdmitLayer::on_report)).
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::body::ResponseBody;
@@ -25,6 +26,11 @@ const DEADLINE_EXCEEDED: &str = "deadline exceeded";
 const UNAVAILABLE: &str = "service unavailable";
 /// ... by its client going away (the answer goes to nobody; it is for logs).
 const CLIENT_GONE: &str = "client gone";
+/// ... by its handler's panic.
+const INTERNAL: &str = "internal error";
+
+/// gRPC's `Retry-After` (gRFC A6): how long a client's retry policy waits before it retries.
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// How the layer answers one request.
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +40,9 @@ pub(super) struct Answers {
     pub(super) grpc: bool,
     /// The caller is shown the detail.
     pub(super) detail: bool,
+    /// The `Retry-After` of the answers a server's shutdown gives (refused, or cancelled with
+    /// nothing possibly effectful dispatched); `None` outside a server.
+    pub(super) retry_after: Option<Duration>,
 }
 
 impl Answers {
@@ -41,11 +50,50 @@ impl Answers {
     /// `INVALID_ARGUMENT`, or 504 / `DEADLINE_EXCEEDED` when too little budget was left.
     pub(super) fn refusal<B>(self, e: &AdmissionError) -> Response<ResponseBody<B>> {
         let text = self.text(e.public_message(), || e.to_string());
+        if e.is_unavailable() {
+            // The server's shutdown began: nothing was done, another instance can take it.
+            let mut res = if self.grpc {
+                grpc(GrpcCode::Unavailable, &text)
+            } else {
+                http(StatusCode::SERVICE_UNAVAILABLE, text)
+            };
+            headers::insert_effect(res.headers_mut(), ServiceEffect::None);
+            self.retry_hint(res.headers_mut());
+            return res;
+        }
         match (self.grpc, e.is_exhausted()) {
             (true, true) => grpc(GrpcCode::DeadlineExceeded, &text),
             (true, false) => grpc(GrpcCode::InvalidArgument, &text),
             (false, true) => http(StatusCode::GATEWAY_TIMEOUT, text),
             (false, false) => http(StatusCode::BAD_REQUEST, text),
+        }
+    }
+
+    /// The answer for a request whose handler panicked before it answered: HTTP 500 / gRPC
+    /// `INTERNAL`, with `service-effect` as for [`stopped`](Self::stopped) (the panic's
+    /// message is internal: it goes to the report, never to the caller).
+    pub(super) fn panicked<B>(self, effect: ServiceEffect) -> Response<ResponseBody<B>> {
+        let mut res = if self.grpc {
+            grpc(GrpcCode::Internal, INTERNAL)
+        } else {
+            http(StatusCode::INTERNAL_SERVER_ERROR, Cow::Borrowed(INTERNAL))
+        };
+        headers::insert_effect(res.headers_mut(), effect);
+        res
+    }
+
+    /// Puts the server's `Retry-After` (HTTP, whole seconds rounded up) or
+    /// `grpc-retry-pushback-ms` (gRPC) in `headers`, if the request came through a server.
+    fn retry_hint(self, headers: &mut HeaderMap) {
+        let Some(after) = self.retry_after else {
+            return;
+        };
+        if self.grpc {
+            let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+        } else {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
     }
 
@@ -65,6 +113,9 @@ impl Answers {
             http(headers::http_status_of(cause, effect), text)
         };
         headers::insert_effect(res.headers_mut(), effect);
+        if cause.is_shutdown() && !effect.is_unknown() {
+            self.retry_hint(res.headers_mut());
+        }
         res
     }
 
@@ -74,6 +125,9 @@ impl Answers {
         let code = headers::grpc_code_of(cause, effect);
         let mut trailers = headers::grpc_status_headers(code, &self.cause_text(cause));
         headers::insert_effect(&mut trailers, effect);
+        if cause.is_shutdown() && !effect.is_unknown() {
+            self.retry_hint(&mut trailers);
+        }
         trailers
     }
 

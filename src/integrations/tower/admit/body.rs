@@ -134,7 +134,7 @@ impl<B> BodyStop<B> {
         if body.is_some() {
             caught.run(|| with_current(current, || drop(body)));
         }
-        drop(unit);
+        release(&self.scope, unit, &mut caught);
         caught.resume();
     }
 
@@ -256,6 +256,16 @@ impl<B: Body> Streaming<B> {
     }
 }
 
+/// Gives back a tracked body's `unit` of `scope`, closing the scope first: it stayed open
+/// while the body streamed (the handler's work for it could still start children), and the
+/// body's end is the request's (a panic of a `quiesce()` waker goes to `caught`).
+fn release(scope: &Scope, unit: Option<Tethered<()>>, caught: &mut Caught) {
+    if let Some(unit) = unit {
+        caught.run(|| scope.close());
+        drop(unit);
+    }
+}
+
 /// A poll of a handler's body `B`, and whether its frame is the last.
 type Polled<B> = Poll<(
     Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>,
@@ -369,7 +379,7 @@ pin_project! {
                 if was & CUT == 0 {
                     caught.run(|| {
                         streaming.stop.scope.cancel_because(if was & BUSY != 0 {
-                            Cause::cancelled(super::future::HANDLER_PANICKED)
+                            Cause::cancelled(super::finish::HANDLER_PANICKED)
                         } else {
                             Cause::ClientGone
                         });
@@ -384,6 +394,11 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
+    /// Whether the body is tracked (its request's scope waits for it, and closes at its end).
+    pub(super) fn is_tracked(&self) -> bool {
+        matches!(self.kind, Kind::Tracked { .. })
+    }
+
     /// A body with nothing in it.
     ///
     /// # Examples
@@ -460,7 +475,9 @@ impl<B: Unpin> ResponseBody<B> {
                     return None;
                 }
                 let Held { body, unit } = streaming.stop.take();
-                drop(unit);
+                let mut caught = Caught::default();
+                release(&streaming.stop.scope, unit, &mut caught);
+                caught.resume();
                 body.map(|b| *Pin::into_inner(b))
             }
             Kind::Text { .. } | Kind::Done => None,
@@ -549,7 +566,9 @@ where
                 };
                 if sent_all {
                     let Held { body, unit } = s.stop.take();
-                    drop(unit);
+                    let mut caught = Caught::default();
+                    release(&s.stop.scope, unit, &mut caught);
+                    caught.resume();
                     match body {
                         Some(body) => this.kind.set(Kind::Sent { body }),
                         None => this.kind.set(Kind::Done),

@@ -10,84 +10,10 @@ use pin_project_lite::pin_project;
 
 use super::answer::Answers;
 use super::body::ResponseBody;
-use super::service::ReportFn;
-use crate::tree::Caught;
-use crate::wire::{Admission, AdmissionError, ServiceEffect};
+use super::finish::{panic_message, Finish, HANDLER_PANICKED};
+use crate::wire::{AdmissionError, ServiceEffect};
+use crate::Cause;
 use crate::Run;
-use crate::{Cause, Scope};
-
-/// The reason of the cancel of a request whose handler panicked.
-pub(super) const HANDLER_PANICKED: &str = "the handler panicked";
-
-/// What happens to a request's scope when its response future ends or is dropped.
-pub(super) struct Finish {
-    scope: Scope,
-    admission: Admission,
-    on_report: Option<ReportFn>,
-}
-
-impl Finish {
-    pub(super) fn new(scope: Scope, admission: Admission, on_report: Option<ReportFn>) -> Self {
-        Finish {
-            scope,
-            admission,
-            on_report,
-        }
-    }
-
-    /// The request's scope.
-    pub(super) fn scope(&self) -> &Scope {
-        &self.scope
-    }
-
-    /// For the answer of a request that stopped: its scope's cause and whether a child that
-    /// may have had an effect was dispatched (read after a cancel that reaches the whole
-    /// request: see `Scope::cancel_then_effect`).
-    pub(super) fn stopped(&self) -> (Cause, ServiceEffect) {
-        let dispatched = self.scope.cancel_then_effect();
-        (
-            self.scope.cause_or_cancelled(),
-            ServiceEffect::from_dispatched(dispatched),
-        )
-    }
-
-    /// Ends a request whose handler panicked before its response future existed (in the
-    /// service's `call`): cancelled with "the handler panicked", closed, reported.
-    pub(super) fn handler_panicked(self) {
-        self.cancel_then_done(Cause::cancelled(HANDLER_PANICKED));
-    }
-
-    /// Cancels the scope with `cause`, then [`done`](Self::done), also if the cancel panics (a
-    /// waker or `on_cancel` callback of the request's): the panic comes out after, and the
-    /// request is still reported.
-    fn cancel_then_done(self, cause: Cause) {
-        let mut caught = Caught::default();
-        caught.run(|| {
-            self.scope.cancel_because(cause);
-        });
-        self.done();
-        caught.resume();
-    }
-
-    /// Closes the scope (no new work; running work goes on until done or the deadline) and
-    /// reports once it is quiet. The close may make the scope quiet and wake its
-    /// `quiesce()`s: the panic of one of their wakers comes out once the report is on its way.
-    fn done(self) {
-        let mut caught = Caught::default();
-        caught.run(|| self.scope.close());
-        if let Some(report) = self.on_report {
-            let (scope, admission) = (self.scope, self.admission);
-            // Inside a server there is always a runtime; without one there is nobody to wait.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let r = scope.quiesce().await;
-                    report(&admission, &r);
-                });
-            }
-        }
-        caught.resume();
-    }
-}
 
 pin_project! {
     #[project = StateProj]
@@ -104,8 +30,10 @@ pin_project! {
     /// request's scope, or the answer the layer gives for the scope.
     ///
     /// Dropping it before it completes cancels the request's scope with
-    /// [`Cause::ClientGone`] — or, if the handler panicked while it was polled, with
-    /// `Cause::Cancelled` and the reason "the handler panicked".
+    /// [`Cause::ClientGone`]. A handler that panics (in the service's `call`, or while its
+    /// future is polled) is answered 500 / `INTERNAL`; its request is cancelled with
+    /// `Cause::Cancelled` and the reason "the handler panicked", and reported with the
+    /// handler `Failed`.
     ///
     /// # Cancel safety
     ///
@@ -154,6 +82,24 @@ impl<F: Future, B> ResponseFuture<F, B> {
         }
     }
 
+    /// The answer for a request whose handler panicked in the service's `call`.
+    pub(super) fn panicked(
+        finish: Finish,
+        answers: Answers,
+        payload: &(dyn std::any::Any + Send),
+    ) -> Self {
+        let effect = finish.panicked(panic_message(payload));
+        ResponseFuture {
+            state: State::Answer {
+                response: Some(answers.panicked(effect)),
+            },
+            finish: None,
+            answers,
+            track_body: false,
+            polling: false,
+        }
+    }
+
     pub(super) fn admitted(
         run: Run<F>,
         finish: Finish,
@@ -179,6 +125,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        // Whether the scope closes now (`false`: the response body streams, and closes it at
+        // its end, so that the handler can still start work for it).
+        let mut close = true;
         let out = match this.state.as_mut().project() {
             StateProj::Answer { response } => match response.take() {
                 Some(r) => Ok(r),
@@ -187,57 +136,74 @@ where
             StateProj::Done => panic!("ResponseFuture polled after completion"),
             StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(Ok(late))) if finish_expired(this.finish.as_ref()) => {
-                    // Answered at or after the deadline, before its timer ran (the handler
-                    // held the thread past it): the deadline's answer, as for a handler still
-                    // running then; the late answer is dropped (its drop is the handler's).
-                    *this.polling = true;
-                    drop(late);
-                    *this.polling = false;
-                    let (cause, effect) = this.finish.as_ref().map_or(
-                        (Cause::DeadlineExceeded, ServiceEffect::Unknown),
-                        Finish::stopped,
-                    );
-                    Ok(this.answers.stopped(&cause, effect))
+                Poll::Ready(Err(panic)) => {
+                    // The handler's future panicked: answered 500 / `INTERNAL`, its work
+                    // (dropped below) and the rest of the request cancelled.
+                    this.state.project_replace(State::Done);
+                    let Some(finish) = this.finish.take() else {
+                        unreachable!("a running request is finished once");
+                    };
+                    let effect = finish.panicked(panic_message(&*panic));
+                    return Poll::Ready(Ok(this.answers.panicked(effect)));
                 }
-                Poll::Ready(Ok(out)) => {
-                    // Reading the handler's body (its size hint, its end) runs the handler's
-                    // code: a panic there is the handler's, not the client's going away.
-                    *this.polling = true;
-                    let out = out.map(|response| match this.finish.as_ref() {
-                        // The body is tracked from before the scope is closed (below).
-                        Some(f) => {
-                            let track = *this.track_body && has_body(response.status());
-                            let length = content_length(response.headers());
-                            response.map(|body| {
-                                ResponseBody::admitted(
-                                    body,
-                                    f.scope(),
-                                    *this.answers,
-                                    track,
-                                    length,
-                                )
-                            })
-                        }
-                        None => unreachable!("a running request is finished once"),
-                    });
-                    *this.polling = false;
-                    out
-                }
-                Poll::Ready(Err(stopped)) => {
-                    let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
-                    let effect = this
-                        .finish
-                        .as_ref()
-                        .map_or(ServiceEffect::Unknown, |f| f.stopped().1);
-                    Ok(this.answers.stopped(&cause, effect))
-                }
+                Poll::Ready(Ok(polled)) => match polled {
+                    Ok(Ok(late)) if finish_expired(this.finish.as_ref()) => {
+                        // Answered at or after the deadline, before its timer ran (the handler
+                        // held the thread past it): the deadline's answer, as for a handler still
+                        // running then; the late answer is dropped (its drop is the handler's).
+                        *this.polling = true;
+                        drop(late);
+                        *this.polling = false;
+                        let (cause, effect) = this.finish.as_ref().map_or(
+                            (Cause::DeadlineExceeded, ServiceEffect::Unknown),
+                            Finish::stopped,
+                        );
+                        Ok(this.answers.stopped(&cause, effect))
+                    }
+                    Ok(out) => {
+                        // Reading the handler's body (its size hint, its end) runs the handler's
+                        // code: a panic there is the handler's, not the client's going away.
+                        *this.polling = true;
+                        let out = out.map(|response| match this.finish.as_mut() {
+                            // The body is tracked from before the handler's unit goes (below).
+                            Some(f) => {
+                                let status = response.status();
+                                let track = *this.track_body && has_body(status);
+                                let length = content_length(response.headers());
+                                let response = response.map(|body| {
+                                    ResponseBody::admitted(
+                                        body,
+                                        f.scope(),
+                                        *this.answers,
+                                        track,
+                                        length,
+                                    )
+                                });
+                                // After the body took its unit: the handler's may be the last.
+                                f.answered(status, response.headers(), this.answers.grpc);
+                                close = !response.body().is_tracked();
+                                response
+                            }
+                            None => unreachable!("a running request is finished once"),
+                        });
+                        *this.polling = false;
+                        out
+                    }
+                    Err(stopped) => {
+                        let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
+                        let effect = this
+                            .finish
+                            .as_ref()
+                            .map_or(ServiceEffect::Unknown, |f| f.stopped().1);
+                        Ok(this.answers.stopped(&cause, effect))
+                    }
+                },
             },
         };
         // Drop the handler's future before reporting: its work is over.
         this.state.project_replace(State::Done);
         if let Some(finish) = this.finish.take() {
-            finish.done();
+            finish.done(close);
         }
         Poll::Ready(out)
     }
@@ -267,17 +233,21 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
     one.to_str().ok()?.trim().parse().ok()
 }
 
-/// Polls the handler's `run` with `polling` set for the length of the poll (left set if the
-/// poll unwinds).
+/// Polls the handler's `run` with `polling` set for the length of the poll; a panic of the
+/// handler's is caught and returned.
 fn poll_marked<F: Future>(
     polling: &mut bool,
     run: Pin<&mut Run<F>>,
     cx: &mut Context<'_>,
-) -> Poll<<Run<F> as Future>::Output> {
+) -> Poll<std::thread::Result<<Run<F> as Future>::Output>> {
     *polling = true;
-    let polled = run.poll(cx);
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.poll(cx)));
     *polling = false;
-    polled
+    match polled {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+        Err(panic) => Poll::Ready(Err(panic)),
+    }
 }
 
 impl<F: Future, B> fmt::Debug for ResponseFuture<F, B> {

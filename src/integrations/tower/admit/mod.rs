@@ -36,24 +36,54 @@
 //! the deadline's timer ran) gets the deadline's answer, as one still running then does: its
 //! late response is dropped.
 //!
-//! The scope is *closed* (no new work) as soon as the handler returns its response head;
-//! work the handler spawned into it runs on until it finishes or the deadline passes, and the
-//! report waits for it. So does the response body ([`ResponseBody`]): it is bounded by the
+//! The handler is one child of the request's scope, from its admission until it answers: its
+//! receipt is in the report (`Succeeded`; `Failed` for a 5xx or a gRPC server error of its
+//! own, or a panic; `Cancelled` if the request was stopped first), so a completed request
+//! reads "1 succeeded".
+//!
+//! The scope is *closed* (no new work) once the handler's response is complete: at once for a
+//! response without a body to send, at the end of the body ([`ResponseBody`]) otherwise. So
+//! a streaming response (a server-streaming gRPC method, a chunked download) can start work
+//! for each message while it streams — the body's own code, or a task the handler left
+//! producing it, calls downstream in the request's scope — bounded by the request's
+//! deadline, and quiescence keeps its meaning: the request is quiet once its body ended and
+//! the work started for it has its receipts. Work the handler spawned runs on until it
+//! finishes or the deadline passes, and the report waits for it. The body is bounded by the
 //! same deadline (a gRPC body then ends with `DEADLINE_EXCEEDED` trailers, any other body
 //! with an error), and a client that goes away while it streams cancels the scope with
 //! [`ClientGone`](crate::Cause::ClientGone). At the scope's cancel the handler's body is
 //! dropped at once — what it holds (a pool's connection, a permit) goes back — and the report
 //! stops waiting for it, also when the server does not poll it (a client that stopped
-//! reading): see [`ResponseBody`]. A request whose handler panics (in the service's `call`,
-//! while its future is polled, or while its response body is polled) is cancelled with
-//! `Cancelled` and the reason "the handler panicked", and reported (not `ClientGone`: the
-//! response future, or the body, knows it was being polled when it was dropped).
+//! reading): see [`ResponseBody`].
+//!
+//! A handler that panics (in the service's `call`, or while its future is polled) is
+//! answered HTTP 500 / gRPC `INTERNAL` with the fixed text `internal error` (the panic does
+//! not reach the server, which would reset the connection), receipted `Failed` with the
+//! panic's message in the report, and its request is cancelled with `Cancelled` and the
+//! reason "the handler panicked" (not `ClientGone`), so that what it left running stops. A
+//! panic while its response body is polled (after the head was sent, when no status can be
+//! given any more) cancels the request the same way and ends the response as the server
+//! ends a failed body.
 //!
 //! Put a response reserve in the policy when a server in front of the layer also enforces
 //! `grpc-timeout` (tonic's server reads it before any layer, and answers its own expiry with
 //! `CANCELLED`; so does a tonic client, on its side): with a reserve the layer's deadline
 //! comes first and the caller gets `DEADLINE_EXCEEDED`. The reserve must cover the answer's
 //! trip back to the client, whose own timer fires at the full `grpc-timeout`.
+//!
+//! # Graceful shutdown
+//!
+//! A layer given a [`ServerScope`](crate::wire::ServerScope)
+//! ([`server`](AdmitLayer::server)) admits every request as its child: the server's
+//! [`shutdown`](crate::wire::ServerScope::shutdown) stops admitting (503 / `UNAVAILABLE` with
+//! `Retry-After` or `grpc-retry-pushback-ms`, and `service-effect: none`: nothing was done),
+//! waits for the requests in flight, then cancels the stragglers with
+//! [`Cause::Shutdown`](crate::Cause::Shutdown) (answered 503 / `UNAVAILABLE` with
+//! `Retry-After`, or 500 / `UNKNOWN` with `service-effect: unknown` after a possibly
+//! effectful call) and reports. Give axum's `with_graceful_shutdown` (or tonic's
+//! `serve_with_shutdown`) the server's [`draining`](crate::wire::ServerScope::draining)
+//! future, so that the server stops accepting connections at the same moment
+//! (`examples/graceful_shutdown.rs`).
 //!
 //! # Examples
 //!
@@ -96,6 +126,7 @@
 
 mod answer;
 mod body;
+mod finish;
 pub mod future;
 mod layer;
 mod service;

@@ -8,20 +8,22 @@ use tower_service::Service;
 
 use super::answer::Answers;
 use super::body::ResponseBody;
-use super::future::{Finish, ResponseFuture};
+use super::finish::Finish;
+use super::future::ResponseFuture;
 use super::layer::AdmitLayer;
 use crate::integrations::tower::headers;
-use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming};
+use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming, ServerScope};
 use crate::Report;
 
 pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
 pub(super) type RefusalFn = Arc<dyn Fn(&AdmissionError) + Send + Sync>;
 
-/// The callbacks of a layer.
+/// The callbacks of a layer, and the server it admits under.
 #[derive(Clone, Default)]
 pub(super) struct Hooks {
     pub(super) on_report: Option<ReportFn>,
     pub(super) on_refusal: Option<RefusalFn>,
+    pub(super) server: Option<ServerScope>,
 }
 
 /// When a request arrived, if an outer layer (or the accept loop) knows better than
@@ -97,6 +99,7 @@ impl<S> Admit<S> {
             hooks: Hooks {
                 on_report: None,
                 on_refusal: None,
+                server: None,
             },
             not_ready_since: None,
         }
@@ -216,16 +219,29 @@ where
             Some(i) => i.0,
             None => not_ready_since.unwrap_or_else(Instant::now),
         };
+        let server = self.hooks.server.as_ref();
         let answers = Answers {
             grpc: headers::is_grpc(req.headers()),
             detail: self.policy.shows_error_detail(),
+            retry_after: server.map(ServerScope::retry_after_hint),
         };
         // The response to a `HEAD` request has no body to send (the server drops it unread).
         let track_body = req.method() != http::Method::HEAD;
         // The handler never sees the raw budget headers: a handler that copies its incoming
         // headers onto a call of its own would pass the caller's claims on unchecked.
         let incoming = Incoming::take_from(req.headers_mut());
-        let (scope, admission) = match self.policy.admit(incoming, ingress) {
+        let admitted = match server {
+            Some(server) => self.policy.admit_in(server, incoming, ingress),
+            None => self.policy.admit(incoming, ingress),
+        };
+        // The handler is a child of the request from here until it answers (see `Finish`):
+        // taken at once, so that the request is in flight for a server, or refused by its
+        // shutdown as one that came after it (a unit of a closed server's cannot be had).
+        let admitted = admitted.and_then(|(scope, admission)| match scope.handler_ticket() {
+            Ok(handler) => Ok((scope, admission, handler)),
+            Err(_) => Err(AdmissionError::unavailable()),
+        });
+        let (scope, admission, handler) = match admitted {
             Ok(a) => a,
             Err(e) => {
                 if let Some(f) = &self.hooks.on_refusal {
@@ -236,30 +252,20 @@ where
         };
         req.extensions_mut().insert(scope.clone());
         req.extensions_mut().insert(admission.clone());
-        // `call` itself may already run handler code: make the scope current for it too. If
-        // it panics, the request ends as a handler panic (cancelled, reported) as it would
-        // from its future.
-        let finish = Finish::new(scope, admission, self.hooks.on_report.clone());
-        let mut unwound = Unwound(Some(finish));
-        let Some(finish) = unwound.0.as_ref() else {
-            unreachable!("just made");
-        };
-        let fut = finish.scope().sync_scope(|| self.inner.call(req));
-        let Some(finish) = unwound.0.take() else {
-            unreachable!("taken only here");
-        };
-        let run = finish.scope().run(fut);
-        ResponseFuture::admitted(run, finish, answers, track_body)
-    }
-}
-
-/// Finishes a request as a handler panic if the service's `call` unwinds.
-struct Unwound(Option<Finish>);
-
-impl Drop for Unwound {
-    fn drop(&mut self) {
-        if let Some(finish) = self.0.take() {
-            finish.handler_panicked();
+        let finish = Finish::new(scope, admission, self.hooks.on_report.clone(), handler);
+        // `call` itself may already run handler code: make the scope current for it too. A
+        // panic there is the handler's: answered 500 / `INTERNAL`, not passed on to the
+        // server (which would reset the connection).
+        let inner = &mut self.inner;
+        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            finish.scope().sync_scope(|| inner.call(req))
+        }));
+        match called {
+            Ok(fut) => {
+                let run = finish.scope().run(fut);
+                ResponseFuture::admitted(run, finish, answers, track_body)
+            }
+            Err(panic) => ResponseFuture::panicked(finish, answers, &*panic),
         }
     }
 }

@@ -1,0 +1,146 @@
+//! How an admitted request ends: its handler's receipt, its scope closed, its report.
+
+use http::{HeaderMap, StatusCode};
+
+use super::service::ReportFn;
+use crate::child::HandlerTicket;
+use crate::tree::Caught;
+use crate::wire::{Admission, ServiceEffect};
+use crate::{Cause, Scope};
+
+/// The reason of the cancel of a request whose handler panicked.
+pub(super) const HANDLER_PANICKED: &str = "the handler panicked";
+
+/// What happens to a request's scope when its response future ends or is dropped.
+pub(super) struct Finish {
+    scope: Scope,
+    admission: Admission,
+    on_report: Option<ReportFn>,
+    /// The handler, one child of the request until it answered (see `HandlerTicket`);
+    /// dropped unanswered, it is `Cancelled`.
+    handler: Option<HandlerTicket>,
+}
+
+impl Finish {
+    pub(super) fn new(
+        scope: Scope,
+        admission: Admission,
+        on_report: Option<ReportFn>,
+        handler: HandlerTicket,
+    ) -> Self {
+        Finish {
+            scope,
+            admission,
+            on_report,
+            handler: Some(handler),
+        }
+    }
+
+    /// The request's scope.
+    pub(super) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// For the answer of a request that stopped: its scope's cause and whether a child that
+    /// may have had an effect was dispatched (read after a cancel that reaches the whole
+    /// request: see `Scope::cancel_then_effect`).
+    pub(super) fn stopped(&self) -> (Cause, ServiceEffect) {
+        let dispatched = self.scope.cancel_then_effect();
+        (
+            self.scope.cause_or_cancelled(),
+            ServiceEffect::from_dispatched(dispatched),
+        )
+    }
+
+    /// The handler answered with `status` (for gRPC, `headers` may hold a trailers-only
+    /// status): `Succeeded`, or `Failed` for a server error of its own.
+    pub(super) fn answered(&mut self, status: StatusCode, headers: &HeaderMap, grpc: bool) {
+        let Some(handler) = self.handler.take() else {
+            return;
+        };
+        let grpc_error = grpc
+            .then(|| headers.get("grpc-status"))
+            .flatten()
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u16>().ok())
+            // UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE, DATA_LOSS: the server's.
+            .filter(|code| [2, 4, 13, 14, 15].contains(code));
+        match grpc_error {
+            Some(code) => handler.fail(Some(format!("answered gRPC status {code}"))),
+            None if status.is_server_error() => {
+                handler.fail(Some(format!("answered HTTP {}", status.as_u16())));
+            }
+            None => handler.succeed(),
+        }
+    }
+
+    /// Ends a request whose handler panicked (`message`: the panic's, for the report):
+    /// `Failed`, the scope cancelled with "the handler panicked" (what it left running
+    /// stops), closed, reported. Returns what the answer says of its effects (read after the
+    /// cancel).
+    pub(super) fn panicked(mut self, message: String) -> ServiceEffect {
+        if let Some(handler) = self.handler.take() {
+            handler.fail(Some(format!("panicked: {message}")));
+        }
+        let mut caught = Caught::default();
+        let effect = caught
+            .run(|| ServiceEffect::from_dispatched(self.cancel_for(HANDLER_PANICKED)))
+            .unwrap_or(ServiceEffect::Unknown);
+        self.done(true);
+        caught.resume();
+        effect
+    }
+
+    /// Cancels the scope with the reason `why` and reads the effect flag after it.
+    fn cancel_for(&self, why: &'static str) -> bool {
+        self.scope.cancel_because(Cause::cancelled(why));
+        self.scope.cancel_then_effect()
+    }
+
+    /// Cancels the scope with `cause`, then [`done`](Self::done), also if the cancel panics (a
+    /// waker or `on_cancel` callback of the request's): the panic comes out after, and the
+    /// request is still reported.
+    pub(super) fn cancel_then_done(self, cause: Cause) {
+        let mut caught = Caught::default();
+        caught.run(|| {
+            self.scope.cancel_because(cause);
+        });
+        self.done(true);
+        caught.resume();
+    }
+
+    /// Gives the handler its receipt if it has none (`Cancelled`: stopped before it
+    /// answered), closes the scope if `close` (no new work; running work goes on until done or
+    /// the deadline) — a response body still streaming closes it at its end instead — and
+    /// reports once it is quiet. The close may make the scope quiet and wake its
+    /// `quiesce()`s: the panic of one of their wakers comes out once the report is on its way.
+    pub(super) fn done(mut self, close: bool) {
+        let mut caught = Caught::default();
+        if close {
+            caught.run(|| self.scope.close());
+        }
+        // After the close: the handler's unit is the last the request may hold, and its
+        // release may make it quiet (and, under a closed server, add it to the server's
+        // report before the server's unit goes: see `scope::request`).
+        caught.run(|| drop(self.handler.take()));
+        if let Some(report) = self.on_report.take() {
+            let (scope, admission) = (self.scope.clone(), self.admission.clone());
+            // Inside a server there is always a runtime; without one there is nobody to wait.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let r = scope.quiesce().await;
+                    report(&admission, &r);
+                });
+            }
+        }
+        caught.resume();
+    }
+}
+
+/// The message of a panic's payload, if it is a string (as `panic!` makes).
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(not a string)".to_owned())
+}
