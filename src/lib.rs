@@ -306,6 +306,9 @@
 //! | `tokio-util` | `CancellationToken` interop, both ways: `Scope::cancellation_token` (cancelled with the scope, for libraries that take a token) and `ChildBuilder::cancelled_by` (a child that a token cancels); no task either way (adds `tokio-util` without default features) |
 //! | `reqwest` | `integrations::reqwest`: reqwest calls in a child scope (adds `reqwest` without default features, `bytes`, `http`) |
 //! | `redis` | `integrations::redis`: the operation registry on Redis, cancels announced on pub/sub (adds `redis` with its tokio connection manager, `futures-core`) |
+//! | `axum` | `integrations::axum`: the request's `Scope` and `Admission` as extractors, the crate's errors as responses (`tower`, and `axum-core`; not axum itself) |
+//! | `tonic` | `integrations::tonic`: the crate's errors as `tonic::Status` (adds `tonic` without its transport) |
+//! | `testing` | `testing`: a request's scope and an admitted request for your own handler tests (`tower`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
 //! crate's own loopback tests.
@@ -326,7 +329,8 @@ mod guard;
     feature = "sqlx-sqlite",
     feature = "tower",
     feature = "reqwest",
-    feature = "redis"
+    feature = "redis",
+    feature = "tonic"
 ))]
 pub mod integrations;
 mod quiesce;
@@ -335,6 +339,8 @@ pub mod registry;
 pub mod retry;
 mod scope;
 mod sync;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tree;
 pub mod wire;
 

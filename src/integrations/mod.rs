@@ -6,6 +6,8 @@
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
 //! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
 //! | `redis` | `redis` | the operation registry shared by processes through Redis |
+//! | `axum` | `axum` | the request's `Scope` and `Admission` as extractors; the crate's errors as responses |
+//! | `tonic` | `tonic` | the crate's errors as `tonic::Status` |
 //!
 //! The tower and reqwest client sides work alike: they fail with the same `CallError`, own
 //! the budget headers of the requests they send (a header already on a request may only
@@ -21,6 +23,8 @@
 //! `EffectUnknown`, a read-only call's too; [`is_effect_unknown`] is that reading for a
 //! retry classifier.
 
+#[cfg(feature = "axum")]
+pub mod axum;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod call;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
@@ -37,6 +41,10 @@ pub mod redis;
 pub mod reqwest;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]
 pub mod sqlx;
+#[cfg(any(feature = "axum", feature = "tonic"))]
+mod status;
+#[cfg(feature = "tonic")]
+pub mod tonic;
 #[cfg(feature = "tower")]
 pub mod tower;
 
