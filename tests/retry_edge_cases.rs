@@ -12,7 +12,7 @@ use cancel_scope::{ChildSpec, Scope};
 use tokio::time::Instant;
 
 mod support;
-use support::latest_instant;
+use support::time::latest_instant;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -89,25 +89,6 @@ async fn a_panicking_callback_on_the_timer_does_not_kill_later_deadlines() {
     );
 }
 
-/// F3: dropping an OnCancel guard drops the user's closure while the node's `inner` lock is
-/// held; a closure owning a ticket of the same (closed) scope deadlocks.
-#[test]
-fn dropping_an_on_cancel_guard_whose_closure_owns_a_ticket_does_not_deadlock() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let s = Scope::new();
-        let t = s.register(ChildSpec::read_only("r")).unwrap();
-        let g = s.on_cancel(move |_| drop(t));
-        s.close();
-        drop(g); // closure dropped under inner -> ticket drop -> release_unit -> wake_quiet -> inner
-        tx.send(()).unwrap();
-    });
-    assert!(
-        rx.recv_timeout(Duration::from_secs(3)).is_ok(),
-        "deadlock: dropping an OnCancel guard whose closure owns a ticket"
-    );
-}
-
 /// F4: a quarantined child is reported with its registration-time spec: the provider handle
 /// set on the Dispatched is lost from pending_effects.
 #[tokio::test(start_paused = true)]

@@ -6,9 +6,7 @@ use std::time::Duration;
 use cancel_scope::budget::{grant, hop_timeout, ChildBudget, EndpointBudget, Split};
 use proptest::prelude::*;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::ms;
 
 #[test]
 fn request_of_1000ms_leaves_750_after_queue_handler_and_reserve() {

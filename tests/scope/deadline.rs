@@ -1,14 +1,14 @@
 //! Deadlines: they fire by themselves, children never outlive their parent's budget, and a
 //! child that would get too little fails fast.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use cancel_scope::{Cause, Scope};
+use cancel_scope::{Cause, ChildSpec, Scope};
 use tokio::time::{advance, Instant};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::{latest_instant, ms};
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_cancels_the_scope_and_descendants_without_anyone_polling() {
@@ -122,7 +122,8 @@ async fn a_passed_deadline_that_has_not_fired_yet_still_refuses_children() {
 
 /// A child asked of a scope whose deadline passed before its timer ran is refused with the
 /// deadline (as `spawn`, `run` and `dispatch` are), and the deadline is made the scope's
-/// cancel, not reported as "budget exhausted" with the scope left running (found by review).
+/// cancel, not reported as "budget exhausted" with the scope left running.
+// regression: the child was refused as "budget exhausted" and the scope left running.
 #[tokio::test(start_paused = true)]
 async fn a_child_of_a_scope_whose_deadline_passed_is_refused_with_the_deadline() {
     use futures::FutureExt;
@@ -214,8 +215,8 @@ async fn a_cancel_before_the_deadline_keeps_the_explicit_cause() {
 /// `run` on a scope whose deadline has passed, before its timer task ran (tokio fires timers
 /// on millisecond ticks, and the task may be scheduled later still), refuses the body with
 /// the deadline, as `spawn`, `child().build()` and `dispatch` of the same scope do: nothing
-/// starts at or after its deadline with nothing left of its budget. (Found by review: the
-/// body was polled and its output returned.)
+/// starts at or after its deadline with nothing left of its budget.
+// regression: the body was polled and its output returned.
 #[tokio::test(start_paused = true)]
 async fn run_on_a_scope_whose_deadline_passed_before_its_timer_fired_refuses_the_body() {
     use futures::FutureExt;
@@ -241,8 +242,9 @@ async fn run_on_a_scope_whose_deadline_passed_before_its_timer_fired_refuses_the
 /// A passed deadline made the cancel before the timer task ran (here by a `spawn` in a
 /// grandchild) gives every scope the cause its timer would have given it: a child whose own,
 /// tighter deadline passed first was stopped by its deadline (`DeadlineExceeded`), not by its
-/// parent's. (Found by review: the whole path was cancelled from the topmost scope whose
-/// deadline had passed, so the child said `ParentCancelled(DeadlineExceeded)`.)
+/// parent's.
+// regression: the path was cancelled from its topmost passed deadline, so the child said
+// `ParentCancelled(DeadlineExceeded)`.
 #[tokio::test(start_paused = true)]
 async fn a_deadline_made_the_cancel_before_its_timer_fired_gives_the_timers_causes() {
     use futures::FutureExt;
@@ -338,4 +340,58 @@ async fn a_child_builder_rule_set_twice_keeps_the_stricter_value() {
         .min_useful(ms(900))
         .build()
         .is_ok());
+}
+
+// A deadline or a grace period at the far end of what an `Instant` can hold (a caller's
+// computed value) panics nothing: tokio rounds a sleep's deadline up to the next
+// millisecond, which overflows there.
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_at_the_end_of_time_does_not_panic_the_timer_task() {
+    // Every panic of this thread, where the timer task of this current-thread runtime runs (the
+    // hook is the process's: the other tests of this binary run on threads of their own).
+    let panics = Arc::new(AtomicUsize::new(0));
+    let seen = panics.clone();
+    let this_thread = std::thread::current().id();
+    std::panic::set_hook(Box::new(move |info| {
+        eprintln!("{info}");
+        if std::thread::current().id() == this_thread {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+    }));
+    let far = Scope::with_deadline(latest_instant(Instant::now()));
+    // A second scope, due first: when its deadline fires, the timer task goes on to sleep
+    // until the far one, in the same poll, before this task runs again.
+    let soon = Scope::with_timeout(Duration::from_millis(1));
+    soon.cancelled().await;
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+    assert!(!far.is_cancelled());
+    // And it still serves the thread's deadlines.
+    let next = Scope::with_timeout(Duration::from_millis(5));
+    next.cancelled().await;
+    assert_eq!(panics.load(Ordering::SeqCst), 0);
+    let _ = std::panic::take_hook();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grace_period_to_the_end_of_time_is_never_over() {
+    use futures::FutureExt;
+    let now = Instant::now();
+    let s = Scope::new()
+        .child()
+        .grace(latest_instant(now) - now)
+        .build()
+        .unwrap();
+    let stuck = s
+        .register(ChildSpec::read_only("stuck"))
+        .unwrap()
+        .dispatch()
+        .unwrap();
+    s.cancel();
+    // Too far to sleep until: the stuck child is never quarantined, and waiting panics nothing.
+    let mut quiet = Box::pin(s.quiesce());
+    let waited = tokio::time::timeout(Duration::from_secs(3600), &mut quiet).await;
+    assert!(waited.is_err(), "quarantined at the end of time?");
+    stuck.succeed();
+    assert!(quiet.now_or_never().is_some());
 }

@@ -9,9 +9,7 @@ use std::time::Duration;
 use cancel_scope::{Cause, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::{ms, paused_runtime};
 
 /// A child of `parent` with its own `timeout`.
 fn child_within(parent: &Scope, timeout: Duration) -> Scope {
@@ -330,18 +328,6 @@ async fn a_burst_of_deadlines_lets_other_tasks_run() {
     );
 }
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
-/// A runtime dropped before its timer task ever ran (a current-thread runtime runs spawned
-/// tasks only while it blocks on something that waits) must not leave its heap believing a
-/// timer task runs: a child that tightens the deadline of a root it made, in a later runtime,
-/// is cancelled at its deadline.
 /// In the current runtime (paused): a child of `root` that tightens the deadline to 10 ms is
 /// cancelled at 10 ms by its deadline. A deadline no timer task of this runtime watches ends
 /// the wait at 60 s instead.
@@ -354,6 +340,10 @@ async fn a_child_fires_at_its_deadline(root: &Scope) {
     assert_eq!(start.elapsed(), ms(10));
 }
 
+/// A runtime dropped before its timer task ever ran (a current-thread runtime runs spawned
+/// tasks only while it blocks on something that waits) must not leave its heap believing a
+/// timer task runs: a child that tightens the deadline of a root it made, in a later runtime,
+/// is cancelled at its deadline.
 #[test]
 fn a_deadline_fires_after_the_runtime_whose_timer_task_never_ran_was_dropped() {
     let first = paused_runtime();
@@ -462,5 +452,42 @@ async fn a_callback_panic_whose_payload_panics_on_drop_does_not_stop_the_timers(
     assert_eq!(first.cause(), Some(Cause::DeadlineExceeded));
     for s in &same_time {
         assert_eq!(s.cause(), Some(Cause::DeadlineExceeded));
+    }
+}
+
+// The timer task of a thread's heap exits once every scope with a deadline has gone, also
+// when the last one goes on another thread than the one the timer task runs on.
+
+/// Request roots made and dropped one at a time on a plain thread (in the runtime's context)
+/// while the runtime's worker runs the timer task: after each drop the task must exit, not
+/// sleep on until the dropped root's deadline (an hour) because it looked at the heap after
+/// the root counted itself gone but before its node was freed.
+///
+/// Real threads and the real clock, as the race needs them; the thirty seconds only bound a
+/// wait that ends as soon as the task has exited (within microseconds; before the fix, an
+/// hour), so that a loaded machine cannot fail it. A fresh runtime for
+/// every few requests: its worker, not parked yet, polls the woken task at once, which is
+/// when the race shows.
+#[test]
+fn the_timer_task_exits_when_the_last_scope_goes_on_another_thread() {
+    for round in 0..200 {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let metrics = rt.metrics();
+        let _in = rt.enter();
+        for i in 0..10 {
+            drop(Scope::with_timeout(Duration::from_secs(3600)));
+            let start = std::time::Instant::now();
+            while metrics.num_alive_tasks() != 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "runtime {round}, request {i}: the timer task outlived every scope"
+                );
+                std::thread::yield_now();
+            }
+        }
     }
 }

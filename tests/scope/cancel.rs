@@ -1,10 +1,16 @@
 //! Cancellation: causes, first cause wins, downward only, cancelled(), on_cancel, generation.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Context;
+use std::time::Duration;
 
-use cancel_scope::{Cause, Scope};
+use cancel_scope::{Cause, ChildSpec, Scope};
 use futures::FutureExt;
+
+use crate::support::wakers::{borrowed_waker, Slot};
 
 #[test]
 fn cancel_reaches_every_descendant_with_the_origin_cause() {
@@ -244,8 +250,8 @@ fn concurrent_cancels_from_many_threads_agree_on_one_cause() {
 /// A cause forwarded from another tree as "my parent was cancelled" (`cancel_because` with a
 /// `ParentCancelled` wrapping a cause that is itself `ParentCancelled`, the cause of a child
 /// there) still has the origin where the cancel started: a deadline stays a deadline for the
-/// scope, its descendants and the errors they yield (a server answers 504, not 503). (Found by
-/// review: `origin()` looked through one level only, so `is_deadline_exceeded` was `false`.)
+/// scope, its descendants and the errors they yield (a server answers 504, not 503).
+// regression: `origin()` looked through one level only, so `is_deadline_exceeded` was false.
 #[test]
 fn a_forwarded_parent_cancel_keeps_its_origin_through_any_nesting() {
     let other = Scope::new();
@@ -303,4 +309,63 @@ fn a_closed_child_that_is_already_quiet_is_out_of_a_later_cancels_reach() {
     assert_eq!(busy.lifecycle(), Lifecycle::Cancelling);
     drop(work);
     assert_eq!(busy.lifecycle(), Lifecycle::CancelledStable);
+}
+
+/// A waiter kept registered because a later poll came with "the same" waker must really be
+/// the same: here the slot that the first poll's waker borrowed from now holds another task,
+/// which must be the one woken by the cancel (the first task no longer waits). Keeping only
+/// the passed waker's addresses, not those of the clone in the list, takes the second waker
+/// for the first (the address is reused, the first waker is gone): a lost wake-up.
+// regression: a waiter re-polled through a reused waker address was taken for the one it
+// kept, and never woken.
+#[test]
+fn a_waiter_polled_by_another_task_through_a_reused_waker_address_is_woken() {
+    let scope = Scope::new();
+    let first = Arc::new(AtomicBool::new(false));
+    let second = Arc::new(AtomicBool::new(false));
+    let slot = Slot {
+        task: std::sync::Mutex::new(first.clone()),
+    };
+    let mut cancelled = scope.cancelled();
+
+    let w = borrowed_waker(&slot);
+    assert!(Pin::new(&mut cancelled)
+        .poll(&mut Context::from_waker(&w))
+        .is_pending());
+    drop(w);
+
+    // The executor reuses the slot for the task that now owns the future.
+    *slot.task.lock().unwrap() = second.clone();
+    let w = borrowed_waker(&slot);
+    assert!(Pin::new(&mut cancelled)
+        .poll(&mut Context::from_waker(&w))
+        .is_pending());
+    drop(w);
+
+    scope.cancel();
+    assert!(
+        second.load(Ordering::SeqCst),
+        "the task waiting now was not woken (lost wake-up)"
+    );
+    drop(cancelled);
+}
+
+/// Dropping an `on_cancel` guard drops the user's closure, which may own a ticket of the same
+/// (closed) scope: its drop makes the scope quiet without a deadlock.
+// regression: the closure was dropped under the node's lock, and the ticket's drop deadlocked.
+#[test]
+fn dropping_an_on_cancel_guard_whose_closure_owns_a_ticket_does_not_deadlock() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let s = Scope::new();
+        let t = s.register(ChildSpec::read_only("r")).unwrap();
+        let g = s.on_cancel(move |_| drop(t));
+        s.close();
+        drop(g); // the closure's drop -> the ticket's drop -> the scope goes quiet (takes its lock)
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(3)).is_ok(),
+        "deadlock: dropping an OnCancel guard whose closure owns a ticket"
+    );
 }

@@ -4,13 +4,17 @@
 //! `quiesce` has resolved no body of the scope is running (invariant 6). A closed scope
 //! accepts a new body only from work it still has.
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Context;
 use std::time::Duration;
 
 use cancel_scope::{Cause, Lifecycle, Scope};
 
-const MS: Duration = Duration::from_millis(1);
+use crate::support::time::MS;
+use crate::support::wakers::{borrowed_waker, Slot};
 
 /// A handler's pattern: close the request's scope (no new work), wait for the work it
 /// started, then go on (render the response). The client leaving after that still stops it.
@@ -160,4 +164,31 @@ async fn work_still_running_in_a_closed_scope_can_run_a_body_in_it() {
     let quiet = Scope::new();
     quiet.close();
     assert!(quiet.run(async {}).await.unwrap_err().is_closed());
+}
+
+/// A body of `Scope::run` polled again through a reused waker address (see
+/// `cancel::a_waiter_polled_by_another_task_through_a_reused_waker_address_is_woken`: the
+/// body's cancel waiter is in the same list) is woken by the cancel.
+// regression: the body was taken for the one the list kept, and never woken.
+#[test]
+fn a_body_polled_by_another_task_through_a_reused_waker_address_is_woken() {
+    let scope = Scope::new();
+    let first = Arc::new(AtomicBool::new(false));
+    let second = Arc::new(AtomicBool::new(false));
+    let slot = Slot {
+        task: std::sync::Mutex::new(first.clone()),
+    };
+    let mut run = pin!(scope.run(std::future::pending::<()>()));
+    let w = borrowed_waker(&slot);
+    assert!(run.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+    drop(w);
+    *slot.task.lock().unwrap() = second.clone();
+    let w = borrowed_waker(&slot);
+    assert!(run.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+    drop(w);
+    scope.cancel();
+    assert!(
+        second.load(Ordering::SeqCst),
+        "the task waiting now was not woken (lost wake-up)"
+    );
 }
