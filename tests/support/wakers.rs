@@ -1,8 +1,8 @@
 //! Wakers with a behaviour of their own, as executors and users write them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::{RawWaker, RawWakerVTable, Waker};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{RawWaker, RawWakerVTable, Wake, Waker};
 
 /// A waker that borrows its task from a place that is reused (a slot of an executor's task
 /// table, a stack frame): its data address is the slot's, and a clone is an owned waker of the
@@ -60,4 +60,41 @@ pub fn borrowed_waker(slot: &Slot) -> Waker {
     let data = std::ptr::from_ref(slot).cast::<()>();
     // SAFETY: the vtable's functions follow the `RawWaker` contract for `data`.
     unsafe { Waker::from_raw(RawWaker::new(data, &BORROWED)) }
+}
+
+/// Counts its wake-ups and, on the first one, runs its hook if it has one (on the waking
+/// thread, as any waker's `wake` runs).
+#[derive(Default)]
+pub struct Counts {
+    woken: AtomicUsize,
+    on_first_wake: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Counts {
+    /// A counting waker that runs `hook` when it is first woken.
+    pub fn with_hook(hook: impl FnOnce() + Send + 'static) -> Arc<Counts> {
+        Arc::new(Counts {
+            woken: AtomicUsize::new(0),
+            on_first_wake: Mutex::new(Some(Box::new(hook))),
+        })
+    }
+
+    /// How many times it was woken.
+    pub fn woken(&self) -> usize {
+        self.woken.load(Ordering::SeqCst)
+    }
+}
+
+impl Wake for Counts {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.fetch_add(1, Ordering::SeqCst);
+        let hook = self.on_first_wake.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
 }

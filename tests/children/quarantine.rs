@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use cancel_scope::{Lifecycle, Report, Scope};
 
+use crate::support::panics::{quiet_panics, SetOnDrop};
+use crate::support::wakers::Counts;
+
 /// A runtime for the tasks that block their thread (not the test's paused one).
 fn stuck_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -69,14 +72,6 @@ fn scope() -> Scope {
         .unwrap()
 }
 
-/// Sets its flag when dropped (the task's work was dropped).
-struct DropFlag(Arc<AtomicBool>);
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 /// Blocks its thread inside the first poll until released, then returns "late".
 #[tokio::test(start_paused = true)]
 async fn a_task_stuck_in_its_first_poll_is_quarantined_and_its_late_output_records_nothing() {
@@ -103,7 +98,7 @@ async fn a_quarantined_task_whose_first_poll_ends_pending_is_stopped_and_records
     let rt = stuck_runtime();
     let s = scope();
     let dropped = Arc::new(AtomicBool::new(false));
-    let guard = DropFlag(dropped.clone());
+    let guard = SetOnDrop(dropped.clone());
     let stuck = spawn_stuck(&rt, &s, async move {
         let _guard = guard;
         std::future::pending::<()>().await;
@@ -188,7 +183,7 @@ fn receipts_and_units_balance_when_quarantines_race_spawns_and_first_polls() {
         .enable_all()
         .build()
         .unwrap();
-    std::panic::set_hook(Box::new(|_| {})); // the panicking tasks are expected
+    quiet_panics(|m| m.starts_with("task ") && m.ends_with(" panics")); // kind 3 below
     for round in 0..40u64 {
         let root = Scope::new();
         let s = root.child().build().unwrap();
@@ -258,4 +253,77 @@ fn receipts_and_units_balance_when_quarantines_race_spawns_and_first_polls() {
         });
         assert_eq!(top.total(), report.total());
     }
+}
+
+/// A quarantine that overtakes a cancel walk, below the depth the walk holds its locks to, and
+/// takes a waiting task out of its scope's in-flight list wakes that task: once polled, it
+/// stops (it is not left waiting forever with its scope cancelled and its unit given back).
+///
+/// The quarantine is what `quiesce()` does when its grace period ends (with a grace of zero,
+/// at once) on another thread once it sees the root cancelled. Here it runs from a waker that
+/// the walk wakes between two of its steps (after the locks of the first 32 levels are
+/// released, before the deeper part of the chain is walked), which makes the interleaving
+/// deterministic.
+// regression: the quarantine dropped the task's waker unwoken and the walk found no task to
+// wake: the task waited forever.
+#[test]
+fn a_task_quarantined_before_the_cancel_walk_reaches_its_scope_is_still_woken() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let mut chain = vec![Scope::new()];
+    for _ in 0..40 {
+        let next = chain.last().unwrap().child().build().unwrap();
+        chain.push(next);
+    }
+    let root = chain[0].clone();
+
+    // A task waiting in the deepest scope (its work never completes by itself).
+    let mut task = Box::pin(
+        chain[40]
+            .__task(std::future::pending::<()>())
+            .expect("spawned before the cancel"),
+    );
+    let task_waker = Arc::new(Counts::default());
+    let waker = Waker::from(task_waker.clone());
+    assert!(task
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+
+    // Woken by the walk with its first steps done: quarantine, as an ended grace period does.
+    let quarantined = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook = {
+        let (root, quarantined) = (root.clone(), quarantined.clone());
+        Counts::with_hook(move || {
+            let n = root.__quarantine_now();
+            quarantined.store(n, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let mut waiting = Box::pin(chain[1].cancelled());
+    let hook_waker = Waker::from(hook.clone());
+    assert!(waiting
+        .as_mut()
+        .poll(&mut Context::from_waker(&hook_waker))
+        .is_pending());
+
+    root.cancel();
+    assert_eq!(hook.woken(), 1);
+    assert_eq!(
+        quarantined.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the task was quarantined while the walk was under way"
+    );
+    assert!(chain[40].is_cancelled());
+    // The task's scope is cancelled: the task must have been told, or it never stops.
+    assert!(
+        task_waker.woken() > 0,
+        "a task of a cancelled scope was quarantined without ever being woken"
+    );
+    // And once polled, it stops.
+    let polled = task.as_mut().poll(&mut Context::from_waker(&waker));
+    assert!(
+        matches!(polled, Poll::Ready(Err(ref e)) if e.is_cancelled()),
+        "{polled:?}"
+    );
 }
