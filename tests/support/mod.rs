@@ -9,7 +9,6 @@ pub mod fault;
 #[cfg(feature = "__test-servers")]
 pub mod grpc;
 pub mod panics;
-pub mod quiesce;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlx-postgres", feature = "sqlx-sqlite"))]

@@ -1,15 +1,7 @@
-//! Helpers of the `quiesce_*` tests: a counting allocator (bytes live and allocations made by
-//! the current thread), stuck work, and a `quiesce()` already waiting.
-//!
-//! A test file that counts declares the allocator itself (one per test binary):
-//!
-//! ```ignore
-//! #[global_allocator]
-//! static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
-//! ```
+//! Helpers of the quiesce tests: stuck work, a `quiesce()` already waiting, wakers that act
+//! at a cancel's mark, and the bytes and allocations of this thread (`support::alloc`, the
+//! binary's allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,13 +11,9 @@ use std::time::Duration;
 
 use cancel_scope::{Cancelled, ChildSpec, Dispatched, Quiesce, Report, Scope};
 
-pub fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-pub fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+pub use super::alloc::{allocs, live_bytes};
+pub use super::time::{ms, secs};
+use super::wakers::Counts;
 
 /// A dispatched read-only child of `scope` whose work ignores the cancel.
 pub fn stuck(scope: &Scope, name: &'static str) -> Dispatched {
@@ -50,27 +38,12 @@ pub async fn waiting_quiesce(scope: &Scope) -> tokio::task::JoinHandle<Report> {
 /// Long enough for a blocked thread to be released in any sane run; a failure bound only.
 pub const HANG: Duration = Duration::from_secs(10);
 
-/// A waker that runs its closure once, the first time it is woken.
-struct OnWake(Mutex<Option<Box<dyn FnOnce() + Send>>>);
-
-impl Wake for OnWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        let f = self.0.lock().unwrap().take();
-        if let Some(f) = f {
-            f();
-        }
-    }
-}
-
 /// Runs `f` when `scope` is marked cancelled (its cancel waiters are woken right after the
 /// mark, before the walk goes below it), on the thread that marks it. Keep the returned
 /// future until then.
 pub fn on_mark(scope: &Scope, f: impl FnOnce() + Send + 'static) -> Pin<Box<Cancelled>> {
     let mut cancelled = Box::pin(scope.cancelled());
-    let waker = Waker::from(Arc::new(OnWake(Mutex::new(Some(Box::new(f))))));
+    let waker = Waker::from(Counts::with_hook(f));
     assert!(cancelled
         .as_mut()
         .poll(&mut Context::from_waker(&waker))
@@ -151,61 +124,4 @@ impl Wake for FirstPollOnWake {
             w.wake_by_ref();
         }
     }
-}
-
-/// Counts the bytes allocated and not freed, and the allocations made, by each thread (the
-/// tests that read them run on a current-thread runtime: the quiesce task, the timer driver
-/// and the scopes are all on the test's thread).
-pub struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    static ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn count(delta: isize, allocation: bool) {
-    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
-    if allocation {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-    }
-}
-
-// SAFETY: forwards to `System`, only counting sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            count(layout.size() as isize, true);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            count(layout.size() as isize, true);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        count(-(layout.size() as isize), false);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            count(new_size as isize - layout.size() as isize, false);
-        }
-        p
-    }
-}
-
-/// Bytes allocated and not freed by this thread (with [`Counting`] as the allocator).
-pub fn live_bytes() -> isize {
-    LIVE.with(Cell::get)
-}
-
-/// Allocations made by this thread (each cancel walk and each quarantine walk allocates its
-/// work list: a count of walks, give or take a constant factor).
-pub fn allocs() -> usize {
-    ALLOCS.with(Cell::get)
 }

@@ -1,9 +1,9 @@
 //! A `quiesce()` waiting while cancels come below it: it is handed each busy cancel once the
 //! cancel walk is done and looks through that scope's subtree only, so the shorter grace
-//! period of a scope below a handed one holds; handed scopes that finish and go are freed at
-//! once (weak references), with their timer entries, and memory stays flat; no cancel is
-//! lost (wake-ups, drains, two threads); invariant 6 and exact counts with overlapping grace
-//! ends. loom models of the handover are in `src/tree/loom_handover.rs`.
+//! period of a scope below a handed one holds; no cancel is lost (wake-ups, drains, two
+//! threads); invariant 6 and exact counts with overlapping grace ends. (Handed scopes that
+//! finish and go are freed at once: `memory`.) loom models of the handover are in
+//! `src/tree/loom_handover.rs`.
 
 use std::time::Duration;
 
@@ -11,15 +11,7 @@ use cancel_scope::{Lifecycle, Report, Scope};
 use futures::FutureExt;
 use tokio::time::Instant;
 
-mod support;
-use support::quiesce::*;
-
-// ------------------------------------------------------------------------------------------
-// Bytes allocated and not freed by this thread (every test here runs on a current-thread
-// runtime, so the quiesce task and the scopes' frees are on the test's thread).
-
-#[global_allocator]
-static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
+use crate::support::quiesce::*;
 
 // ------------------------------------------------------------------------------------------
 // The shorter grace period of a scope below a handed-over cancel.
@@ -121,130 +113,6 @@ async fn a_quiesce_polled_during_its_scopes_cancel_walk_keeps_the_childs_shorter
     let report = w.report().await;
     assert_eq!(report.quarantined(), 1, "{report}");
     assert_eq!(start.elapsed(), ms(10), "{report}");
-}
-
-// ------------------------------------------------------------------------------------------
-// Resource retention: scopes handed to a waiting quiesce are freed when they finish and go,
-// not at their grace end.
-
-/// A request scope under `server`, busy, cancelled (client gone), finished and dropped.
-fn one_cancelled_request(server: &Scope, timeout: Option<Duration>) -> impl Fn() -> bool {
-    let mut b = server.child();
-    if let Some(t) = timeout {
-        b = b.timeout(t);
-    }
-    let req = b.build().unwrap();
-    let call = stuck(&req, "call");
-    let freed = req.__freed_probe();
-    req.cancel();
-    drop(call); // its receipt (Cancelled): the request is quiet
-    drop(req);
-    freed
-}
-
-/// Invariant 7's "a finished scope is freed at once" (see
-/// `scope_timer_entries::a_dropped_scope_is_freed_at_once_and_later_deadlines_still_fire`)
-/// also with a `quiesce()` waiting on the long-lived server scope (grace 60 s): a request
-/// scope that was cancelled busy, then finished and was dropped, is freed at once, though its
-/// grace period has not ended. (Before, the waiter held it until then.)
-#[tokio::test(start_paused = true)]
-async fn a_finished_request_scope_is_freed_at_once_while_a_quiesce_waits_above_it() {
-    for quiesce_waits in [false, true] {
-        let server = Scope::new().child().grace(secs(60)).build().unwrap();
-        let q = if quiesce_waits {
-            Some(waiting_quiesce(&server).await)
-        } else {
-            None
-        };
-        let freed = one_cancelled_request(&server, None);
-        tokio::task::yield_now().await; // the quiesce takes what it was handed
-        assert_eq!(server.__live_children(), 0, "unlinked");
-        assert!(
-            freed(),
-            "quiesce waits: {quiesce_waits}: the request's node is held"
-        );
-        server.close();
-        if let Some(q) = q {
-            q.await.unwrap();
-        }
-    }
-}
-
-/// The same seen through the deadline timers: a timer entry dies with its node, so with a
-/// waiting quiesce the timers' heap stays at a handful of entries over 10,000 cancelled
-/// requests, as without one. (Before, it kept every request cancelled during the last grace
-/// period.)
-#[tokio::test(start_paused = true)]
-async fn cancelled_request_scopes_leave_flat_timers_while_a_quiesce_waits_above_them() {
-    let mut got = Vec::new();
-    for quiesce_waits in [false, true] {
-        let root = Scope::with_timeout(secs(3600));
-        let server = root.child().grace(secs(60)).build().unwrap();
-        let q = if quiesce_waits {
-            Some(waiting_quiesce(&server).await)
-        } else {
-            None
-        };
-        for _ in 0..10_000 {
-            let _ = one_cancelled_request(&server, Some(secs(30)));
-            tokio::task::yield_now().await;
-        }
-        got.push((quiesce_waits, server.__timer_entries()));
-        server.close();
-        if let Some(q) = q {
-            q.await.unwrap();
-        }
-    }
-    assert!(
-        got.iter().all(|&(_, n)| n <= 16),
-        "(quiesce waits, timer entries): {got:?}"
-    );
-}
-
-/// Memory stays flat: bytes still allocated after 10,000 request scopes were cancelled busy,
-/// finished and dropped under a long-lived server scope (grace 60 s), with and without a
-/// `quiesce()` waiting on it, are under 64 KiB. (Before: 1.2 KiB per request, for the grace
-/// period.)
-#[tokio::test(start_paused = true)]
-async fn memory_stays_flat_under_cancelled_request_scopes_while_a_quiesce_waits() {
-    const N: isize = 10_000;
-    let mut got = Vec::new();
-    for quiesce_waits in [false, true] {
-        let server = Scope::new().child().grace(secs(60)).build().unwrap();
-        let q = if quiesce_waits {
-            Some(waiting_quiesce(&server).await)
-        } else {
-            None
-        };
-        // Warm up (slab slots, vector capacities), then measure.
-        for _ in 0..N {
-            let _ = one_cancelled_request(&server, None);
-            tokio::task::yield_now().await;
-        }
-        tokio::time::sleep(secs(61)).await;
-        let before = live_bytes();
-        for _ in 0..N {
-            let _ = one_cancelled_request(&server, None);
-            tokio::task::yield_now().await;
-        }
-        let held = live_bytes() - before;
-        tokio::time::sleep(secs(61)).await;
-        let after_grace = live_bytes() - before;
-        eprintln!(
-            "quiesce waits: {quiesce_waits}: {held} bytes held after {N} requests \
-             ({} per request), {after_grace} once their grace periods ended",
-            held / N
-        );
-        got.push((quiesce_waits, held));
-        server.close();
-        if let Some(q) = q {
-            q.await.unwrap();
-        }
-    }
-    assert!(
-        got.iter().all(|&(_, held)| held < 64 * 1024),
-        "(quiesce waits, bytes held): {got:?}"
-    );
 }
 
 // ------------------------------------------------------------------------------------------
