@@ -5,13 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cancel_scope::budget::Split;
-use cancel_scope::retry::{AttemptEnd, Decision, Exponential, Retry, Stop};
+use cancel_scope::retry::{AttemptEnd, Decision, Exponential, HedgeDelay, Retry, Stop};
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::{latest_instant, ms};
+use crate::Failure;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CallError {
@@ -355,5 +354,48 @@ async fn a_retry_rule_set_twice_keeps_the_stricter_value() {
             .unwrap_err();
         assert_eq!(err.stop(), &Stop::BelowMinUseful);
         assert_eq!(err.ledger().started(), 0);
+    }
+}
+
+/// A dependency's pushback that lands at the very end of what an `Instant` holds, in a scope
+/// without deadline, is too long (it would never be slept to its end), not a panic.
+// regression: a pushback at the end of what an `Instant` holds was slept, for 30 years.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_to_the_end_of_time_is_too_long() {
+    let request = Scope::new();
+    let hint = latest_instant(Instant::now()) - Instant::now();
+    let retry = Retry::new(move |_: &()| Decision::RetryAfter(hint)).max_attempts(2);
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.stop(), Stop::RetryAfterTooLong(d) if *d == hint),
+        "{err:?}"
+    );
+}
+
+/// A retry or a hedge told to come back after a hint too long to represent (`Duration::MAX`),
+/// in a scope without deadline, never starts again: it ends `RetryAfterTooLong` at once.
+// regression: a retry slept until a cancel, a hedge ignored the hint and started at once.
+#[tokio::test(start_paused = true)]
+async fn an_endless_retry_after_ends_the_call() {
+    let request = Scope::new();
+    let spec = ChildSpec::read_only("quota");
+    let retry = Retry::new(|_: &Failure| Decision::RetryAfter(Duration::MAX)).max_attempts(3);
+    let op = |_| async { Err::<(), _>(Failure::Busy) };
+    let sequential = retry.run_with_ledger(&request, spec.clone(), op).await;
+    let hedged = retry
+        .hedge(HedgeDelay::Fixed(ms(100)))
+        .run_with_ledger(&request, spec, op)
+        .await;
+    for (out, ledger) in [sequential, hedged] {
+        assert_eq!(ledger.started(), 1);
+        assert_eq!(
+            out.unwrap_err().stop(),
+            &Stop::RetryAfterTooLong(Duration::MAX)
+        );
     }
 }

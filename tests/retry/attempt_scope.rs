@@ -1,15 +1,12 @@
-//! The attempt's (or branch's) ticket as the first unit of its own scope, with other work in
-//! that scope: spawned tasks and guards that outlive the attempt, a hedge loser that closed
-//! its scope, and the attempt's scope quiesced from outside after the call.
-
-use std::time::Duration;
+//! The attempt's scope: the attempt's ticket is its first unit, with other work in that scope
+//! (spawned tasks and guards that outlive the attempt, a hedge loser that closed its scope,
+//! the attempt's scope quiesced from outside after the call), and the scope's name is the
+//! attempt's. (A fan-out branch's scope is the same: see the `fanout` tests.)
 
 use cancel_scope::retry::{Decision, HedgeDelay, Retry};
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::ms;
 
 /// A task spawned in the attempt's scope outlives the attempt: the request is not quiet until
 /// it ends, the attempt's receipt and the task's are counted once each, and the attempt's
@@ -139,6 +136,7 @@ async fn nested_attempts_give_back_every_unit() {
 /// The attempt's scope is quiet only when its ticket has its receipt, so its report's "cancel
 /// to quiet" runs to that receipt: an attempt scope cancelled (here: by the request) whose
 /// owner gives the receipt 30 ms later went quiet 30 ms after the cancel.
+// regression: the attempt scope's `cancel_to_quiet` ignored the receipt that made it quiet.
 #[tokio::test(start_paused = true)]
 async fn an_attempt_scope_reports_the_time_its_ticket_kept_it_from_quiet() {
     let request = Scope::with_timeout(ms(1000));
@@ -155,5 +153,52 @@ async fn an_attempt_scope_reports_the_time_its_ticket_kept_it_from_quiet() {
         report.cancel_to_quiet(),
         Some(ms(30)),
         "the attempt's scope went quiet 30 ms after its cancel"
+    );
+}
+
+// The name of a scope that is also its parent's ticket (a retry attempt, a fan-out branch):
+// kept once, in the ticket, since the attempt's name comes from its ticket. Everything that
+// reads a scope's name must see it there too: `name()`, `detach` ("it keeps this scope's
+// name") and `shield` (whose cleanup runs in a root named after the scope).
+
+/// `detach` of an attempt's scope keeps the attempt's name (the dependency).
+#[tokio::test(start_paused = true)]
+async fn an_attempt_scope_detached_keeps_its_name() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(|_: &()| Decision::Backoff);
+    let (name, detached) = retry
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            let name = a.scope().name().map(str::to_owned);
+            Ok::<_, ()>((name, a.scope().detach(ms(30_000))))
+        })
+        .await
+        .unwrap();
+    assert_eq!(name.as_deref(), Some("search"));
+    assert_eq!(
+        detached.name(),
+        Some("search"),
+        "detach lost the attempt's name"
+    );
+}
+
+/// A cleanup shielded from an attempt's scope runs in a root named after that scope.
+#[tokio::test(start_paused = true)]
+async fn a_cleanup_shielded_in_an_attempt_runs_under_the_attempt_name() {
+    let request = Scope::with_timeout(ms(1000));
+    let retry = Retry::new(|_: &()| Decision::Backoff);
+    let inside = retry
+        .run(&request, ChildSpec::read_only("search"), |a| async move {
+            let cleanup = a
+                .scope()
+                .shield(ms(50), async { Scope::current().name().map(str::to_owned) })
+                .unwrap();
+            Ok::<_, ()>(cleanup.await.unwrap())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        inside.as_deref(),
+        Some("search"),
+        "shield lost the attempt's name"
     );
 }

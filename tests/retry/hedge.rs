@@ -11,9 +11,8 @@ use cancel_scope::retry::{
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::{latest_instant, ms};
+use crate::Failure;
 
 #[derive(Debug, PartialEq)]
 enum SearchError {
@@ -501,4 +500,116 @@ async fn a_drained_hedge_whose_effect_is_unknown_is_settled_by_the_key() {
             "{report}"
         );
     }
+}
+
+/// A hedge delay too long to represent (`Duration::MAX`: "never hedge"), or one that lands at
+/// the very end of what an `Instant` holds (a computed value, where tokio's rounding of a
+/// sleep's deadline would overflow), never hedges, and panics nothing.
+// regression: a hedge delay too long to represent, or at the end of time, panicked the call.
+#[tokio::test(start_paused = true)]
+async fn a_huge_hedge_delay_does_not_panic() {
+    for at_the_end in [false, true] {
+        // Read now: the hedge's clock reading is the same virtual instant.
+        let now = Instant::now();
+        let delay = if at_the_end {
+            latest_instant(now) - now
+        } else {
+            Duration::MAX
+        };
+        let request = Scope::with_timeout(ms(1000));
+        let hedge = Retry::new(|_: &()| Decision::Backoff)
+            .max_attempts(2)
+            .hedge(HedgeDelay::Fixed(delay));
+        let out = hedge
+            .run(&request, ChildSpec::read_only("search"), |_| async {
+                tokio::time::sleep(ms(10)).await;
+                Ok::<_, ()>(7)
+            })
+            .await;
+        assert_eq!(out.unwrap(), 7, "{delay:?}");
+    }
+}
+
+/// A hedged call told `RetryAfter(300 ms)` starts its next attempt only once the hint has
+/// passed, as a sequential retry does.
+// regression: a hedge ignored `RetryAfter` and started its next attempt at once.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_honours_the_retry_after_hint() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|_: &()| Decision::RetryAfter(ms(300)))
+        .max_attempts(2)
+        .hedge(HedgeDelay::Fixed(ms(500)));
+    let (out, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("quota"), |a| async move {
+            if a.number() == 1 {
+                Err(())
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    out.unwrap();
+    assert!(
+        ledger.attempts()[1].started_at() - ledger.began() == ms(300),
+        "retried {:?} after a 300 ms Retry-After",
+        ledger.attempts()[1].started_at() - ledger.began()
+    );
+}
+
+/// A hedged call told `SwitchEndpoint` moves its next attempt to the next endpoint.
+// regression: a hedge ignored `SwitchEndpoint`.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_switches_endpoint_when_told_to() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|_: &&str| Decision::SwitchEndpoint)
+        .max_attempts(3)
+        .hedge(HedgeDelay::Fixed(ms(500)));
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let out = hedge
+        .run(&request, ChildSpec::read_only("db"), move |a| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if a.endpoint() == 0 {
+                    Err("connection refused")
+                } else {
+                    Ok(a.endpoint())
+                }
+            }
+        })
+        .await;
+    assert_eq!(out.unwrap(), 1, "all attempts went to the dead endpoint 0");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A hedge told `RetryAfter` longer than its budget allows, while another attempt is in
+/// flight, starts nothing more: when the other attempt fails too, the call ends
+/// `RetryAfterTooLong`, not with an attempt started at once.
+// regression: the hedge started another attempt at once.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_keeps_a_too_long_retry_after_while_another_attempt_is_in_flight() {
+    let request = Scope::with_timeout(ms(1000));
+    let hedge = Retry::new(|e: &Failure| match e {
+        Failure::Busy => Decision::RetryAfter(ms(2000)),
+        Failure::Down => Decision::Backoff,
+    })
+    .max_attempts(3)
+    .hedge(HedgeDelay::Fixed(ms(100)));
+    let (out, ledger) = hedge
+        .run_with_ledger(&request, ChildSpec::read_only("quota"), |a| async move {
+            match a.number() {
+                1 => {
+                    tokio::time::sleep(ms(150)).await;
+                    Err(Failure::Busy)
+                }
+                2 => {
+                    tokio::time::sleep(ms(100)).await;
+                    Err(Failure::Down)
+                }
+                _ => Ok(()),
+            }
+        })
+        .await;
+    assert_eq!(ledger.started(), 2);
+    assert_eq!(out.unwrap_err().stop(), &Stop::RetryAfterTooLong(ms(2000)));
 }

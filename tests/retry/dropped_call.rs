@@ -15,10 +15,8 @@ use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Ledger, Retry, Stop}
 use cancel_scope::{ChildSpec, Quiesce, Report, Scope};
 use tokio::time::Instant;
 
-mod support;
-use support::panics::{panic_of_future, report_of};
-
-const MS: Duration = Duration::from_millis(1);
+use crate::support::panics::{panic_of_future, report_of};
+use crate::support::time::MS;
 
 /// The one ledger of the report.
 fn only_ledger(report: &Report) -> &Ledger {

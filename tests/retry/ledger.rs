@@ -8,12 +8,8 @@ use cancel_scope::retry::{AttemptEnd, Decision, Retry, Stop};
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-#[derive(Debug)]
-struct Unavailable;
+use crate::support::time::ms;
+use crate::Unavailable;
 
 /// Seed 003: deadline 1000, reserve 100, cap 500. Queued until 120, the first attempt gets 500
 /// and fails after 400; a 180 ms backoff brings us to 700, where the second gets 200; at 900
@@ -167,7 +163,7 @@ async fn even_split_last_start(backoff: Vec<Duration>) -> (Vec<u128>, Stop, Dura
 /// is slept and the attempt starts, even at the line itself; one that ends after it is not.
 #[tokio::test(start_paused = true)]
 async fn last_start_is_a_moment_an_even_split_attempt_can_start() {
-    // The review's case: an 850 ms backoff would start the 2nd attempt with a 75 ms share.
+    // An 850 ms backoff would start the 2nd attempt with a 75 ms share.
     let (starts, stop, at, last_start) = even_split_last_start(vec![ms(850)]).await;
     assert_eq!(
         (starts, stop, at, last_start),
@@ -410,4 +406,63 @@ async fn a_report_counts_the_notes_its_scope_dropped_and_says_so() {
     let child = children[0].quiesce().await;
     assert_eq!((child.retry_ledgers().len(), child.dropped_notes()), (1, 0));
     assert!(!child.to_string().contains("dropped"), "{child}");
+}
+
+/// The even split with less than 1 ms per attempt left (9 ms, 10 attempts) still starts an
+/// attempt with what is left (1 ms), instead of stopping `BelowMinUseful` with no minimum
+/// useful budget set.
+// regression: the whole-ms share rounded to nothing and no attempt started.
+#[tokio::test(start_paused = true)]
+async fn an_even_split_below_one_ms_per_attempt_still_starts_an_attempt() {
+    let request = Scope::with_timeout(ms(9));
+    let retry = Retry::new(|_: &()| Decision::Backoff).max_attempts(10);
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| async {
+            Err::<(), _>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.ledger().started() >= 1,
+        "{:?} with nothing started",
+        err.stop()
+    );
+    assert_eq!(err.ledger().attempts()[0].budget(), Some(ms(1)));
+}
+
+/// The even split's last start is exact where its shares round: a minimum useful budget that
+/// is not whole milliseconds needs a whole-millisecond share above it (100.5 ms: 101 ms per
+/// attempt left), and one of at most 1 ms is reached by the share below 1 ms (`min(1 ms,
+/// what is left)`), whatever the attempts left. After a first attempt that fails at once,
+/// a backoff to the reported last start starts the next attempt; one nanosecond later it
+/// does not.
+// regression: `Ledger::last_start` said a line where the next attempt could not start.
+#[tokio::test(start_paused = true)]
+async fn the_even_split_last_start_is_exact_where_shares_round() {
+    // (timeout, minimum useful budget, the last start after the first attempt, 3 attempts)
+    let cases = [
+        (ms(1000), Duration::from_micros(100_500), ms(1000 - 2 * 101)),
+        (ms(10), ms(1), ms(10 - 1)),
+    ];
+    for (timeout, min_useful, line) in cases {
+        for (late, started) in [(Duration::ZERO, 2), (Duration::from_nanos(1), 1)] {
+            let request = Scope::with_timeout(timeout);
+            let t0 = Instant::now();
+            let err = Retry::new(|_: &()| Decision::Backoff)
+                .max_attempts(3)
+                .min_useful(min_useful)
+                .backoff(vec![line + late])
+                .run(&request, ChildSpec::read_only("db"), |_| async {
+                    Err::<(), _>(())
+                })
+                .await
+                .unwrap_err();
+            let ledger = err.ledger();
+            let why = format!("{min_useful:?}, {late:?} late: {:?}", err.stop());
+            assert_eq!(ledger.started(), started, "{why}");
+            if started == 1 {
+                assert_eq!(ledger.last_start(), Some(t0 + line), "{why}");
+            }
+        }
+    }
 }

@@ -6,13 +6,10 @@ use std::time::Duration;
 use backon::BackoffBuilder;
 use cancel_scope::retry::{backoff_fn, Decision, Exponential, Jitter, Retry, Stop};
 use cancel_scope::{ChildSpec, Scope};
+use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-#[derive(Debug)]
-struct Unavailable;
+use crate::support::time::ms;
+use crate::Unavailable;
 
 /// The gaps between the attempts of a call that always fails.
 async fn gaps<B>(retry: Retry<fn(&Unavailable) -> Decision, B>) -> (Vec<Duration>, Stop)
@@ -97,4 +94,27 @@ async fn a_delay_past_the_last_start_is_not_slept() {
         .unwrap_err();
     assert_eq!(err.stop(), &Stop::ReserveReached);
     assert_eq!(t0.elapsed(), Duration::ZERO);
+}
+
+/// A scope closed while an attempt runs: the call ends `Closed` at once, without sleeping a
+/// backoff after which nothing may start.
+// regression: the call slept the backoff, then stopped `Closed`.
+#[tokio::test(start_paused = true)]
+async fn a_closed_scope_does_not_sleep_the_backoff() {
+    let request = Scope::with_timeout(ms(5000));
+    let retry = Retry::new(|_: &()| Decision::Backoff)
+        .max_attempts(3)
+        .backoff(vec![ms(1000), ms(1000)]);
+    let t0 = Instant::now();
+    let err = retry
+        .run(&request, ChildSpec::read_only("db"), |_| {
+            let request = request.clone();
+            async move {
+                request.close();
+                Err::<(), _>(())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!((err.stop(), t0.elapsed()), (&Stop::Closed, Duration::ZERO));
 }

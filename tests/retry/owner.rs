@@ -7,8 +7,7 @@ use std::time::Duration;
 use cancel_scope::retry::{Decision, Retry, RetryError, Stop};
 use cancel_scope::{ChildSpec, Scope};
 
-#[derive(Debug)]
-struct Unavailable;
+use crate::Unavailable;
 
 /// What a layer (SDK, sidecar, business code) returns: the dependency's error, or that the
 /// layer below gave up.

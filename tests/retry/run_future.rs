@@ -3,27 +3,14 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use cancel_scope::retry::{Attempt, Decision, Retry, RetryError};
 use cancel_scope::{ChildSpec, Scope};
 
-struct CountingWaker {
-    wakes: AtomicUsize,
-}
-
-impl Wake for CountingWaker {
-    fn wake(self: Arc<Self>) {
-        self.wakes.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.wakes.fetch_add(1, Ordering::SeqCst);
-    }
-}
+use crate::support::wakers::Counts;
 
 /// An attempt that waited once and whose scope outlives the call (the operation returns it):
 /// the finished call's waker is not kept by that scope, and its later cancel wakes nobody.
@@ -31,9 +18,7 @@ impl Wake for CountingWaker {
 async fn an_attempt_scope_that_outlives_its_call_keeps_no_waker_of_the_caller() {
     let request = Scope::with_timeout(Duration::from_secs(10));
     let retry = Retry::new(|_: &()| Decision::Backoff);
-    let counter = Arc::new(CountingWaker {
-        wakes: AtomicUsize::new(0),
-    });
+    let counter = Arc::new(Counts::default());
     let waker = Waker::from(counter.clone());
     let references = Arc::strong_count(&counter);
     let escaped = {
@@ -66,9 +51,9 @@ async fn an_attempt_scope_that_outlives_its_call_keeps_no_waker_of_the_caller() 
         references,
         "the attempt's scope keeps a clone of the finished call's waker"
     );
-    let wakes = counter.wakes.load(Ordering::SeqCst);
+    let wakes = counter.woken();
     escaped.cancel();
-    assert_eq!(counter.wakes.load(Ordering::SeqCst), wakes);
+    assert_eq!(counter.woken(), wakes);
 }
 
 /// Generic callers with no lifetime bounds of their own.

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use cancel_scope::retry::{Decision, Retry, Stop};
 use cancel_scope::{ChildSpec, Scope};
 
-#[derive(Debug)]
-struct Unavailable;
+use crate::Unavailable;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_attempt_runs_after_the_cancel_returned() {

@@ -124,9 +124,8 @@ async fn an_attempt_scope_is_quiet_only_after_the_attempt_and_sub_work_goes_in_a
 }
 
 /// An attempt that closed its own scope is still running in it: the request's deadline stops
-/// it (found by review: when the attempt's ticket held no unit of the attempt's scope, the
-/// closed scope went quiet at once, `Completed` is final, the cancel walk passed it by and the
-/// attempt ran on for its whole second).
+/// it.
+// regression: the closed attempt scope went quiet at once and the deadline passed it by.
 #[tokio::test(start_paused = true)]
 async fn an_attempt_that_closed_its_scope_is_still_stopped_by_the_request_deadline() {
     let request = Scope::with_timeout(Duration::from_millis(100));

@@ -11,12 +11,8 @@ use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Ledger, Retry, Retry
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-#[derive(Debug)]
-struct Unavailable;
+use crate::support::time::ms;
+use crate::Unavailable;
 
 /// Everything the ledger of a first attempt that succeeded after 40 ms must say.
 fn assert_first_attempt_ledger(ledger: &Ledger, t0: Instant, budget: Duration, scope: &Scope) {
