@@ -9,9 +9,7 @@ use cancel_scope::fanout::FanOut;
 use cancel_scope::{Cause, Lifecycle, Scope};
 use tokio::time::Instant;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::ms;
 
 async fn answer<T>(after: Duration, value: T) -> Result<T, std::io::Error> {
     tokio::time::sleep(after).await;
@@ -259,8 +257,8 @@ async fn finishing_one_branch_gives_no_time_to_the_others() {
 
 /// A fan-out of optional branches whose response reserve leaves no budget: the branches are
 /// absent (as a queued optional branch past its cut-off is), not an error for the whole
-/// fan-out (found by review: `join` failed with "fan-out not started: budget exhausted",
-/// which a caller's `?` turned into a failed request over optional enrichments).
+/// fan-out.
+// regression: `join` failed "fan-out not started: budget exhausted", failing the request.
 #[tokio::test(start_paused = true)]
 async fn optional_branches_without_budget_for_the_fan_out_are_absent() {
     let request = Scope::with_timeout(ms(100));

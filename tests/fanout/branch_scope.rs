@@ -1,14 +1,13 @@
 //! What a fan-out branch sees of its own scope: the branch's scope is also its ticket in the
-//! fan-out's scope (one node), and the branch's work is part of it.
+//! fan-out's scope (one node), the branch's work is part of it, and the scope's name is the
+//! branch's (kept once, in the ticket: `name()` and `detach` read it there).
 
 use std::time::Duration;
 
 use cancel_scope::fanout::FanOut;
 use cancel_scope::{Lifecycle, Scope};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::ms;
 
 /// The branch's scope holds the branch's ticket: `Running` while the branch runs, not quiet
 /// even once closed, quiet (and `Completed`) after the branch's receipt. The request counts
@@ -37,10 +36,9 @@ async fn a_branch_scope_holds_the_branch_until_its_receipt() {
     assert_eq!((report.total(), report.succeeded()), (1, 1), "{report:?}");
 }
 
-/// A branch that closed its own scope is still running in it: the request's cancel stops it
-/// at once (found by review: with the ticket holding no unit of the branch's scope, the closed
-/// scope went quiet, `Completed` is final, the cancel walk passed it by, the branch ran on
-/// until its own 100 ms timeout and `join` waited for it).
+/// A branch that closed its own scope is still running in it: the request's cancel stops it at
+/// once.
+// regression: the closed branch scope went quiet at once and the cancel passed it by.
 #[tokio::test(start_paused = true)]
 async fn a_branch_that_closed_its_scope_is_still_stopped_by_the_request_cancel() {
     let request = Scope::with_timeout(ms(500));
@@ -62,5 +60,23 @@ async fn a_branch_that_closed_its_scope_is_still_stopped_by_the_request_cancel()
         t0.elapsed(),
         Duration::ZERO,
         "the branch ran on after the request's cancel"
+    );
+}
+
+/// `detach` of a fan-out branch's scope keeps the branch's name.
+#[tokio::test(start_paused = true)]
+async fn a_branch_scope_detached_keeps_its_name() {
+    let request = Scope::with_timeout(ms(500));
+    let mut fan = FanOut::new(&request);
+    let h = fan.required("price", |s: Scope| async move {
+        Ok::<_, std::io::Error>((s.name().map(str::to_owned), s.detach(ms(30_000))))
+    });
+    let mut page = fan.join().await.unwrap();
+    let (name, detached) = page.required(h);
+    assert_eq!(name.as_deref(), Some("price"));
+    assert_eq!(
+        detached.name(),
+        Some("price"),
+        "detach lost the branch's name"
     );
 }
