@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
@@ -21,22 +21,6 @@ impl Wake for Panics {
 /// A waker that panics when woken.
 pub fn panics() -> Waker {
     Waker::from(Arc::new(Panics))
-}
-
-/// Counts its wake-ups.
-#[derive(Default)]
-pub struct Counts(AtomicUsize);
-
-impl Wake for Counts {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Counts {
-    pub fn woken(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 /// Polls `fut` once with `waker`: it must be pending.

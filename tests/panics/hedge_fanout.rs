@@ -6,17 +6,14 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use cancel_scope::fanout::FanOut;
 use cancel_scope::retry::{AttemptEnd, Decision, HedgeDelay, Retry, Stop};
 use cancel_scope::{ChildSpec, Quiesce, Scope};
 use futures::FutureExt;
 
-mod support;
-use support::panics::{message, panics, pending_with, report_of, SetOnDrop};
-
-const MS: Duration = Duration::from_millis(1);
+use crate::support::panics::{message, panics, pending_with, report_of, SetOnDrop};
+use crate::support::time::MS;
 
 /// A hedged call with a winner (attempt 1, at 25 ms) collects the loser (attempt 2), which
 /// answered an error at the same instant: its error is classified in the drain. If the

@@ -16,9 +16,8 @@ use std::time::Duration;
 use cancel_scope::{ChildSpec, Scope};
 use futures::FutureExt;
 
-mod support;
-
-use support::panics::{message, panic_of, panics, pending_with, Counts};
+use crate::support::panics::{message, panic_of, panics, pending_with};
+use crate::support::wakers::Counts;
 
 #[test]
 fn a_waker_that_panics_at_the_cancel_does_not_stop_the_walk_below() {
@@ -226,11 +225,18 @@ async fn a_quiesce_waker_that_panics_when_a_quarantined_own_ticket_makes_its_sco
     drop((own_a, own_b));
 }
 
-/// Runs the test `name` of this binary again in a child process with `WAKER_PANICS_CHILD`
+/// Runs the test `name` of this module again in a child process with `WAKER_PANICS_CHILD`
 /// set, and returns its output (a panic while unwinding would abort that process).
 fn in_child_process(name: &str) -> std::process::Output {
+    // The test's path in the binary: this module's path without the binary's name.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
     std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &format!("{module}::{name}"),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("WAKER_PANICS_CHILD", "1")
         .output()
         .unwrap()
@@ -295,8 +301,9 @@ mod body_cut {
     use tower_layer::Layer;
     use tower_service::Service;
 
-    use super::support::panics::{message, panics, pending_with, Counts};
-    use super::support::tower::Fn_;
+    use crate::support::panics::{message, panics, pending_with};
+    use crate::support::tower::Fn_;
+    use crate::support::wakers::Counts;
 
     /// A handler's body that never sends anything (and has no wake-up of its own).
     struct Never;

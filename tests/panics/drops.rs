@@ -11,7 +11,7 @@ use std::time::Duration;
 use cancel_scope::retry::{Decision, Retry};
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 
-const MS: Duration = Duration::from_millis(1);
+use crate::support::time::MS;
 
 /// Panics when dropped (a guard in the body whose drop asserts, a poisoned lock...).
 struct PanicOnDrop;

@@ -4,10 +4,11 @@
 //! receipt (a winner stays `Succeeded`), no attempt or branch is left running, every unit goes
 //! back. The panic comes out after that.
 
+#[cfg(feature = "tower")]
 use std::pin::pin;
 
-mod support;
-use support::panics::{message, panics, pending_with};
+use crate::support;
+use crate::support::panics::{message, panics, pending_with};
 
 #[cfg(feature = "tower")]
 mod admit {

@@ -1,13 +1,13 @@
-//! Regressions for the findings of an independent review of the core (each failed before
-//! its fix).
+//! `on_cancel` callbacks that panic, run by a cancel or by the timer task at a deadline: the
+//! cancel walk goes on below, and later deadlines still fire.
 
 use std::time::Duration;
 
-use cancel_scope::{ChildSpec, Lifecycle, Receipt, Scope};
-use futures::FutureExt;
+use cancel_scope::{ChildSpec, Scope};
 
-/// F2: a panicking on_cancel callback aborts the cancel walk: descendants stay uncancelled and
-/// their waiters are never woken.
+/// A panicking `on_cancel` callback does not stop the cancel walk: the descendants are
+/// cancelled and their waiters woken.
+// regression: the panic aborted the walk: descendants stayed uncancelled, their waiters asleep.
 #[tokio::test]
 async fn a_panicking_on_cancel_callback_does_not_stop_the_cancel_walk() {
     let root = Scope::new();
@@ -36,8 +36,9 @@ async fn a_panicking_on_cancel_callback_does_not_stop_the_cancel_walk() {
     );
 }
 
-/// F2b: with a deadline the panic kills the shared timer driver: later deadlines in that tree
-/// never fire.
+/// A callback that panics when its scope's deadline fires does not stop the timer task: later
+/// deadlines of the tree still fire.
+// regression: the panic killed the shared timer task, and later deadlines never fired.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_callback_on_the_timer_does_not_kill_later_deadlines() {
     let root = Scope::with_timeout(Duration::from_secs(100));
