@@ -1,6 +1,4 @@
-//! Pins the auto traits of every public type.
-
-#![allow(dead_code)]
+//! Pins the auto traits of the scope's public types.
 
 use cancel_scope::*;
 
