@@ -5,7 +5,7 @@
 //!
 //! The fuzz target runs all three on every input; the test suite, which runs on stable
 //! (`cargo fuzz` needs a nightly toolchain), includes this file and runs each on proptest's
-//! inputs (`tests/wire_grpc_timeout.rs`, `tests/wire_service_budget.rs`, `tests/wire_envoy.rs`).
+//! inputs (`tests/wire/grpc_timeout.rs`, `tests/wire/service_budget.rs`, `tests/wire/envoy.rs`).
 
 use cancel_scope::wire::envoy;
 use cancel_scope::wire::grpc_timeout;

@@ -3,3 +3,4 @@
 
 mod auto_traits;
 mod retry_fanout;
+mod wire;

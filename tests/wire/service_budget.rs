@@ -353,11 +353,7 @@ fn serializes_in_a_fixed_order() {
 
 // ---- properties ----
 
-/// The checks of the `wire_decode` fuzz target (`fuzz/`), which needs a nightly toolchain:
-/// the suite runs them on proptest's inputs instead.
-#[allow(dead_code)]
-#[path = "../fuzz/fuzz_targets/wire_decode_checks.rs"]
-mod wire_decode_checks;
+use crate::wire_decode_checks;
 
 fn any_budget() -> impl Strategy<Value = ServiceBudget> {
     (

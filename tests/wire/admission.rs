@@ -11,9 +11,7 @@ use cancel_scope::{Cause, Scope};
 use proptest::prelude::*;
 use tokio::time::{advance, Instant};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::{ms, paused_runtime};
 
 /// max 2 s, default 1 s, reserve 50 ms.
 fn policy() -> EndpointPolicy {
@@ -617,14 +615,6 @@ async fn egress_caps_and_reserves() {
     );
 }
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
 proptest! {
     /// Whatever the caller sends, and however long it queued, the handler never gets more than
     /// the policy's maximum, nor more than the shortest budget it declared, nor more than the
@@ -1062,18 +1052,4 @@ mod header_maps {
             }
         }
     }
-}
-
-#[test]
-fn auto_traits() {
-    fn send_sync<T: Send + Sync + 'static>() {}
-    fn error<E: std::error::Error + Send + Sync + 'static>() {}
-    send_sync::<EndpointPolicy>();
-    send_sync::<EgressPolicy>();
-    send_sync::<Incoming>();
-    send_sync::<cancel_scope::wire::Admission>();
-    send_sync::<OperationSource>();
-    send_sync::<cancel_scope::wire::Operation>();
-    send_sync::<cancel_scope::wire::Outgoing>();
-    error::<cancel_scope::wire::AdmissionError>();
 }

@@ -8,11 +8,7 @@ use cancel_scope::wire::envoy::{
 };
 use proptest::prelude::*;
 
-/// The checks of the `wire_decode` fuzz target (`fuzz/`), which needs a nightly toolchain:
-/// the suite runs them on proptest's inputs instead.
-#[allow(dead_code)]
-#[path = "../fuzz/fuzz_targets/wire_decode_checks.rs"]
-mod wire_decode_checks;
+use crate::wire_decode_checks;
 
 #[test]
 fn header_name() {

@@ -16,11 +16,7 @@ const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
-/// The checks of the `wire_decode` fuzz target (`fuzz/`), which needs a nightly toolchain:
-/// the suite runs them on proptest's inputs instead.
-#[allow(dead_code)]
-#[path = "../fuzz/fuzz_targets/wire_decode_checks.rs"]
-mod wire_decode_checks;
+use crate::wire_decode_checks;
 
 #[test]
 fn header_name() {
