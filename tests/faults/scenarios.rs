@@ -5,8 +5,6 @@
 //! call created under an old generation; unknown effects not counted as zero; permits and
 //! connections outstanding after quiescence = 0.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,13 +12,11 @@ use cancel_scope::budget::EndpointBudget;
 use cancel_scope::retry::{Decision, Ledger, Retry, RetryError, Stop};
 use cancel_scope::wire::ServiceBudget;
 use cancel_scope::{Cause, ChildSpec, Lifecycle, Report, Scope};
-use support::fault::{quiesce_and_check, CallError, Fault, Net, Origin, Outcome, Refusal};
 use tokio::sync::Semaphore;
 use tokio::time::{sleep, sleep_until, Instant};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::fault::{quiesce_and_check, CallError, Fault, Net, Origin, Outcome, Refusal};
+use crate::support::time::ms;
 
 /// Quiesces several client trees (closing those not cancelled) and checks the invariants over
 /// all of them at once.

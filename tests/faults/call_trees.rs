@@ -21,13 +21,11 @@
 //! one million trees, is
 //!
 //! ```sh
-//! CANCEL_SCOPE_TREES=1000000 cargo test --release --test fault_call_trees random
+//! CANCEL_SCOPE_TREES=1000000 cargo test --release --test faults random
 //! ```
 //!
 //! and took 125–154 s there (two runs, release build, load average around 5; build time not
 //! included; `tests/README.md` has the figures).
-
-mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,8 +36,9 @@ use cancel_scope::fanout::FanOut;
 use cancel_scope::retry::{Attempt, Decision, HedgeDelay, Ledger, Retry};
 use cancel_scope::{Cause, ChildSpec, Scope};
 use proptest::prelude::*;
-use support::fault::{BoxFuture, Fault, Inbound, Net, Origin};
 use tokio::time::Instant;
+
+use crate::support::fault::{BoxFuture, Fault, Inbound, Net, Origin};
 
 fn ms(n: u16) -> Duration {
     Duration::from_millis(u64::from(n))
