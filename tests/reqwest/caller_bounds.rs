@@ -24,9 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::{timeout, Instant};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::ms;
 
 /// The scope's budget in every test: never reached when the library keeps the shorter bound.
 const SCOPE: Duration = Duration::from_secs(120);
