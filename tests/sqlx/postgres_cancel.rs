@@ -11,16 +11,15 @@
 // `unwrap_err` needs `Debug` for the success type, and sqlx rows are not `Debug`.
 #![allow(clippy::err_expect)]
 
-mod support;
-
 use std::time::Duration;
 
 use cancel_scope::integrations::sqlx::{GuardedConnection, GuardedPool};
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row};
-use support::postgres::*;
 use tokio::time::Instant;
+
+use crate::support::postgres::*;
 
 /// Opens the guard's control connection (a first cancel does) and stops its backend: every
 /// cancel sent after this waits in the server's socket until the returned guard is dropped

@@ -6,17 +6,16 @@
 //! within 100 ms) are measured and printed; the assertions allow for a loaded 2-core machine
 //! (deadline + 500 ms, idle within 2 s polling every 10 ms) and check order and causes.
 
-mod support;
-
 use std::time::Duration;
 
 use cancel_scope::integrations::sqlx::GuardedPool;
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::Row;
-use support::postgres::*;
-use support::sqlx::leave_a_block_open;
 use tokio::time::Instant;
+
+use crate::support::postgres::*;
+use crate::support::sqlx::leave_a_block_open;
 
 /// Issue figure: `SELECT pg_sleep(10)` under a 200 ms budget returns by the deadline, and the
 /// backend is idle within 100 ms after; the pool still serves the next query.

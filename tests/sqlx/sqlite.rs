@@ -16,8 +16,7 @@ use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::{Row, Sqlite};
 use tokio::time::Instant;
 
-mod support;
-use support::sqlx::{
+use crate::support::sqlx::{
     cancel_after, count_orders, file_database, leave_a_block_open, one_connection,
 };
 
