@@ -3,4 +3,6 @@
 
 mod auto_traits;
 mod retry_fanout;
+#[cfg(feature = "tower")]
+mod tower;
 mod wire;
