@@ -13,13 +13,11 @@
 //!   response whose client stops reading and then reads again, many stalled, reading and
 //!   gone HTTP/1 clients at once on a multi-thread server, and whether hyper polls a body with
 //!   one waker (h1 and h2).
-#![cfg(feature = "__test-servers")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -28,82 +26,37 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use cancel_scope::integrations::tower::AdmitLayer;
 use cancel_scope::wire::{Admission, EndpointPolicy};
 use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use http::{Request, Response};
 use http_body::{Body, Frame};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::{advance, timeout, Instant};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tower::{Layer, Service, ServiceExt as _};
 
-mod support;
-use support::tower::Fn_;
+use crate::support::alloc;
+use crate::support::servers::{next_report, serve, OnDrop, Utf8, CUT_AFTER, PATIENCE};
+use crate::support::time::ms;
+use crate::support::tower::{
+    assert_no_more_reports, next_frame, reporting, scope_of, Fn_, Reports,
+};
 
-const PATIENCE: Duration = Duration::from_secs(20);
-
-/// On the real clock (loopback servers): the budget of a request whose response head and first
-/// frames must reach the client before its deadline, which then cuts the body. Long enough for
-/// that on a loaded machine (with 300 ms, the deadline there came first now and then, with no
-/// bug behind it); sent as `grpc-timeout: 2S`.
-const CUT_AFTER: Duration = Duration::from_secs(2);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-// --- counting (per thread: `cargo test` runs the tests of this file on threads of one
+// --- counting (per thread: `cargo test` runs the tests of a binary on threads of one
 // process) --------------------------------------------------------------------------------
 
 thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
     static WAKER_CLONES: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The system allocator, counting the allocations of each thread.
-struct Counting;
-
-fn count_alloc() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
+/// Allocations made by this thread, reallocations included (`support::alloc`, the binary's
+/// allocator).
 fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
+    (alloc::allocs() + alloc::reallocs()) as u64
 }
-
-// SAFETY: every call is passed on to `System` as it is; the count is a thread-local `Cell`
-// without a destructor, which allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_alloc();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_alloc();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_alloc();
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// A waker that does nothing and counts its clones (on the thread that clones it). Wakers
 /// made with different `id`s are different wakers (`will_wake` is false between them).
@@ -127,32 +80,7 @@ fn waker_clones() -> u64 {
     WAKER_CLONES.with(Cell::get)
 }
 
-// --- layer-level helpers (as in tower_layers.rs) -----------------------------------------
-
-type Reports = mpsc::UnboundedReceiver<(Admission, Report)>;
-
-fn reporting(policy: EndpointPolicy) -> (AdmitLayer, Reports) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let layer = AdmitLayer::new(policy).on_report(move |a, r| {
-        let _ = tx.send((a.clone(), r.clone()));
-    });
-    (layer, rx)
-}
-
-/// The next report, or a failure if none comes in `PATIENCE` (on the paused clock: as soon
-/// as nothing else can happen).
-async fn next_report(reports: &mut Reports) -> (Admission, Report) {
-    timeout(PATIENCE, reports.recv())
-        .await
-        .expect("no report: the request never went quiet")
-        .unwrap()
-}
-
-/// No report comes any more (on the paused clock, waiting an hour costs nothing).
-async fn assert_no_more_reports(reports: &mut Reports) {
-    let more = timeout(Duration::from_secs(3600), reports.recv()).await;
-    assert!(more.is_err(), "a second report: {more:?}");
-}
+// --- layer-level helpers ----------------------------------------------------------------
 
 fn request(method: http::Method) -> Request<()> {
     Request::builder()
@@ -171,14 +99,6 @@ fn unhurried_request() -> Request<()> {
     req.headers_mut()
         .insert("grpc-timeout", http::HeaderValue::from_static("60S"));
     req
-}
-
-async fn next_frame<B: Body + Unpin>(body: &mut B) -> Option<Result<Frame<B::Data>, B::Error>> {
-    poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
-}
-
-fn scope_of<B>(res: &Response<B>) -> Scope {
-    res.extensions().get::<Scope>().unwrap().clone()
 }
 
 /// The request's scope as the handler's body's drop saw it.
@@ -861,24 +781,6 @@ async fn the_servers_waker_is_handed_over_once_while_it_stays_the_same() {
 
 // --- 5. on the wire ----------------------------------------------------------------------
 
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-/// Sends on its drop: the server dropped the response body it was in.
-struct OnDrop(Option<oneshot::Sender<()>>);
-
-impl Drop for OnDrop {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
 type Gone = Arc<Mutex<Option<oneshot::Sender<()>>>>;
 
 /// 16 KiB chunks for ever, as fast as the connection takes them.
@@ -943,48 +845,6 @@ async fn an_h2_client_whose_window_is_closed_does_not_keep_the_request_from_its_
     drop(res);
     let again = timeout(ms(200), reports.recv()).await;
     assert!(again.is_err(), "a second report: {again:?}");
-}
-
-// --- tonic: a server-streaming call --------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Utf8;
-
-impl Codec for Utf8 {
-    type Encode = String;
-    type Decode = String;
-    type Encoder = Utf8;
-    type Decoder = Utf8;
-
-    fn encoder(&mut self) -> Utf8 {
-        Utf8
-    }
-
-    fn decoder(&mut self) -> Utf8 {
-        Utf8
-    }
-}
-
-impl Encoder for Utf8 {
-    type Item = String;
-    type Error = Status;
-
-    fn encode(&mut self, item: String, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(item.as_bytes());
-        Ok(())
-    }
-}
-
-impl Decoder for Utf8 {
-    type Item = String;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<String>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        String::from_utf8(bytes.to_vec())
-            .map(Some)
-            .map_err(|_| Status::invalid_argument("not UTF-8"))
-    }
 }
 
 /// "/test.Feed/Feed": 16 KiB messages for ever. `gone` hears when the stream is dropped.

@@ -13,70 +13,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
 use cancel_scope::integrations::tower::{AdmitLayer, Propagate, PropagateLayer};
 use cancel_scope::wire::{
     grpc_timeout, Admission, EgressPolicy, EndpointPolicy, OverCap, ServiceBudget, Trust,
 };
 use cancel_scope::{Cause, Lifecycle, Report, Scope};
 use http::uri::PathAndQuery;
-use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tower::{Layer, ServiceBuilder};
 
-mod support;
-use support::tower::verdict;
-
-const PATIENCE: Duration = Duration::from_secs(20);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-// --- a string codec ---------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Utf8;
-
-impl Codec for Utf8 {
-    type Encode = String;
-    type Decode = String;
-    type Encoder = Utf8;
-    type Decoder = Utf8;
-
-    fn encoder(&mut self) -> Utf8 {
-        Utf8
-    }
-
-    fn decoder(&mut self) -> Utf8 {
-        Utf8
-    }
-}
-
-impl Encoder for Utf8 {
-    type Item = String;
-    type Error = Status;
-
-    fn encode(&mut self, item: String, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(item.as_bytes());
-        Ok(())
-    }
-}
-
-impl Decoder for Utf8 {
-    type Item = String;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<String>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        String::from_utf8(bytes.to_vec())
-            .map(Some)
-            .map_err(|_| Status::invalid_argument("not UTF-8"))
-    }
-}
+use crate::support::servers::{next_report, Utf8, PATIENCE};
+use crate::support::time::ms;
+use crate::support::tower::{reporting, verdict, Reports};
 
 // --- the service: "/test.Budget/Probe" -------------------------------------------------------
 //
@@ -233,14 +183,9 @@ fn parse(answer: &str) -> Seen {
 
 // --- servers and clients ----------------------------------------------------------------
 
-type Reports = mpsc::UnboundedReceiver<(Admission, Report)>;
-
 /// A tonic server with our `Admit` layer.
 async fn admitted_server(policy: EndpointPolicy) -> (String, Probe, Reports) {
-    let (tx, reports) = mpsc::unbounded_channel();
-    let layer = AdmitLayer::new(policy).on_report(move |a, r| {
-        let _ = tx.send((a.clone(), r.clone()));
-    });
+    let (layer, reports) = reporting(policy);
     let probe = Probe::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -310,13 +255,6 @@ async fn failed_probe_within(budget: Duration, client: Propagate<Channel>, work:
     grpc.unary(request, PathAndQuery::from_static(PROBE), Utf8)
         .await
         .unwrap_err()
-}
-
-async fn next_report(rx: &mut Reports) -> (Admission, Report) {
-    timeout(PATIENCE, rx.recv())
-        .await
-        .expect("no report in time")
-        .expect("report channel closed")
 }
 
 // --- tests -------------------------------------------------------------------------------

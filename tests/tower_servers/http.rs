@@ -6,7 +6,6 @@
 //! things settle": every wait is on an observable event (a response, a report, a signal from a
 //! handler), bounded by a generous timeout so that a bug fails the test instead of hanging it.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,50 +21,19 @@ use cancel_scope::wire::{
     Admission, BudgetSource, EgressPolicy, EndpointPolicy, OperationSource, OverCap,
     PrioritySource, Trust,
 };
-use cancel_scope::{Cause, Lifecycle, Report, Scope};
+use cancel_scope::{Cause, Lifecycle, Scope};
 use futures::StreamExt as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 use tower::{Layer as _, ServiceExt as _};
 
-mod support;
-use support::tower::verdict;
-
-const PATIENCE: Duration = Duration::from_secs(20);
-
-/// The budget of a call whose response head and first chunk must arrive before its deadline,
-/// which then cuts the body: long enough for a loopback request and answer on a loaded machine
-/// (with 300 ms, the deadline there came before the head now and then, with no bug behind
-/// it), sent as `grpc-timeout: 2S`.
-const CUT_AFTER: Duration = Duration::from_secs(2);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::servers::{next_report, OnDrop, CUT_AFTER, PATIENCE};
+use crate::support::time::ms;
+use crate::support::tower::{reporting as admit, verdict, Reports};
 
 async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = crate::support::servers::serve(app).await;
     format!("http://{addr}/")
-}
-
-/// Reports of one server, by channel.
-type Reports = mpsc::UnboundedReceiver<(Admission, Report)>;
-
-fn admit(policy: EndpointPolicy) -> (AdmitLayer, Reports) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let layer = AdmitLayer::new(policy).on_report(move |a, r| {
-        let _ = tx.send((a.clone(), r.clone()));
-    });
-    (layer, rx)
-}
-
-async fn next_report(rx: &mut Reports) -> (Admission, Report) {
-    timeout(PATIENCE, rx.recv())
-        .await
-        .expect("no report in time")
-        .expect("report channel closed")
 }
 
 /// What one hop saw when its handler started.
@@ -850,17 +818,6 @@ async fn a_304_answer_is_not_client_gone() {
         None,
         "a complete answer reported as {report}"
     );
-}
-
-/// Sends on its drop: the server dropped the response body it was in.
-struct OnDrop(Option<oneshot::Sender<()>>);
-
-impl Drop for OnDrop {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
 }
 
 /// What `flood` holds: the test's ear for the drop of its body, and a pool of one connection

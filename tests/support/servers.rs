@@ -1,0 +1,92 @@
+//! Real loopback servers for the tower tests: serving an axum app, the bounds of tests on the
+//! real clock, a tiny UTF-8 codec for hand-written tonic services, and a guard that tells
+//! when a server dropped what held it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use bytes::{Buf, BufMut};
+use cancel_scope::wire::Admission;
+use cancel_scope::Report;
+use tokio::sync::oneshot;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::Status;
+
+use super::tower::{next_report_within, Reports};
+
+/// How long a test on the real clock waits for what must come (a failure bound only: the wait
+/// ends as soon as it comes).
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The budget of a request whose response head and first frames must reach the client before
+/// its deadline, which then cuts the body: long enough for a loopback request and answer on a
+/// loaded machine (with 300 ms, the deadline there came first now and then, with no bug
+/// behind it); sent as `grpc-timeout: 2S`.
+pub const CUT_AFTER: Duration = Duration::from_secs(2);
+
+/// Serves `app` on a loopback port of its own, on a task of the current runtime.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// The next report of a server, or a failure if none comes within [`PATIENCE`].
+pub async fn next_report(reports: &mut Reports) -> (Admission, Report) {
+    next_report_within(reports, PATIENCE).await
+}
+
+/// Sends on its drop: the server dropped the response body it was in.
+pub struct OnDrop(pub Option<oneshot::Sender<()>>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A tonic codec of UTF-8 strings, so that a service written by hand on
+/// `tonic::server::Grpc` / `tonic::client::Grpc` needs no protobuf compiler.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Utf8;
+
+impl Codec for Utf8 {
+    type Encode = String;
+    type Decode = String;
+    type Encoder = Utf8;
+    type Decoder = Utf8;
+
+    fn encoder(&mut self) -> Utf8 {
+        Utf8
+    }
+
+    fn decoder(&mut self) -> Utf8 {
+        Utf8
+    }
+}
+
+impl Encoder for Utf8 {
+    type Item = String;
+    type Error = Status;
+
+    fn encode(&mut self, item: String, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(item.as_bytes());
+        Ok(())
+    }
+}
+
+impl Decoder for Utf8 {
+    type Item = String;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<String>, Status> {
+        let bytes = src.copy_to_bytes(src.remaining());
+        String::from_utf8(bytes.to_vec())
+            .map(Some)
+            .map_err(|_| Status::invalid_argument("not UTF-8"))
+    }
+}
