@@ -264,8 +264,7 @@ fn receipts_and_units_balance_when_quarantines_race_spawns_and_first_polls() {
 /// the walk wakes between two of its steps (after the locks of the first 32 levels are
 /// released, before the deeper part of the chain is walked), which makes the interleaving
 /// deterministic.
-// regression: the quarantine dropped the task's waker unwoken and the walk found no task to
-// wake: the task waited forever.
+// regression: the quarantine dropped the task's waker unwoken: the task waited forever.
 #[test]
 fn a_task_quarantined_before_the_cancel_walk_reaches_its_scope_is_still_woken() {
     use std::future::Future;

@@ -228,8 +228,7 @@ async fn a_fallible_task_whose_error_cannot_be_displayed_records_failed() {
 /// A blocking child still queued for a thread of the blocking pool when its scope is
 /// cancelled and quarantined never starts: after `quiesce()` resolved nothing of the scope
 /// may start (invariant 6), as a task is not polled once its scope is cancelled.
-// regression: the closure ran as soon as a thread was free, after the report said the scope
-// had stopped.
+// regression: the closure ran when a thread was free, after the report said it had stopped.
 #[test]
 fn a_blocking_child_not_started_by_the_quarantine_never_runs() {
     let rt = tokio::runtime::Builder::new_current_thread()

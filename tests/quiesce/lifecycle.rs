@@ -83,9 +83,7 @@ async fn a_close_reaches_child_scopes() {
 
 /// Completed is a final state: a deadline that passes after a closed scope became quiet (or a
 /// later cancel) finds nothing to stop and changes neither its lifecycle nor its report.
-// regression: a request closed and quiesced before its deadline turned `CancelledStable` with
-// cause `DeadlineExceeded` when the deadline passed (found by the random call trees of the
-// `faults` tests).
+// regression: the quiet request turned `CancelledStable` when its deadline passed (call trees).
 #[tokio::test(start_paused = true)]
 async fn a_completed_scope_stays_completed_when_its_deadline_passes_or_it_is_cancelled() {
     let s = Scope::with_timeout(Duration::from_millis(100));

@@ -13,8 +13,7 @@ use crate::support::time::ms;
 /// A shielded cleanup that dispatched a side effect and ran out of its budget left that effect
 /// unknown: the scope it cleans up for reports it (`NeedsReconciliation`, the record listed),
 /// never `CancelledStable` with no unknown effect.
-// regression: the cleanup runs under a root scope of its own, and the effect was recorded only
-// there, out of the report.
+// regression: the effect was recorded only in the cleanup's own root, out of the report.
 #[tokio::test(start_paused = true)]
 async fn an_effect_left_unknown_by_a_shield_is_in_the_scopes_report() {
     let s = Scope::new();
@@ -79,8 +78,7 @@ fn effect_ids(r: &Report) -> Vec<&str> {
 /// A shield quarantined at the end of the grace period while the side effect its cleanup
 /// dispatched is still open: that effect may yet commit, so the scope's report lists it and is
 /// `NeedsReconciliation`, never `CancelledStable` with no pending effect.
-// regression: the shield is registered read-only, and the effect was recorded in the cleanup's
-// own scope only after `quiesce()` had returned.
+// regression: the effect was recorded in the cleanup's scope only after `quiesce()` returned.
 #[tokio::test(start_paused = true)]
 async fn an_effect_open_in_a_quarantined_shield_is_in_the_scopes_report() {
     let (s, r) = with_a_quarantined_shield(open_effect("refund-8")).await;
@@ -95,8 +93,7 @@ async fn an_effect_open_in_a_quarantined_shield_is_in_the_scopes_report() {
 /// The quarantine of a shield cancels the cleanup's own scope, whose `on_cancel` callback may
 /// panic, even with a payload that panics again as it is dropped: that is contained, and the
 /// effect the cleanup left open is still in the report.
-// regression: the payload was dropped outside the catch, and its panic skipped the rest of the
-// shield's quarantine.
+// regression: the payload's drop panicked outside the catch and cut the shield's quarantine.
 #[tokio::test(start_paused = true)]
 async fn a_callback_panic_in_a_quarantined_shield_does_not_hide_its_effect() {
     struct PanicsOnDrop;
@@ -183,8 +180,7 @@ async fn a_shield_whose_effects_are_known_keeps_its_receipt() {
 /// Work a shielded cleanup started in its own scope and left running when it returned is part
 /// of the cleanup: `quiesce()` of the scope waits for it, and nothing of it commits afterwards
 /// (invariant 6).
-// regression: the shield's receipt was recorded as soon as the cleanup's future returned, and a
-// task it had spawned committed after `quiesce()`.
+// regression: the receipt came at the cleanup's return; its task committed after `quiesce()`.
 #[tokio::test(start_paused = true)]
 async fn work_a_shield_left_running_is_waited_for_by_quiesce() {
     let s = Scope::new();
@@ -361,8 +357,7 @@ async fn a_shield_after_the_grace_period_is_refused_when_the_scope_only_had_a_gu
 /// The same with no `quiesce()` running yet: the grace period has ended all the same, so the
 /// shield is refused, as its docs say. Also when it is a cancelled parent's grace period that
 /// has ended.
-// regression: it was accepted, and the first `quiesce()` then quarantined it at once, its
-// cleanup cut off midway, a side effect it had started left unknown.
+// regression: it was accepted, and the next `quiesce()` cut its cleanup off midway at once.
 #[tokio::test(start_paused = true)]
 async fn a_shield_after_the_grace_period_is_refused_when_no_quiesce_ran() {
     let (s, hold) = cancelled_busy_scope(false);

@@ -316,8 +316,7 @@ fn a_closed_child_that_is_already_quiet_is_out_of_a_later_cancels_reach() {
 /// which must be the one woken by the cancel (the first task no longer waits). Keeping only
 /// the passed waker's addresses, not those of the clone in the list, takes the second waker
 /// for the first (the address is reused, the first waker is gone): a lost wake-up.
-// regression: a waiter re-polled through a reused waker address was taken for the one it
-// kept, and never woken.
+// regression: the waiter re-polled through a reused address was never woken.
 #[test]
 fn a_waiter_polled_by_another_task_through_a_reused_waker_address_is_woken() {
     let scope = Scope::new();

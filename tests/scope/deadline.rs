@@ -243,8 +243,7 @@ async fn run_on_a_scope_whose_deadline_passed_before_its_timer_fired_refuses_the
 /// grandchild) gives every scope the cause its timer would have given it: a child whose own,
 /// tighter deadline passed first was stopped by its deadline (`DeadlineExceeded`), not by its
 /// parent's.
-// regression: the path was cancelled from its topmost passed deadline, so the child said
-// `ParentCancelled(DeadlineExceeded)`.
+// regression: the child said `ParentCancelled(DeadlineExceeded)`, not `DeadlineExceeded`.
 #[tokio::test(start_paused = true)]
 async fn a_deadline_made_the_cancel_before_its_timer_fired_gives_the_timers_causes() {
     use futures::FutureExt;
