@@ -6,6 +6,7 @@
 #[allow(dead_code)] // each binary uses a part of the fixtures
 mod support {
     pub mod alloc;
+    pub mod panics;
     pub mod quiesce;
     pub mod time;
     pub mod wakers;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use cancel_scope::{ChildSpec, Lifecycle, Report, Scope, Tethered};
 
+use crate::support::panics::PanicsOnDrop;
 use crate::support::time::ms;
 
 /// A shielded cleanup that dispatched a side effect and ran out of its budget left that effect
@@ -96,12 +97,6 @@ async fn an_effect_open_in_a_quarantined_shield_is_in_the_scopes_report() {
 // regression: the payload's drop panicked outside the catch and cut the shield's quarantine.
 #[tokio::test(start_paused = true)]
 async fn a_callback_panic_in_a_quarantined_shield_does_not_hide_its_effect() {
-    struct PanicsOnDrop;
-    impl Drop for PanicsOnDrop {
-        fn drop(&mut self) {
-            panic!("the payload panics as it is dropped");
-        }
-    }
     let (_, r) = with_a_quarantined_shield(async {
         let _callback = Scope::current().on_cancel(|_| std::panic::panic_any(PanicsOnDrop));
         open_effect("refund-9").await;

@@ -5,6 +5,7 @@
 #[path = "../support"]
 #[allow(dead_code)] // each binary uses a part of the fixtures
 mod support {
+    pub mod panics;
     pub mod time;
     pub mod wakers;
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use cancel_scope::{Cause, Scope};
 use tokio::time::Instant;
 
+use crate::support::panics::PanicsOnDrop;
 use crate::support::time::{ms, paused_runtime};
 
 /// A child of `parent` with its own `timeout`.
@@ -434,13 +435,6 @@ fn a_child_made_in_another_runtime_fires_by_its_own_runtimes_clock() {
 /// deadline of its heap, uncancelled.
 #[tokio::test(start_paused = true)]
 async fn a_callback_panic_whose_payload_panics_on_drop_does_not_stop_the_timers() {
-    struct PanicsOnDrop;
-    impl Drop for PanicsOnDrop {
-        fn drop(&mut self) {
-            panic!("the payload panics as it is dropped");
-        }
-    }
-
     let start = Instant::now();
     let first = Scope::with_timeout(ms(10));
     let _guard = first.on_cancel(|_| std::panic::panic_any(PanicsOnDrop));

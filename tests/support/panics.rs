@@ -87,3 +87,13 @@ pub fn quiet_panics(expected: fn(&str) -> bool) {
         }
     }));
 }
+
+/// Panics when it is dropped: a panic payload (`panic_any(PanicsOnDrop)`) that panics again as
+/// the code that caught it drops it.
+pub struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("the payload panics as it is dropped");
+    }
+}
