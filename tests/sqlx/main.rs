@@ -15,5 +15,9 @@ mod support {
 mod postgres;
 #[cfg(feature = "sqlx-postgres")]
 mod postgres_cancel;
+#[cfg(feature = "sqlx-postgres")]
+mod postgres_transaction;
 #[cfg(feature = "sqlx-sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlx-sqlite")]
+mod sqlite_transaction;

@@ -12,3 +12,4 @@ mod support {
 mod admit;
 mod body_cut;
 mod propagate;
+mod streaming;

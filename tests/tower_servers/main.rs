@@ -6,6 +6,7 @@
 #[allow(dead_code)] // each binary uses a part of the fixtures
 mod support {
     pub mod alloc;
+    pub mod grpc;
     pub mod servers;
     pub mod time;
     pub mod tower;
@@ -16,5 +17,8 @@ mod support {
 static ALLOC: support::alloc::Counting = support::alloc::Counting;
 
 mod body_cut;
+mod effect;
+mod extractors;
 mod grpc;
 mod http;
+mod shutdown;

@@ -18,3 +18,4 @@ mod admission;
 mod envoy;
 mod grpc_timeout;
 mod service_budget;
+mod service_effect;

@@ -23,8 +23,7 @@ use http::StatusCode;
 use tokio::sync::Notify;
 use tokio::time::timeout;
 
-mod support;
-use support::grpc::{self, UnaryFn};
+use crate::support::grpc::{self, UnaryFn};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 

@@ -10,8 +10,7 @@ use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::sqlite::SqliteJournalMode;
 use sqlx::Sqlite;
 
-mod support;
-use support::sqlx::{
+use crate::support::sqlx::{
     assert_one_unknown_effect, cancel_after, commit_cut_off, count_orders,
     drop_two_open_transactions, file_database, one_connection,
 };

@@ -19,8 +19,7 @@ use tokio::sync::mpsc;
 use tower_layer::Layer;
 use tower_service::Service;
 
-mod support;
-use support::tower::Fn_;
+use crate::support::tower::Fn_;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -1,18 +1,16 @@
 //! The Redis operation registry against a real `redis-server`: two registries, each on a
 //! runtime of its own, pointing at one server, as two processes would.
 
-mod support;
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::redis::RedisServer;
 use cancel_scope::integrations::redis::{RedisRegistry, RedisRegistryBuilder};
 use cancel_scope::registry::{
     CancelOutcome, Join, OperationId, OperationRegistry, Operations, OPERATION_CANCELLED,
 };
 use cancel_scope::Scope;
-use support::redis::RedisServer;
 
 const PREFIX: &str = "cs-test:";
 /// The longest a test waits for an event (a pub/sub message, a reconnection).

@@ -24,9 +24,8 @@ use tokio::sync::Notify;
 use tokio::time::timeout;
 use tower::Layer as _;
 
-mod support;
-use support::grpc::{self, UnaryFn};
-use support::tower::verdict;
+use crate::support::grpc::{self, UnaryFn};
+use crate::support::tower::verdict;
 
 const PATIENCE: Duration = Duration::from_secs(20);
 

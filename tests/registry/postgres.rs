@@ -3,14 +3,13 @@
 //! once — and a real child process killed after dispatching a write, whose intent other
 //! processes list and resolve exactly once.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::postgres::PgCluster;
 use cancel_scope::integrations::sqlx::PgIntentStore;
 use cancel_scope::reconcile::{
     EffectClass, Intent, IntentStore, Journal, Reconciler, Resolution, Resolved,
@@ -19,7 +18,6 @@ use cancel_scope::registry::OperationId;
 use cancel_scope::{ChildSpec, Scope};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
-use support::postgres::PgCluster;
 
 async fn pool(options: PgConnectOptions) -> PgPool {
     PgPoolOptions::new()
@@ -209,10 +207,12 @@ const OPERATION: &str = "CANCEL_SCOPE_INTENT_OPERATION";
 /// Runs this test binary's `intent_child_process` with `role`.
 fn child(pg: &PgCluster, role: &str, effect: &str, operation: &str) -> std::process::Child {
     let socket = pg.options().get_socket().expect("a socket dir").clone();
+    // The test's path in the binary: this module's path without the binary's name.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
     Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--exact",
-            "intent_child_process",
+            &format!("{module}::intent_child_process"),
             "--ignored",
             "--nocapture",
         ])

@@ -3,17 +3,15 @@
 //! connection goes back to the pool clean; a `COMMIT` cut off after it was sent is
 //! `EffectUnknown`. Real sockets, real time.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::postgres::*;
+use crate::support::sqlx::{
+    assert_one_unknown_effect, cancel_after, commit_cut_off, drop_two_open_transactions,
+};
 use cancel_scope::integrations::sqlx::GuardedPool;
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use sqlx::Postgres;
-use support::postgres::*;
-use support::sqlx::{
-    assert_one_unknown_effect, cancel_after, commit_cut_off, drop_two_open_transactions,
-};
 
 /// The pool's connection (pool of one: the very connection the test used) is clean: not in
 /// a transaction block (`now()`, the start of the transaction, is the time of this query

@@ -8,11 +8,6 @@ use cancel_scope::{Cause, Lifecycle, Scope};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-mod support;
-
-#[global_allocator]
-static ALLOC: support::quiesce::Counting = support::quiesce::Counting;
-
 const MS: Duration = Duration::from_millis(1);
 
 fn alive_tasks() -> usize {
@@ -83,13 +78,13 @@ async fn tokens_cost_no_task_and_nothing_per_call() {
     let tasks = alive_tasks();
     // Warm up: the scope's own token and the token tree's storage.
     drop(scope.cancellation_token());
-    let before = support::quiesce::live_bytes();
+    let before = crate::support::alloc::live_bytes();
     for _ in 0..10_000 {
         let token = scope.cancellation_token();
         assert!(!token.is_cancelled());
     }
     assert_eq!(
-        support::quiesce::live_bytes(),
+        crate::support::alloc::live_bytes(),
         before,
         "a token handed out leaves nothing"
     );
@@ -188,13 +183,13 @@ async fn children_of_a_long_lived_token_cost_no_task_and_leave_nothing_behind() 
     // Warm up the token's waiter list and the registry's slab.
     cycle(false);
     cycle(true);
-    let before = support::quiesce::live_bytes();
+    let before = crate::support::alloc::live_bytes();
     for i in 0..10_000 {
         // Quiet ones dropped as they are, and cancelled ones.
         cycle(i % 2 == 0);
     }
     assert_eq!(
-        support::quiesce::live_bytes(),
+        crate::support::alloc::live_bytes(),
         before,
         "each child left nothing"
     );
