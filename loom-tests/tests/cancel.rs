@@ -419,7 +419,7 @@ fn siblings_created_and_dropped_racing_cancel() {
 }
 
 /// Model 19: a cancel of a scope racing the cancel of its root, with the scope's subtree two
-/// levels deep (found by review: a walk that passed its own cause below a grandchild).
+/// levels deep (it fails with a walk that passes its own cause below a grandchild).
 ///
 /// Invariant 1: the first cause wins for the whole subtree of the scope cancelled first, at
 /// every depth: the grandchild's origin is the child's.

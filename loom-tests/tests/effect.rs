@@ -1,4 +1,4 @@
-//! loom models of the request-wide effect flag (`scope::effect`, issue 31 item 4): the layer
+//! loom models of the request-wide effect flag (`scope::effect`): the layer
 //! that answers for a stopped request cancels its scope and then reads the flag, and must see
 //! every dispatch of a possibly-effectful child that succeeded — whoever cancelled first.
 #![cfg(loom)]

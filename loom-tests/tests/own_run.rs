@@ -178,7 +178,7 @@ fn own_run_dropped_racing_request_cancel() {
     });
 }
 
-/// Model 38 (found by review): the request is closed (its normal end: the attempt's scope is
+/// Model 38: the request is closed (its normal end: the attempt's scope is
 /// closed with it), then cancelled on one thread while, on another, the quarantine that
 /// `quiesce()` runs once the grace period after the cancel ends (here zero) runs as soon as
 /// the cancel mark is set, possibly before the cancel walk reached the attempt; the attempt's

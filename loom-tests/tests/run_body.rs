@@ -124,7 +124,7 @@ fn body_made_while_the_last_work_of_a_closed_scope_ends() {
     );
 }
 
-/// Model 39 (found by review): a scope that has work (a guard) throughout is closed on one
+/// Model 39: a scope that has work (a guard) throughout is closed on one
 /// thread while another makes a body in it.
 ///
 /// A closed scope that still has work accepts a body (model 32), and so does an open one: so

@@ -1,5 +1,5 @@
-//! Random call trees against the real library on virtual time, with the invariants of issue 8
-//! checked on every tree.
+//! Random call trees against the real library on virtual time, with the fault-injection
+//! invariants (`support::fault`) checked on every tree.
 //!
 //! Each case builds a request tree of random shape — child scopes (reserve, cap, minimum useful
 //! budget, a cancel at a random time), spawned tasks, retries (split, reserve, backoff, how

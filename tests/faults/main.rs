@@ -1,5 +1,5 @@
 //! Budget exhaustion and cancellation as injected faults, against the fake downstream of
-//! `support::fault`: the nine scenarios of issue 8, and random call trees, each checked for
+//! `support::fault`: the nine fault scenarios, and random call trees, each checked for
 //! the six invariants.
 
 #[path = "../support"]

@@ -1,4 +1,4 @@
-//! Budget exhaustion and cancellation as injectable faults: the nine scenarios of issue 8,
+//! Budget exhaustion and cancellation as injectable faults: the nine scenarios,
 //! each on virtual time against the fake downstream of `support::fault`, each ending with the
 //! six common invariants (`Net::assert_invariants`): unregistered children sent = 0; no child
 //! deadline later than the parent's reserve line; budgets never grew across hops or retries; no

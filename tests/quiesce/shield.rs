@@ -460,7 +460,7 @@ async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
     assert!(outbox.cause().unwrap().is_deadline_exceeded());
 }
 
-/// `detach` carries the operation identity but not the cancel (issue 3): a detached scope of an
+/// `detach` carries the operation identity but not the cancel: a detached scope of an
 /// admitted request keeps its operation (id, priority), so that the work it does after the
 /// response (an async message, say) still sends the request's `op` downstream.
 // regression: the detached root had no operation at all.

@@ -27,7 +27,7 @@
 //! The downstream records every request it received ([`Received`]): the generation and budget
 //! it carried, the sender's scope state at that instant, the reserve line the sender promised
 //! ([`Origin::line`]), the effect, whether it committed, and whether the caller ever got the
-//! reply. [`Net::violations`] checks the six invariants of issue 8 over that log and the
+//! reply. [`Net::violations`] checks the six fault-injection invariants over that log and the
 //! quiescence reports; [`Net::assert_invariants`] panics with every violation found.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -821,7 +821,7 @@ impl Net {
         self.inner.st.lock().unwrap().server_reports.clone()
     }
 
-    /// Checks the six invariants of issue 8 over the log, given the quiescence report of each
+    /// Checks the six fault-injection invariants over the log, given the quiescence report of each
     /// client tree (`(tree, report)`); call it after every client tree quiesced and
     /// [`settle`](Self::settle) returned. Returns one line per violation.
     ///

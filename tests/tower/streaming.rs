@@ -1,4 +1,4 @@
-//! A streaming response of `Admit` (issue 28): the request's scope stays open while the body
+//! A streaming response of `Admit`: the request's scope stays open while the body
 //! streams, so that the body's code (a stream that calls downstream per message, a task the
 //! handler left producing it) can start work for it, bounded by the request's deadline; the
 //! scope closes at the body's end, and the report waits for it.

@@ -1,4 +1,4 @@
-//! A server-side stop never invites an unsafe retry (issue 31, item 4): a request that the
+//! A server-side stop never invites an unsafe retry: a request that the
 //! server stops after it dispatched a call that may have had an effect says so
 //! (`service-effect: unknown`, HTTP 500 / gRPC `UNKNOWN` instead of 503 / `UNAVAILABLE`), and
 //! this crate's clients receipt such an answer `EffectUnknown` — over real axum and tonic

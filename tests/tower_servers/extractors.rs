@@ -1,4 +1,4 @@
-//! The axum and tonic conveniences (issue 28): the request's `Scope` and `Admission` as axum
+//! The axum and tonic conveniences: the request's `Scope` and `Admission` as axum
 //! extractors over a real axum server, a clear rejection without the layer, and the crate's
 //! errors as responses and `tonic::Status` by the server layer's table.
 

@@ -1,4 +1,4 @@
-//! A server's graceful shutdown (issue 28) over real servers on loopback: axum's
+//! A server's graceful shutdown over real servers on loopback: axum's
 //! `with_graceful_shutdown` and tonic's `serve_with_incoming_shutdown` given
 //! `ServerScope::draining`, requests in flight that finish within the grace period, new ones
 //! refused with 503 / `UNAVAILABLE`, stragglers cancelled with `Cause::Shutdown` at its end
