@@ -88,9 +88,9 @@ async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
         let report = ok.report(hop).unwrap();
         assert_eq!(report.state(), Lifecycle::Completed, "{hop}: {report}");
     }
-    // Orders' two calls and inventory's quote task each have their receipt.
-    assert_eq!(ok.report(Hop::Orders).unwrap().succeeded(), 2);
-    assert_eq!(ok.report(Hop::Inventory).unwrap().succeeded(), 1);
+    // Each handler has its receipt, and so do orders' two calls and inventory's quote task.
+    assert_eq!(ok.report(Hop::Orders).unwrap().succeeded(), 3);
+    assert_eq!(ok.report(Hop::Inventory).unwrap().succeeded(), 2);
 
     let failed = run.failure();
     assert!(failed.client().gave_up(), "{:?}", failed.client());
@@ -112,10 +112,10 @@ async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
         }
         w => panic!("{w:?}\n{}", run.render()),
     }
-    // ... its request scope went quiet with the task receipted as cancelled ...
+    // ... its request scope went quiet with the handler and the task receipted as cancelled ...
     let report = failed.report(Hop::Inventory).unwrap();
     assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
-    assert_eq!((report.cancelled(), report.total()), (1, 1), "{report}");
+    assert_eq!((report.cancelled(), report.total()), (2, 2), "{report}");
     // ... and every hop that saw the request, the edge first of all, reported quiescence.
     assert!(failed.report(Hop::Frontend).unwrap().state().is_final());
     for hop in Hop::ALL {
