@@ -18,6 +18,10 @@ pub(crate) use loom::sync::{
     Arc,
 };
 
+/// Immutable shared data (a cancel cause passed down a walk): `std`'s `Arc`, also under loom.
+/// Not modelled: it is never mutated once shared, so no interleaving of its users can matter.
+pub(crate) type Shared<T> = std::sync::Arc<T>;
+
 /// A weak reference (the timers' entries, see `scope::timer`; the scopes handed to a waiting
 /// `quiesce()`, see `tree::QuietWaiter`). loom's `Arc` has none, so a strong reference stands
 /// in: under loom no timer is ever armed (there is no tokio runtime), and a quiet waiter's

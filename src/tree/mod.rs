@@ -119,7 +119,7 @@ use slab::Slab;
 
 use crate::cause::Cause;
 use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
-use crate::sync::{downgrade, Weak};
+use crate::sync::{downgrade, Shared, Weak};
 
 mod ticket;
 
@@ -972,7 +972,7 @@ const HELD_DEPTH: usize = 1;
 struct Walk<X, R> {
     node: Arc<Node<X, R>>,
     /// The origin of its children's cause, if not the one of `below`.
-    own: Option<std::sync::Arc<Cause>>,
+    own: Option<Shared<Cause>>,
     in_use: usize,
 }
 
@@ -996,7 +996,7 @@ impl<X, R> CancelWalk<X, R> {
         &mut self,
         below: &Cause,
         n: &Node<X, R>,
-        own: &Option<std::sync::Arc<Cause>>,
+        own: &Option<Shared<Cause>>,
         in_use: u8,
         depth: usize,
     ) {
