@@ -341,6 +341,7 @@ mod scope;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod time;
 mod tree;
 pub mod wire;
 

@@ -119,7 +119,7 @@ impl<T> Mutex<T> {
     }
 }
 
-/// Process-wide one-time initialisation (the clock base of [`crate::scope`]). Not modeled by
+/// Process-wide one-time initialisation (the clock base of [`crate::time`]). Not modeled by
 /// loom: it guards no state that the tree's races touch.
 pub(crate) use std::sync::OnceLock;
 

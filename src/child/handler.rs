@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use super::failure::Failure;
 use crate::error::Error;
-use crate::scope::{now_stamp, Scope};
+use crate::scope::Scope;
+use crate::time::now_stamp;
 use crate::tree::{self, Kind, TaskKey};
 
 /// The handler of a request, counted as one child of the request's scope from its admission

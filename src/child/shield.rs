@@ -12,7 +12,8 @@ use pin_project_lite::pin_project;
 use super::receipt::{ChildSpec, Receipt};
 use super::task::{cancel_error, task_spec, JoinHandle, TaskReceipt};
 use crate::error::Error;
-use crate::scope::{now_stamp, Scope};
+use crate::scope::Scope;
+use crate::time::now_stamp;
 use crate::tree;
 use crate::Cause;
 

@@ -12,7 +12,8 @@ use super::failure::Failure;
 use super::receipt::{ChildSpec, Receipt};
 use super::ticket::Dispatched;
 use crate::error::Error;
-use crate::scope::{now_stamp, with_current, Scope};
+use crate::scope::{with_current, Scope};
+use crate::time::now_stamp;
 use crate::tree::{self, Kind, TaskKey};
 
 /// Waits for a task spawned with [`Scope::spawn`], [`Scope::spawn_fallible`],

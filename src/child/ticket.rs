@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::receipt::{ChildSpec, Receipt};
 use crate::error::Error;
-use crate::scope::{now_stamp, OwnRun, Scope};
+use crate::scope::{OwnRun, Scope};
 use crate::sync::Arc;
+use crate::time::now_stamp;
 use crate::tree::{self, Kind, TicketCell, TicketState};
 
 /// A registered child that has not been dispatched yet (state PREPARED).

@@ -10,7 +10,8 @@ use std::ops::{Deref, DerefMut};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::Error;
-use crate::scope::{now_stamp, Scope};
+use crate::scope::Scope;
+use crate::time::now_stamp;
 use crate::tree;
 
 /// One counted unit of a scope; released on drop.

@@ -4,7 +4,7 @@ use http::HeaderMap;
 use tokio::time::Instant;
 
 use super::headers;
-use crate::scope::deadline_after;
+use crate::time::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Dispatched, Error, Scope};
 

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use crate::cause::Cause;
 use crate::child::{ChildSpec, EffectRecord, Failure};
-use crate::scope::{instant_of, nanos, now_stamp, sleepable_after, Core, Note, Scope};
+use crate::scope::{Core, Note, Scope};
 use crate::sync::{downgrade, Arc, Weak};
+use crate::time::{instant_of, nanos, now_stamp, sleepable_after};
 use crate::tree::{self, Kind, Wait, WaiterKey};
 
 /// Where a scope is in its life.

@@ -12,8 +12,8 @@ use super::scopes::LocalScopes;
 use super::{
     Begun, BoxFuture, CancelOutcome, OperationRegistry, OperationState, MAX_LIFETIME, MIN_BUDGET,
 };
-use crate::scope::deadline_after;
 use crate::sync::Mutex;
+use crate::time::deadline_after;
 
 /// How many operations an [`InProcessRegistry`] holds by default.
 const DEFAULT_MAX_ENTRIES: usize = 100_000;

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::error::{JoinError, RegistryError};
 use super::id::OperationId;
 use super::{CancelOutcome, OperationRegistry, OperationState, MIN_BUDGET};
-use crate::scope::deadline_after;
+use crate::time::deadline_after;
 use crate::Scope;
 
 /// How long [`Operations`] waits for the registry by default (and never longer than the

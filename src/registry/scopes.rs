@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use super::error::JoinError;
 use super::id::OperationId;
 use crate::cause::Cause;
-use crate::scope::{now_stamp, Core};
+use crate::scope::Core;
 use crate::sync::{downgrade, Mutex, Weak};
+use crate::time::now_stamp;
 use crate::tree::{self, Caught};
 use crate::Scope;
 
@@ -320,7 +321,7 @@ impl LocalScopes {
                     .iter()
                     .filter_map(|n| n.ext.deadline)
                     .max()
-                    .unwrap_or_else(|| crate::scope::deadline_after(now, ix.closed_life));
+                    .unwrap_or_else(|| crate::time::deadline_after(now, ix.closed_life));
                 ix.remember_closed(id, until, false, now);
             }
         }

@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{deadline_after, Scope, ScopeExt};
+use super::{Scope, ScopeExt};
 use crate::budget::ChildBudget;
 use crate::child::ChildSpec;
 use crate::error::Error;
+use crate::time::deadline_after;
 use crate::tree;
 
 /// Builds a child of a [`Scope`]: `deadline = min(parent - reserve, now + cap, now + timeout,

@@ -7,10 +7,11 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use super::{now_stamp, with_current, Scope};
+use super::{with_current, Scope};
 use crate::cause::Cause;
 use crate::child::OwnTicket;
 use crate::error::Error;
+use crate::time::now_stamp;
 use crate::tree::{self, Wait, WaiterKey};
 
 /// Completes when its scope is cancelled. Returned by [`Scope::cancelled`].

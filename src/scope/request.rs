@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{deadline_after, Context, EffectFlag, Scope, ScopeExt, Shared, Timers};
+use super::{Context, EffectFlag, Scope, ScopeExt, Shared, Timers};
 use crate::error::Error;
 use crate::sync::{Arc, AtomicU8, LazyBox};
+use crate::time::deadline_after;
 use crate::tree;
 
 impl Scope {

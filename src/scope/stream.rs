@@ -11,8 +11,9 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
 use super::future::{stop_body, Hold};
-use super::{sleepable_after, with_current, Scope};
+use super::{with_current, Scope};
 use crate::error::Error;
+use crate::time::sleepable_after;
 use crate::tree::{self, WaiterKey};
 
 impl Scope {

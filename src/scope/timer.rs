@@ -46,9 +46,10 @@
 
 use tokio::time::Instant;
 
-use super::{deadline_after, stamp_of, Core, FAR};
+use super::Core;
 use crate::cause::Cause;
 use crate::sync::{downgrade, Arc, AtomicUsize, Mutex, Ordering, Weak};
+use crate::time::{deadline_after, stamp_of, FAR};
 use crate::tree;
 
 /// The fewest gone scopes that start a compaction: the compaction frees their nodes'

@@ -16,10 +16,11 @@ use std::task::{Context, Wake, Waker};
 use once_cell::race::OnceBox;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::{now_stamp, ChildBuilder, Core, Scope};
+use super::{ChildBuilder, Core, Scope};
 use crate::cause::Cause;
 use crate::error::Error;
 use crate::sync::{downgrade, Mutex, Weak};
+use crate::time::now_stamp;
 use crate::tree::{self, Caught};
 
 /// The reason of the cause a token gives the scope it cancels, unless another cause was given

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::scripts::{parse_announcement, Keys, Scripts};
 use crate::registry::LocalScopes;
-use crate::scope::deadline_after;
+use crate::time::deadline_after;
 
 /// What a [`RedisRegistry`](super::RedisRegistry)'s listener has done so far, for health
 /// checks.

@@ -71,7 +71,7 @@ use crate::registry::{
     Begun, BoxFuture, CancelOutcome, LocalScopes, OperationId, OperationRegistry, OperationState,
     RegistryError, MAX_LIFETIME, MIN_BUDGET,
 };
-use crate::scope::deadline_after;
+use crate::time::deadline_after;
 use listener::{Listener, Running};
 use scripts::{Keys, Scripts};
 

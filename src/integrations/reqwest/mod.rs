@@ -113,7 +113,7 @@ use tokio::time::Instant;
 
 use super::effect::{self, Class};
 use super::{call, CallError};
-use crate::scope::deadline_after;
+use crate::time::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Scope};
 

@@ -18,7 +18,7 @@ use super::policy::{EndpointPolicy, OnBadInput, OverCap};
 use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
 use crate::budget::ChildBudget;
-use crate::scope::deadline_after;
+use crate::time::deadline_after;
 use crate::Scope;
 use error::ErrorKind;
 use incoming::Field;
