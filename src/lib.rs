@@ -333,6 +333,7 @@ mod guard;
     feature = "tonic"
 ))]
 pub mod integrations;
+mod panic;
 mod quiesce;
 pub mod reconcile;
 pub mod registry;

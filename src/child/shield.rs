@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use super::receipt::{ChildSpec, Receipt};
 use super::task::{cancel_error, task_spec, JoinHandle, TaskReceipt};
 use crate::error::Error;
+use crate::panic::contain_panic;
 use crate::scope::Scope;
 use crate::time::now_stamp;
 use crate::tree;
@@ -59,7 +60,7 @@ impl std::task::Wake for ShieldStop {
         // an `on_cancel` callback in the shield's scope must not cut the quarantine short:
         // contained and dropped, as the deadline timer does.
         let root = &self.root;
-        tree::contain_panic(|| {
+        contain_panic(|| {
             root.cancel_because(Cause::cancelled(SHIELD_QUARANTINED));
         });
         // The cleanup's work is quarantined with it: whatever in the cleanup's scope has no
@@ -75,7 +76,7 @@ impl std::task::Wake for ShieldStop {
         // effect counts as a pending effect (a false alarm if it succeeded, never a lost
         // effect; loom models 43–45). The walk finds those; the records are read after it.
         let mut in_progress = Vec::new();
-        tree::contain_panic(|| {
+        contain_panic(|| {
             let stamp = now_stamp();
             tree::quarantine_subtree_noting(&root.node, &task_spec(), stamp, &mut in_progress);
         });

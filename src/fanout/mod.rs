@@ -64,9 +64,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::child::{ChildSpec, OwnTicket, Receipt};
+use crate::panic::Caught;
 use crate::retry::spawn::{Finished, InFlight};
 use crate::scope::Scope;
-use crate::tree::Caught;
 
 mod error;
 

@@ -11,10 +11,11 @@ use tokio::time::Instant;
 use super::error::JoinError;
 use super::id::OperationId;
 use crate::cause::Cause;
+use crate::panic::Caught;
 use crate::scope::Core;
 use crate::sync::{downgrade, Mutex, Weak};
 use crate::time::now_stamp;
-use crate::tree::{self, Caught};
+use crate::tree;
 use crate::Scope;
 
 /// The reason of the cancel that an operation's cancel gives its scopes
@@ -286,7 +287,7 @@ impl LocalScopes {
     pub(crate) fn cancel_contained(&self, id: &OperationId, until: Option<Instant>) -> usize {
         let nodes = self.close(id, until);
         for node in &nodes {
-            tree::contain_panic(|| {
+            crate::panic::contain_panic(|| {
                 tree::cancel(node, Cause::cancelled(OPERATION_CANCELLED), now_stamp());
             });
         }

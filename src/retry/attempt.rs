@@ -19,9 +19,9 @@ use crate::cause::Cause;
 use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
+use crate::panic::Caught;
 use crate::scope::{ChildBuilder, Note, OwnRun, Scope};
 use crate::time::sleepable_after;
-use crate::tree::Caught;
 
 /// What an attempt knows about itself; passed to the operation for every attempt.
 ///

@@ -16,10 +16,10 @@ use super::spawn::{Finished, InFlight};
 use super::{Attempt, Retry};
 use crate::budget::Split;
 use crate::child::ChildSpec;
+use crate::panic::Caught;
 use crate::scope::Scope;
 use crate::sync::Mutex;
 use crate::time::sleepable_after;
-use crate::tree::Caught;
 
 /// When a hedge starts after the attempt before it.
 ///

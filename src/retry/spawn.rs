@@ -10,8 +10,8 @@ use tokio::task::{JoinError, JoinHandle};
 
 use crate::child::OwnTicket;
 use crate::error::Error;
+use crate::panic::Caught;
 use crate::scope::Scope;
-use crate::tree::Caught;
 
 /// What a child task hands back: its ticket (to receive a receipt) and what it returned, or
 /// the cancel that stopped it.

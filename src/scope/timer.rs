@@ -48,6 +48,7 @@ use tokio::time::Instant;
 
 use super::Core;
 use crate::cause::Cause;
+use crate::panic::contain_panic;
 use crate::sync::{downgrade, Arc, AtomicUsize, Mutex, Ordering, Weak};
 use crate::time::{deadline_after, stamp_of, FAR};
 use crate::tree;
@@ -495,7 +496,7 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
             // panic as it is dropped (`panic_any` of such a value): that is contained too, and
             // the second payload leaked, not dropped, or the driver would end with the scopes
             // still in `fired`, and the rest of its heap, never cancelled.
-            tree::contain_panic(|| {
+            contain_panic(|| {
                 tree::cancel(&node, Cause::DeadlineExceeded, stamp);
             });
         }

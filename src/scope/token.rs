@@ -19,9 +19,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use super::{ChildBuilder, Core, Scope};
 use crate::cause::Cause;
 use crate::error::Error;
+use crate::panic::Caught;
 use crate::sync::{downgrade, Mutex, Weak};
 use crate::time::now_stamp;
-use crate::tree::{self, Caught};
+use crate::tree;
 
 /// The reason of the cause a token gives the scope it cancels, unless another cause was given
 /// ([`ChildBuilder::cancelled_by_because`]).

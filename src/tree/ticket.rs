@@ -5,7 +5,7 @@ use std::task::Waker;
 
 use slab::Slab;
 
-use super::Caught;
+use crate::panic::Caught;
 use crate::sync::{arc_in_place, thread_index, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 
 /// Where a ticket is in its life. Moves forward only.

@@ -56,9 +56,9 @@ use tokio::runtime::Handle;
 
 use super::answer::Answers;
 use crate::guard::Tethered;
+use crate::panic::Caught;
 use crate::scope::with_current;
 use crate::sync::{AtomicU8, Mutex, Ordering};
-use crate::tree::Caught;
 use crate::wire::ServiceEffect;
 use crate::{Cancelled, Cause, Error, Scope};
 

@@ -4,7 +4,7 @@ use http::{HeaderMap, StatusCode};
 
 use super::service::ReportFn;
 use crate::child::HandlerTicket;
-use crate::tree::Caught;
+use crate::panic::Caught;
 use crate::wire::{Admission, ServiceEffect};
 use crate::{Cause, Scope};
 
