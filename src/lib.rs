@@ -339,6 +339,7 @@ pub mod reconcile;
 pub mod registry;
 pub mod retry;
 mod scope;
+mod spec;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -349,9 +350,7 @@ pub mod wire;
 pub use cause::Cause;
 #[doc(hidden)]
 pub use child::OwnTicket as __OwnTicket;
-pub use child::{
-    ChildSpec, Dispatched, Effect, EffectRecord, Failure, JoinHandle, Receipt, Ticket,
-};
+pub use child::{Dispatched, Failure, JoinHandle, Receipt, Ticket};
 pub use error::Error;
 pub use guard::{Permit, Tethered};
 pub use quiesce::{Lifecycle, Quiesce, Report};
@@ -359,6 +358,7 @@ pub use scope::{
     Cancelled, Carried, CarryScope, ChildBuilder, OnCancel, Run, Scope, DEFAULT_CLEANUP_BUDGET,
     DEFAULT_GRACE,
 };
+pub use spec::{ChildSpec, Effect, EffectRecord};
 
 #[cfg(feature = "stream")]
 pub use scope::RunStream;

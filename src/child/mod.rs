@@ -1,9 +1,9 @@
 //! Registered children: tickets, receipts and tasks.
 //!
 //! Every piece of work under a scope is a *child*: it is first registered (PREPARED: identity,
-//! generation, budget, [`Effect`]), then dispatched by a compare-and-swap that fails once the
-//! scope was cancelled, and finally ends with exactly one [`Receipt`] — also when it is
-//! dropped or panics. [`Scope::spawn`](crate::Scope::spawn) does all three for a tokio task.
+//! generation, budget, [`Effect`](crate::Effect)), then dispatched by a compare-and-swap that
+//! fails once the scope was cancelled, and finally ends with exactly one [`Receipt`] — also
+//! when it is dropped or panics. [`Scope::spawn`](crate::Scope::spawn) does all three for a tokio task.
 
 mod failure;
 #[cfg(feature = "tower")]
@@ -16,7 +16,7 @@ mod ticket;
 pub use failure::Failure;
 #[cfg(feature = "tower")]
 pub(crate) use handler::HandlerTicket;
-pub use receipt::{ChildSpec, Effect, EffectRecord, Receipt};
+pub use receipt::Receipt;
 pub(crate) use task::task_spec;
 pub use task::JoinHandle;
 pub use ticket::OwnTicket;

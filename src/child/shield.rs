@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use super::receipt::{ChildSpec, Receipt};
+use super::receipt::Receipt;
 use super::task::{cancel_error, task_spec, JoinHandle, TaskReceipt};
 use crate::error::Error;
 use crate::panic::contain_panic;
 use crate::scope::Scope;
+use crate::spec::ChildSpec;
 use crate::time::now_stamp;
 use crate::tree;
 use crate::Cause;

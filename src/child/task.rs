@@ -9,10 +9,11 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::failure::Failure;
-use super::receipt::{ChildSpec, Receipt};
+use super::receipt::Receipt;
 use super::ticket::Dispatched;
 use crate::error::Error;
 use crate::scope::{with_current, Scope};
+use crate::spec::ChildSpec;
 use crate::time::now_stamp;
 use crate::tree::{self, Kind, TaskKey};
 

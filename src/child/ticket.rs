@@ -3,9 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::receipt::{ChildSpec, Receipt};
+use super::receipt::Receipt;
 use crate::error::Error;
 use crate::scope::{OwnRun, Scope};
+use crate::spec::ChildSpec;
 use crate::sync::Arc;
 use crate::time::now_stamp;
 use crate::tree::{self, Kind, TicketCell, TicketState};

@@ -63,10 +63,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::child::{ChildSpec, OwnTicket, Receipt};
+use crate::child::{OwnTicket, Receipt};
 use crate::panic::Caught;
 use crate::retry::spawn::{Finished, InFlight};
 use crate::scope::Scope;
+use crate::spec::ChildSpec;
 
 mod error;
 

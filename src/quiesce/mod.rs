@@ -16,8 +16,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::cause::Cause;
-use crate::child::{ChildSpec, EffectRecord, Failure};
+use crate::child::Failure;
 use crate::scope::{Core, Note, Scope};
+use crate::spec::{ChildSpec, EffectRecord};
 use crate::sync::{downgrade, Arc, Weak};
 use crate::time::{instant_of, nanos, now_stamp, sleepable_after};
 use crate::tree::{self, Kind, Wait, WaiterKey};

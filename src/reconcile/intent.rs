@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::error::IntentError;
-use crate::child::{ChildSpec, Effect};
+use crate::spec::{ChildSpec, Effect};
 
 /// The longest effect id, name, payload digest, provider handle or operation id an intent
 /// holds, in bytes.

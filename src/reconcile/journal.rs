@@ -7,9 +7,10 @@ use std::time::Duration;
 use super::error::IntentError;
 use super::intent::{EffectClass, Intent, Resolution};
 use super::IntentStore;
-use crate::child::{ChildSpec, Dispatched, Receipt, Ticket};
+use crate::child::{Dispatched, Receipt, Ticket};
 use crate::error::Error;
 use crate::registry::bounded;
+use crate::spec::ChildSpec;
 use crate::Scope;
 
 /// How long a [`Journal`] waits for its store by default: 1 s.

@@ -16,11 +16,12 @@ use super::classify::{Classify, Decision};
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use crate::budget::Split;
 use crate::cause::Cause;
-use crate::child::{ChildSpec, Effect, OwnTicket, Receipt};
+use crate::child::{OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
 use crate::panic::Caught;
 use crate::scope::{ChildBuilder, Note, OwnRun, Scope};
+use crate::spec::{ChildSpec, Effect};
 use crate::time::sleepable_after;
 
 /// What an attempt knows about itself; passed to the operation for every attempt.

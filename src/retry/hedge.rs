@@ -15,9 +15,9 @@ use super::ledger::{AttemptEnd, Ledger, Stop};
 use super::spawn::{Finished, InFlight};
 use super::{Attempt, Retry};
 use crate::budget::Split;
-use crate::child::ChildSpec;
 use crate::panic::Caught;
 use crate::scope::Scope;
+use crate::spec::ChildSpec;
 use crate::sync::Mutex;
 use crate::time::sleepable_after;
 

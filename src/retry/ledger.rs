@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use super::classify::Decision;
 use crate::cause::Cause;
-use crate::child::ChildSpec;
 use crate::quiesce::Report;
+use crate::spec::ChildSpec;
 
 /// Why a retry or hedge call stopped starting attempts.
 ///

@@ -77,8 +77,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::Split;
-use crate::child::ChildSpec;
 use crate::scope::Scope;
+use crate::spec::ChildSpec;
 
 mod attempt;
 mod backoff;

@@ -6,8 +6,8 @@ use tokio::time::Instant;
 
 use super::{Scope, ScopeExt};
 use crate::budget::ChildBudget;
-use crate::child::ChildSpec;
 use crate::error::Error;
+use crate::spec::ChildSpec;
 use crate::time::deadline_after;
 use crate::tree;
 

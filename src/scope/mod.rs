@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cause::Cause;
-use crate::child::ChildSpec;
+use crate::spec::ChildSpec;
 use crate::sync::{Arc, AtomicU8, LazyBox, Mutex, Ordering};
 use crate::time::{deadline_after, now_stamp, stamp_of};
 use crate::tree::{self, Node};
