@@ -266,13 +266,3 @@ impl std::error::Error for Error {
         }
     }
 }
-
-impl From<crate::tree::Refused> for Error {
-    fn from(r: crate::tree::Refused) -> Self {
-        match r {
-            crate::tree::Refused::Cancelled(c) => Error::cancelled(c),
-            crate::tree::Refused::Closed => Error::closed(),
-            crate::tree::Refused::StaleGeneration => Error::stale(),
-        }
-    }
-}

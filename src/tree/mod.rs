@@ -118,6 +118,7 @@ use std::task::Waker;
 use slab::Slab;
 
 use crate::cause::Cause;
+use crate::error::Error;
 use crate::panic::Caught;
 use crate::sync::{arc_in_place, Arc, AtomicU64, AtomicU8, AtomicUsize, LazyBox, Mutex, Ordering};
 use crate::sync::{downgrade, Shared, Weak};
@@ -171,6 +172,16 @@ pub(crate) enum Refused {
     Closed,
     /// The generation moved on since the ticket was registered.
     StaleGeneration,
+}
+
+impl From<Refused> for Error {
+    fn from(r: Refused) -> Self {
+        match r {
+            Refused::Cancelled(c) => Error::cancelled(c),
+            Refused::Closed => Error::closed(),
+            Refused::StaleGeneration => Error::stale(),
+        }
+    }
 }
 
 /// Receipt kinds, in the order of [`Counts`].
