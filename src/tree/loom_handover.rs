@@ -9,6 +9,7 @@
 
 use std::task::Waker;
 
+use super::units::release_unit;
 use super::*;
 
 type N = Arc<Node<(), ()>>;
