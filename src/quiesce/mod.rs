@@ -512,7 +512,7 @@ impl Future for Quiesce {
         // grace period that ends first holds for the work below both (that cancel hands this
         // scope to its own waiters, so this poll comes after it).
         if this.scope.node.state().is_cancelled() {
-            if let Some(at) = cancelled_grace_end(this.scope.node.parent().map(|p| &**p))
+            if let Some(at) = cancelled_grace_end(tree::ancestors(&*this.scope.node).skip(1))
                 .filter(|&at| this.outer.is_none_or(|o| at < o))
             {
                 this.outer = Some(at);
@@ -673,20 +673,13 @@ fn look_below(
     }
 }
 
-/// The earliest end of the grace periods of the cancelled scopes from `from` up to the root
-/// (`None`: none is cancelled, or none ends).
-fn cancelled_grace_end(from: Option<&Core>) -> Option<tokio::time::Instant> {
-    let mut end: Option<tokio::time::Instant> = None;
-    let mut n = from;
-    while let Some(c) = n {
-        if c.state().is_cancelled() {
-            if let Some(at) = grace_end(c) {
-                end = Some(end.map_or(at, |e| e.min(at)));
-            }
-        }
-        n = c.parent().map(|p| &**p);
-    }
-    end
+/// The earliest end of the grace periods of the cancelled scopes among `scopes` (a walk up
+/// the tree; `None`: none is cancelled, or none ends).
+fn cancelled_grace_end<'a>(scopes: impl Iterator<Item = &'a Core>) -> Option<tokio::time::Instant> {
+    scopes
+        .filter(|c| c.state().is_cancelled())
+        .filter_map(grace_end)
+        .min()
 }
 
 /// Polls the grace timer in `grace`, set to end at `at`.
@@ -830,7 +823,8 @@ impl Scope {
     /// ended (the work below is quarantined by the next `quiesce`, if none did yet). Reads
     /// the clock only if one of them is cancelled.
     pub(crate) fn grace_ended(&self) -> bool {
-        cancelled_grace_end(Some(&self.node)).is_some_and(|at| at <= tokio::time::Instant::now())
+        cancelled_grace_end(tree::ancestors(&*self.node))
+            .is_some_and(|at| at <= tokio::time::Instant::now())
     }
 
     /// The children of this scope's subtree whose effect is unknown so far: `EffectUnknown`

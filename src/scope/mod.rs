@@ -446,17 +446,17 @@ impl Scope {
             return false;
         }
         let stamp = stamp_of(now);
-        let mut n = &self.node;
-        loop {
+        for n in tree::ancestors(&self.node) {
             let parent = n.parent();
             if parent.is_none_or(|p| ScopeExt::tightens(&p.ext, n.ext.deadline)) {
                 tree::cancel(n, Cause::DeadlineExceeded, stamp);
             }
             match parent {
-                Some(p) if p.ext.deadline.is_some_and(|d| d <= now) => n = p,
-                _ => return true,
+                Some(p) if p.ext.deadline.is_some_and(|d| d <= now) => {}
+                _ => break,
             }
         }
+        true
     }
 
     /// Starts building a child scope (see [`ChildBuilder`]).
@@ -887,28 +887,14 @@ impl Scope {
     /// its dependency, see `ChildBuilder::attempt`). Walks up the tree: marks are rare, and a
     /// scope keeps its own only (no allocation per mark).
     pub(crate) fn has_mark(&self, key: &str) -> bool {
-        let mut n = Some(&*self.node);
-        while let Some(node) = n {
-            if node.ext.marked && name_of(node) == Some(key) {
-                return true;
-            }
-            n = node.parent().map(|p| &**p);
-        }
-        false
+        tree::ancestors(&*self.node).any(|node| node.ext.marked && name_of(node) == Some(key))
     }
 
     /// Whether this scope is `other` or one of its descendants. Walks up the tree (a client
     /// layer given two scopes asks it once per call, to take the more specific one).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn is_within(&self, other: &Scope) -> bool {
-        let mut n = Some(&*self.node);
-        while let Some(node) = n {
-            if std::ptr::eq(node, &*other.node) {
-                return true;
-            }
-            n = node.parent().map(|p| &**p);
-        }
-        false
+        tree::ancestors(&*self.node).any(|node| std::ptr::eq(node, &*other.node))
     }
 
     /// Attaches `note` for the report of this scope and of each of its ancestors, as receipts
@@ -917,11 +903,9 @@ impl Scope {
     /// this scope (the work the note is about has no receipt yet), so that no scope on the
     /// way is quiet yet: its report, made once it is, has the note (invariant 6).
     pub(crate) fn add_note(&self, note: Note) {
-        let mut n = Some(&*self.node);
-        while let Some(node) = n {
+        // A request's scope under a server's is the root of its report (see `request`).
+        for node in tree::report_ancestors(&*self.node) {
             node.ext.notes.get_or_init().lock().push(note.clone());
-            // A request's scope under a server's is the root of its report (see `request`).
-            n = node.parent().filter(|_| !node.is_boundary()).map(|p| &**p);
         }
     }
 

@@ -5,7 +5,7 @@
 use std::task::Waker;
 
 use super::waiters::{wake_quiet, Callback};
-use super::{Node, State, CANCELLED, CLOSED, GEN_ONE};
+use super::{ancestors, Node, State, CANCELLED, CLOSED, GEN_ONE};
 use crate::cause::Cause;
 use crate::panic::Caught;
 use crate::sync::{Arc, Ordering, Shared};
@@ -100,10 +100,8 @@ pub(super) fn cancel_then<X, R, T>(
 /// cancelled one) and registers on each, so that each is handed to it (as a busy scope with
 /// a waiter, by [`Due::hand_over`]) once the walk is done. (loom models in `loom_handover`.)
 pub(super) fn hand_over<X, R>(node: &Arc<Node<X, R>>, wakers: &mut Vec<Waker>) {
-    let mut n = node.parent_node();
-    while let Some(p) = n {
+    for p in ancestors(node).skip(1) {
         hand_to_waiters_of(p, node, wakers);
-        n = p.parent_node();
     }
 }
 

@@ -7,7 +7,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | the state word, [`Node`] and its accessors |
+//! | `mod.rs` | the state word, [`Node`] and its accessors, the walk up the tree ([`ancestors`]) |
 //! | `units.rs` | taking and giving back work units, dispatch, going idle (invariants 2, 3, 6) |
 //! | `registry.rs` | children, links, handles, retirement (invariants 7, 8) |
 //! | `cancel.rs` | the cancel walk, its hand-over to `quiesce()` waiters, close (invariants 1, 2) |
@@ -378,11 +378,6 @@ impl<X, R> Node<X, R> {
         }
     }
 
-    /// Whether this is a boundary child (see the module docs).
-    pub(crate) fn is_boundary(&self) -> bool {
-        self.boundary.is_some()
-    }
-
     /// Number of live children (for tests of invariant 7).
     pub(crate) fn child_count(&self) -> usize {
         self.shards().map(|s| s.data.lock().children.len()).sum()
@@ -407,6 +402,41 @@ impl<X, R> Node<X, R> {
 /// Creates a root node.
 pub(crate) fn new_root<X, R>(ext: X) -> Arc<Node<X, R>> {
     arc_in_place(|| Node::new(None, 0, 0, ext, None, None))
+}
+
+/// `node`, then its parent, and so on up to the root: the one walk up the tree (receipts
+/// counted in every ancestor, a cancel handed to the waiters above, the scope layer's marks,
+/// notes and deadlines). Its strict ancestors are `ancestors(node).skip(1)`.
+///
+/// Given a `&Node`, yields `&Node`s; given an `&Arc<Node>`, yields `&Arc<Node>`s (for a
+/// caller that cancels what it meets). No lock is taken: a node holds its parent (through its
+/// link), so the whole way up lives as long as `node`.
+pub(crate) fn ancestors<N: Up>(node: N) -> impl Iterator<Item = N> {
+    std::iter::successors(Some(node), |n| n.up())
+}
+
+/// `node`, then its parent, and so on up to the first boundary (see the module docs) or the
+/// root: the walk of what a report counts (receipts, records, guard stamps, notes).
+pub(crate) fn report_ancestors<X, R>(node: &Node<X, R>) -> impl Iterator<Item = &Node<X, R>> {
+    std::iter::successors(Some(node), |n| n.report_parent())
+}
+
+/// A node on a walk up (see [`ancestors`]).
+pub(crate) trait Up: Sized {
+    /// Its parent (`None` for a root).
+    fn up(&self) -> Option<Self>;
+}
+
+impl<X, R> Up for &Node<X, R> {
+    fn up(&self) -> Option<Self> {
+        self.parent_node()
+    }
+}
+
+impl<X, R> Up for &Arc<Node<X, R>> {
+    fn up(&self) -> Option<Self> {
+        self.parent()
+    }
 }
 
 fn refusal<X, R>(node: &Node<X, R>, state: State) -> Refused {

@@ -5,7 +5,10 @@
 use std::task::Waker;
 
 use super::units::{release_unit, release_unit_caught, take_unit, take_unit_while_busy};
-use super::{refusal, shard_for_this_thread, InFlight, Node, Refused, TaskKey, TicketCell, SHARDS};
+use super::{
+    refusal, report_ancestors, shard_for_this_thread, InFlight, Node, Refused, TaskKey, TicketCell,
+    SHARDS,
+};
 use crate::cause::Cause;
 use crate::panic::Caught;
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -347,8 +350,7 @@ pub(super) fn count_receipt<X, R: Clone>(
 ) {
     let mut stamp = None;
     let shard = shard_for_this_thread();
-    let mut n = Some(node);
-    while let Some(cur) = n {
+    for cur in report_ancestors(node) {
         let counts = cur.counts.get_or_init();
         counts.by_kind[shard].kinds[kind as usize].fetch_add(1, Ordering::AcqRel);
         if cur.state().is_cancelled() {
@@ -366,7 +368,6 @@ pub(super) fn count_receipt<X, R: Clone>(
         if !records.is_empty() {
             cur.add_records(kind, records);
         }
-        n = cur.report_parent();
     }
 }
 
@@ -376,18 +377,15 @@ pub(super) fn count_receipt<X, R: Clone>(
 /// unit is released, so before `node` can be quiet (invariant 6: nothing in the report
 /// changes after quiet).
 pub(crate) fn note_effects<X, R: Clone>(node: &Node<X, R>, records: &[R]) {
-    let mut n = Some(node);
-    while let Some(cur) = n {
+    for cur in report_ancestors(node) {
         cur.add_records(Kind::EffectUnknown, records);
-        n = cur.report_parent();
     }
 }
 
 /// Notes the release of a guard (for "time to quiet"), then releases its unit.
 pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
     let mut stamp = None;
-    let mut n = Some(node);
-    while let Some(cur) = n {
+    for cur in report_ancestors(node) {
         if cur.state().is_cancelled() {
             let stamp = *stamp.get_or_insert_with(&clock);
             cur.counts
@@ -395,7 +393,6 @@ pub(crate) fn release_guard<X, R>(node: &Node<X, R>, clock: impl Fn() -> u64) {
                 .last_stamp
                 .fetch_max(stamp, Ordering::AcqRel);
         }
-        n = cur.report_parent();
     }
     release_unit(node);
 }

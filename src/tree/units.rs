@@ -2,7 +2,7 @@
 //! compare-and-swap, and going idle and quiet up the tree (invariants 2, 3, 6).
 
 use super::waiters::wake_quiet;
-use super::{refusal, Node, Refused, State, ACTIVE_MASK, STARTED};
+use super::{ancestors, refusal, Node, Refused, State, ACTIVE_MASK, STARTED};
 use crate::panic::Caught;
 use crate::sync::Ordering;
 
@@ -94,14 +94,11 @@ fn went_idle_then_resume<X, R>(node: &Node<X, R>, prev: State) {
 /// it is closed (now quiet), and gives back its unit in its parent, and so on up while each
 /// node becomes idle. A waker's panic is kept in `caught`.
 fn went_idle<X, R>(node: &Node<X, R>, prev: State, caught: &mut Caught) {
-    let (mut n, mut prev) = (node, prev);
-    loop {
-        if prev.is_closed() {
-            wake_quiet(n, caught);
-        }
-        let Some(p) = n.parent_node() else {
-            return;
-        };
+    if prev.is_closed() {
+        wake_quiet(node, caught);
+    }
+    // Each node on the way with its parent.
+    for (n, p) in ancestors(node).zip(ancestors(node).skip(1)) {
         if let Some(roll_up) = n.boundary {
             if p.state().is_closed() {
                 // Idle while its parent is closed, so for good: its report goes into the
@@ -109,11 +106,13 @@ fn went_idle<X, R>(node: &Node<X, R>, prev: State, caught: &mut Caught) {
                 roll_up(n, p);
             }
         }
-        prev = give_back(p);
+        let prev = give_back(p);
         if prev.active() != 1 {
             return;
         }
-        n = p;
+        if prev.is_closed() {
+            wake_quiet(p, caught);
+        }
     }
 }
 
