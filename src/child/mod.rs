@@ -8,6 +8,7 @@
 mod failure;
 #[cfg(feature = "tower")]
 mod handler;
+mod own;
 mod receipt;
 mod shield;
 mod task;
@@ -16,8 +17,9 @@ mod ticket;
 pub use failure::Failure;
 #[cfg(feature = "tower")]
 pub(crate) use handler::HandlerTicket;
+pub(crate) use own::OwnRun;
+pub use own::OwnTicket;
 pub use receipt::Receipt;
 pub(crate) use task::task_spec;
 pub use task::JoinHandle;
-pub use ticket::OwnTicket;
 pub use ticket::{Dispatched, Ticket};

@@ -16,11 +16,11 @@ use super::classify::{Classify, Decision};
 use super::ledger::{AttemptEnd, Ledger, Stop};
 use crate::budget::Split;
 use crate::cause::Cause;
-use crate::child::{OwnTicket, Receipt};
+use crate::child::{OwnRun, OwnTicket, Receipt};
 use crate::error::Error;
 use crate::guard::Tethered;
 use crate::panic::Caught;
-use crate::scope::{ChildBuilder, Note, OwnRun, Scope};
+use crate::scope::{ChildBuilder, Note, Scope};
 use crate::spec::{ChildSpec, Effect};
 use crate::time::sleepable_after;
 

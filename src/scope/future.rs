@@ -9,7 +9,6 @@ use pin_project_lite::pin_project;
 
 use super::{with_current, Scope};
 use crate::cause::Cause;
-use crate::child::OwnTicket;
 use crate::error::Error;
 use crate::time::now_stamp;
 use crate::tree::{self, Wait, WaiterKey};
@@ -113,7 +112,7 @@ pin_project! {
 
     impl<F: Future> PinnedDrop for Run<F> {
         fn drop(this: Pin<&mut Self>) {
-            this.stop(false);
+            this.stop(None);
         }
     }
 }
@@ -152,6 +151,13 @@ impl<F: Future> Run<F> {
         Run::with_hold(scope, fut, hold)
     }
 
+    /// A body whose unit is held elsewhere: the run of an own ticket (see `child::OwnRun`),
+    /// whose ticket is its scope's first unit, taken when it was built.
+    #[inline(always)]
+    pub(crate) fn unheld(scope: Scope, fut: F) -> Self {
+        Run::with_hold(scope, fut, Hold::Nothing)
+    }
+
     #[inline(always)]
     fn with_hold(scope: Scope, fut: F, hold: Hold) -> Self {
         Run {
@@ -164,28 +170,36 @@ impl<F: Future> Run<F> {
 
     /// Stops the body: leaves the cancel waiters, drops the work with the scope current (as it
     /// ran), and only then gives back the run's unit, so that a scope seen quiet has no body
-    /// left that could still commit anything (invariant 6). `own`: also records the default
-    /// receipt of the own ticket whose scope this is, and takes the scope's handle for it;
-    /// otherwise the handle stays.
+    /// left that could still commit anything (invariant 6). `own`: also takes the scope's
+    /// handle and gives it to `own`, which records the default receipt of the own ticket whose
+    /// scope this is (see `child::OwnRun`); otherwise the handle stays.
     ///
     /// What the run holds is given back also if dropping the work panics: the work is gone
     /// then too, and a unit (or an own ticket) kept would keep the scope (or its parent) from
     /// quiet for good, out of reach of a quarantine (invariant 5).
-    fn stop(self: Pin<&mut Self>, own: bool) {
+    pub(crate) fn stop(self: Pin<&mut Self>, own: Option<fn(Scope)>) {
         let this = self.project();
         stop_body(this.scope, this.key, this.hold, own, this.fut);
     }
 
-    /// The poll of [`Run`] (always inlined into [`OwnRun`]'s too: an output returned through
-    /// memory would be copied there right after it was written, a store-forwarding stall per
-    /// attempt). Once it is ready, the body has stopped.
+    /// The poll of [`Run`] (always inlined into [`OwnRun`](crate::child::OwnRun)'s too: an output
+    /// returned through memory would be copied there right after it was written, a store-forwarding
+    /// stall per attempt). Once it is ready, the body has stopped.
     #[inline(always)]
-    fn poll_work(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<F::Output, Error>> {
+    pub(crate) fn poll_work(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<F::Output, Error>> {
         let out = self.as_mut().poll_body(cx);
         if out.is_ready() {
-            self.stop(false);
+            self.stop(None);
         }
         out
+    }
+
+    /// Takes the scope's handle out of a run whose work has stopped (`None` once taken).
+    pub(crate) fn take_scope(self: Pin<&mut Self>) -> Option<Scope> {
+        self.project().scope.take()
     }
 
     #[inline(always)]
@@ -237,7 +251,7 @@ pub(super) fn stop_body<W>(
     scope: &mut Option<Scope>,
     key: &mut WaiterKey,
     hold: &mut Hold,
-    own: bool,
+    own: Option<fn(Scope)>,
     mut work: Pin<&mut Option<W>>,
 ) {
     let Some(s) = scope.as_ref() else {
@@ -256,7 +270,7 @@ pub(super) fn stop_body<W>(
 struct GiveBack<'a> {
     scope: &'a mut Option<Scope>,
     hold: &'a mut Hold,
-    own: bool,
+    own: Option<fn(Scope)>,
 }
 
 impl Drop for GiveBack<'_> {
@@ -267,9 +281,9 @@ impl Drop for GiveBack<'_> {
                 tree::release_guard(&scope.node, now_stamp);
             }
         }
-        if self.own {
+        if let Some(own) = self.own {
             if let Some(scope) = self.scope.take() {
-                drop(OwnTicket::new(scope));
+                own(scope);
             }
         }
     }
@@ -280,53 +294,6 @@ impl<F: Future> fmt::Debug for Run<F> {
         f.debug_struct("Run")
             .field("scope", &self.scope)
             .finish_non_exhaustive()
-    }
-}
-
-pin_project! {
-    /// [`Run`] on the handle of an own ticket (see [`OwnTicket::run`]): yields the ticket back
-    /// with the outcome; dropped before that, it records the ticket's default receipt.
-    ///
-    /// Public but hidden only for the floor bench (see [`OwnTicket`]).
-    #[doc(hidden)]
-    #[must_use = "futures do nothing unless polled"]
-    pub struct OwnRun<F: Future> {
-        #[pin]
-        run: Run<F>,
-    }
-
-    impl<F: Future> PinnedDrop for OwnRun<F> {
-        fn drop(this: Pin<&mut Self>) {
-            let run = this.project().run;
-            // Not finished (the scope is still here): the work stops first, then the ticket
-            // records its default receipt (invariant 6).
-            run.stop(true);
-        }
-    }
-}
-
-impl<F: Future> OwnRun<F> {
-    #[inline(always)]
-    pub(crate) fn new(scope: Scope, fut: F) -> Self {
-        OwnRun {
-            // The ticket is the body's unit (its scope's first, taken when it was built).
-            run: Run::with_hold(scope, fut, Hold::Nothing),
-        }
-    }
-}
-
-impl<F: Future> Future for OwnRun<F> {
-    type Output = (Result<F::Output, Error>, OwnTicket);
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut run = self.project().run;
-        // Once ready, the work has stopped, before the ticket goes back for its receipt
-        // (invariant 6).
-        let out = std::task::ready!(run.as_mut().poll_work(cx));
-        let Some(scope) = run.project().scope.take() else {
-            unreachable!("the scope is back after every poll");
-        };
-        Poll::Ready((out, OwnTicket::new(scope)))
     }
 }
 

@@ -27,7 +27,6 @@ mod token;
 pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
 pub(crate) use effect::EffectFlag;
-pub(crate) use future::OwnRun;
 pub use future::{Cancelled, OnCancel, Run};
 #[cfg(feature = "stream")]
 pub use stream::RunStream;

@@ -187,7 +187,7 @@ impl<S> RunStream<S> {
     fn stop(self: Pin<&mut Self>) {
         let this = self.project();
         *this.sleep = None;
-        stop_body(this.scope, this.key, this.hold, false, this.stream);
+        stop_body(this.scope, this.key, this.hold, None, this.stream);
     }
 }
 
