@@ -5,6 +5,7 @@
 //! fails once the scope was cancelled, and finally ends with exactly one [`Receipt`] — also
 //! when it is dropped or panics. [`Scope::spawn`](crate::Scope::spawn) does all three for a tokio task.
 
+mod concurrent;
 mod failure;
 #[cfg(feature = "tower")]
 mod handler;
@@ -14,6 +15,7 @@ mod shield;
 mod task;
 mod ticket;
 
+pub(crate) use concurrent::{Finished, InFlight};
 pub use failure::Failure;
 #[cfg(feature = "tower")]
 pub(crate) use handler::HandlerTicket;

@@ -63,9 +63,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::child::{OwnTicket, Receipt};
+use crate::child::{Finished, InFlight, OwnTicket, Receipt};
 use crate::panic::Caught;
-use crate::retry::spawn::{Finished, InFlight};
 use crate::scope::Scope;
 use crate::spec::ChildSpec;
 

@@ -87,7 +87,6 @@ mod classify;
 mod error;
 mod hedge;
 mod ledger;
-pub(crate) mod spawn;
 
 pub use attempt::Attempt;
 pub use backoff::{backoff_fn, BackoffFn, Exponential, ExponentialIter, Jitter};

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use tokio::task::{JoinError, JoinHandle};
 
-use crate::child::OwnTicket;
+use super::OwnTicket;
 use crate::error::Error;
 use crate::panic::Caught;
 use crate::scope::Scope;
