@@ -408,6 +408,11 @@ impl ChildSpec {
     }
 }
 
+/// The spec every spawned task is listed with (and recorded with, if quarantined).
+pub(crate) fn task_spec() -> ChildSpec {
+    ChildSpec::read_only_static("task")
+}
+
 /// A child's name: static for the crate's own children (no reference count to touch on the
 /// spawn path), shared otherwise.
 #[derive(Clone)]

@@ -21,7 +21,7 @@ pub use failure::Failure;
 pub(crate) use handler::HandlerTicket;
 pub(crate) use own::OwnRun;
 pub use own::OwnTicket;
+pub(crate) use receipt::unknown_in;
 pub use receipt::Receipt;
-pub(crate) use task::task_spec;
 pub use task::JoinHandle;
 pub use ticket::{Dispatched, Ticket};

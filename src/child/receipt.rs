@@ -2,7 +2,9 @@
 
 use std::fmt;
 
+use crate::scope::Scope;
 use crate::spec::{ChildSpec, EffectRecord};
+use crate::tree;
 
 /// How a registered child ended. Every registered child gets exactly one.
 ///
@@ -96,4 +98,22 @@ impl ChildSpec {
             _ => Receipt::Cancelled,
         }
     }
+}
+
+impl Scope {
+    /// The children of this scope's subtree whose effect is unknown so far: `EffectUnknown`
+    /// receipts and quarantined children that may have had an effect (what makes a quiet
+    /// scope `NeedsReconciliation`).
+    pub(crate) fn unknown_effects(&self) -> Vec<ChildSpec> {
+        self.node.with_records(|r| unknown_in(r).cloned().collect())
+    }
+}
+
+/// The children whose effect is unknown: `EffectUnknown` receipts, and quarantined children
+/// that may have had an effect.
+pub(crate) fn unknown_in(r: &tree::Records<ChildSpec>) -> impl Iterator<Item = &ChildSpec> {
+    let quarantined = r.quarantined.iter();
+    r.effects
+        .iter()
+        .chain(quarantined.filter(|c| c.effect().may_have_effect()))
 }

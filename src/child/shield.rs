@@ -10,11 +10,11 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::receipt::Receipt;
-use super::task::{cancel_error, task_spec, JoinHandle, TaskReceipt};
+use super::task::{cancel_error, JoinHandle, TaskReceipt};
 use crate::error::Error;
 use crate::panic::contain_panic;
 use crate::scope::Scope;
-use crate::spec::ChildSpec;
+use crate::spec::{task_spec, ChildSpec};
 use crate::time::now_stamp;
 use crate::tree;
 use crate::Cause;
@@ -107,7 +107,7 @@ pin_project! {
         // scope (closed then) is waited for: that work is part of the cleanup (invariant 6).
         out: Option<F::Output>,
         // The quiescence of the cleanup's own scope, once the cleanup returned.
-        quiet: Option<crate::quiesce::Quiesce>,
+        quiet: Option<crate::scope::Quiet>,
         // What the quarantine wakes: it cancels the cleanup's own root scope at once, so that
         // work the cleanup started there (what `Scope::current()` is inside it) stops too,
         // and then wakes this task.
@@ -149,7 +149,7 @@ where
             // Work the cleanup started in its own scope and left running is still the
             // cleanup's: the receipt waits until that scope is quiet (its budget bounds it).
             this.stop.root.close();
-            *this.quiet = Some(this.stop.root.quiesce());
+            *this.quiet = Some(this.stop.root.quiet());
         }
         let Some(quiet) = this.quiet.as_mut() else {
             unreachable!("the cleanup's scope is waited for once it returned");

@@ -13,7 +13,7 @@ use super::receipt::Receipt;
 use super::ticket::Dispatched;
 use crate::error::Error;
 use crate::scope::{with_current, Scope};
-use crate::spec::ChildSpec;
+use crate::spec::{task_spec, ChildSpec};
 use crate::time::now_stamp;
 use crate::tree::{self, Kind, TaskKey};
 
@@ -300,11 +300,6 @@ impl<F: Future, O: Outcome<F::Output>> Future for Task<F, O> {
 
 pub(super) fn cancel_error(scope: &Scope) -> Error {
     Error::cancelled(scope.cause_or_cancelled())
-}
-
-/// The spec every spawned task is listed with (and recorded with, if quarantined).
-pub(crate) fn task_spec() -> ChildSpec {
-    ChildSpec::read_only_static("task")
 }
 
 impl Scope {

@@ -17,6 +17,7 @@ mod builder;
 mod carry;
 mod effect;
 mod future;
+mod quiet;
 mod request;
 #[cfg(feature = "stream")]
 mod stream;
@@ -28,6 +29,7 @@ pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
 pub(crate) use effect::EffectFlag;
 pub use future::{Cancelled, OnCancel, Run};
+pub(crate) use quiet::Quiet;
 #[cfg(feature = "stream")]
 pub use stream::RunStream;
 pub(crate) use timer::Timers;
