@@ -25,7 +25,8 @@
 //! The flag only goes from clear to set. A set is a load first and a store only if it was
 //! clear, so a request that dispatches many effectful calls writes the flag's line once.
 
-use crate::sync::{AtomicU8, Ordering};
+use super::Scope;
+use crate::sync::{Arc, AtomicU8, Ordering};
 
 /// See the [module docs](self).
 #[derive(Debug)]
@@ -51,6 +52,46 @@ impl EffectFlag {
     /// Whether a possibly-effectful child was dispatched (read after the request's cancel).
     pub(crate) fn is_set(&self) -> bool {
         self.0.load(Ordering::Acquire) != 0
+    }
+}
+
+impl Scope {
+    /// The request's effect flag, if this scope is (in) an admitted request (see `effect`).
+    pub(crate) fn effect_flag(&self) -> Option<&Arc<EffectFlag>> {
+        self.node.ext.shared().effect.as_ref()
+    }
+
+    /// Notes in the request's effect flag (if any) that a child that may have had an effect
+    /// is about to be dispatched: before its dispatch compare-and-swap (see `effect`).
+    #[inline]
+    pub(crate) fn note_effect(&self) {
+        if let Some(flag) = self.effect_flag() {
+            flag.note();
+        }
+    }
+
+    /// Cancels the scope (a no-op for the cause if it is already cancelled: see
+    /// [`Scope::cancel`]), then reads the request's effect flag: whether a child that may
+    /// have had an effect was dispatched in the request. The cancel first: it returns once
+    /// every descendant is cancelled, so every dispatch that succeeded is seen (see
+    /// `effect`). `false` for a scope without a flag.
+    pub(crate) fn cancel_then_effect(&self) -> bool {
+        self.cancel();
+        self.effect_flag().is_some_and(|f| f.is_set())
+    }
+
+    /// A root without a deadline that carries a request's effect flag, as an admitted
+    /// request's scope does; for the loom models.
+    #[doc(hidden)]
+    pub fn __request_root() -> Scope {
+        let flag = Arc::new(EffectFlag::new());
+        Scope::root_with_context(None, None, None, None, Some(flag))
+    }
+
+    /// [`cancel_then_effect`](Self::cancel_then_effect), for the loom models.
+    #[doc(hidden)]
+    pub fn __cancel_then_effect(&self) -> bool {
+        self.cancel_then_effect()
     }
 }
 

@@ -1,22 +1,45 @@
 //! The public [`Scope`] handle: roots, children, deadlines, cancel, and the current scope.
+//!
+//! `Scope` is a thin handle over a tree node ([`Core`]). This file has the methods the scope
+//! layer implements; the rest of the folder is the machinery behind them:
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Scope`] and its methods: cancel, children, deadline, `run`, the current scope |
+//! | `ext.rs` | what a node keeps ([`ScopeExt`]): deadline, name, what it shares with its parent |
+//! | `deadline.rs` | roots, child handles, arming a deadline timer, expiring a passed deadline |
+//! | `current.rs` | the thread-local current scope |
+//! | `note.rs` | values the layers above attach for the report (retry ledgers, failures) |
+//! | `builder.rs` | [`ChildBuilder`] |
+//! | `future.rs` | [`Cancelled`], [`Run`], [`OnCancel`] |
+//! | `timer.rs` | the deadline timers |
+//! | `quiet.rs` | the wait for quiet, with the grace periods and the quarantine at their end |
+//!
+//! The layers above add the methods of their own concern, in their own folders, so that this
+//! layer imports none of them: `register` (`child/ticket.rs`), `spawn`, `spawn_fallible`,
+//! `spawn_blocking` (`child/task.rs`), `shield` and `detach` (`child/shield.rs`), `acquire` and
+//! `tether` (`guard`), `quiesce` and `lifecycle` (`quiesce`), `operation` (`wire/operation.rs`).
 
 use std::fmt;
 use std::future::Future;
-use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::cause::Cause;
 use crate::spec::ChildSpec;
-use crate::sync::{Arc, AtomicU8, LazyBox, Mutex, Ordering};
-use crate::time::{deadline_after, now_stamp, stamp_of};
+use crate::sync::{Arc, Ordering};
+use crate::time::now_stamp;
 use crate::tree::{self, Node};
 
 mod builder;
 mod carry;
+mod current;
+mod deadline;
 mod effect;
+mod ext;
 mod future;
+mod note;
 mod quiet;
 mod request;
 #[cfg(feature = "stream")]
@@ -27,18 +50,21 @@ mod token;
 
 pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
+pub(crate) use current::with_current;
 pub(crate) use effect::EffectFlag;
+pub(crate) use ext::{Context, ScopeExt};
 pub use future::{Cancelled, OnCancel, Run};
+pub(crate) use note::Note;
 pub(crate) use quiet::Quiet;
 #[cfg(feature = "stream")]
 pub use stream::RunStream;
 pub(crate) use timer::Timers;
 
+use current::swap_current;
+use ext::{name_of, Shared, ARMED};
+
 /// The tree node behind a [`Scope`].
 pub(crate) type Core = Node<ScopeExt, ChildSpec>;
-
-/// Request-wide data of a root scope, inherited by its descendants (see `ScopeExt::context`).
-pub(crate) type Context = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 /// How long [`Scope::quiesce`](crate::Scope::quiesce) waits after a cancel before it
 /// quarantines children that have not stopped.
@@ -66,181 +92,6 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(1);
 /// # }
 /// ```
 pub const DEFAULT_CLEANUP_BUDGET: Duration = Duration::from_millis(500);
-
-/// [`ScopeExt::timer`]: the scope has an entry in its tree's timers.
-const ARMED: u8 = 1;
-
-/// What the scope layer keeps in each tree node. Kept small: a node is allocated (and
-/// initialised) for every child scope, so what most scopes share with their parent sits behind
-/// one shared pointer.
-#[derive(Debug)]
-pub(crate) struct ScopeExt {
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) name: Option<std::sync::Arc<str>>,
-    /// Grace period, request context and the tree's timers, shared with the parent
-    /// unless this scope changed one of them; `None`: all defaults.
-    shared: Option<std::sync::Arc<Shared>>,
-    /// [`ARMED`] if this scope has an entry in the timers (it tightened the deadline).
-    timer: AtomicU8,
-    /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
-    /// [`Scope::has_mark`]).
-    marked: bool,
-    /// Immutable values attached for this scope's [`Report`](crate::Report) (retry ledgers,
-    /// failures) here or below, oldest first, at most [`MAX_NOTES`]; allocated by the first.
-    notes: LazyBox<Mutex<Notes>>,
-    /// The scope's own tokio-util token, made on the first ask (see `token`).
-    #[cfg(feature = "tokio-util")]
-    token: token::TokenSlot,
-}
-
-/// The part of [`ScopeExt`] that descendants inherit as it is.
-#[derive(Debug)]
-struct Shared {
-    grace: Duration,
-    /// Request-wide data set on a root (by `wire` admission: operation id, priority, egress
-    /// defaults) and shared by every descendant. Opaque to the core.
-    context: Option<Context>,
-    /// The timers of this tree (shared with every descendant, and with the other trees made
-    /// on the same thread: see `timer`), if any scope of it has a deadline; a descendant that
-    /// tightens its deadline in another runtime has its own (see `Timers::for_child_of`).
-    timers: Option<Arc<Timers>>,
-    /// The request's "a possibly-effectful child was dispatched" flag (see `effect`), set on
-    /// an admitted request's scope and shared by every descendant (and a shielded cleanup).
-    effect: Option<Arc<EffectFlag>>,
-}
-
-impl Shared {
-    const DEFAULT: Shared = Shared {
-        grace: DEFAULT_GRACE,
-        context: None,
-        timers: None,
-        effect: None,
-    };
-}
-
-impl ScopeExt {
-    fn shared(&self) -> &Shared {
-        self.shared.as_deref().unwrap_or(&Shared::DEFAULT)
-    }
-
-    pub(crate) fn grace(&self) -> Duration {
-        self.shared().grace
-    }
-
-    fn timers(&self) -> Option<&Arc<Timers>> {
-        self.shared().timers.as_ref()
-    }
-}
-
-/// The most notes a scope keeps: a long-lived scope drops its oldest notes rather than grow
-/// (invariant 7), and counts them.
-pub(crate) const MAX_NOTES: usize = 64;
-
-/// The notes of a scope: the newest [`MAX_NOTES`], and how many older ones were dropped.
-#[derive(Debug, Default)]
-struct Notes {
-    kept: std::collections::VecDeque<Note>,
-    dropped: u64,
-}
-
-impl Notes {
-    fn push(&mut self, note: Note) {
-        if self.kept.len() == MAX_NOTES {
-            self.kept.pop_front();
-            self.dropped = self.dropped.saturating_add(1);
-        }
-        self.kept.push_back(note);
-    }
-}
-
-/// A value that a layer above attached to a scope for its report. Compares by identity.
-#[derive(Clone)]
-pub(crate) struct Note(std::sync::Arc<dyn NoteValue>);
-
-/// What a note can hold: any immutable `Debug` value (unwind safe, so that
-/// [`Report`](crate::Report) keeps its auto traits).
-pub(crate) trait NoteValue:
-    std::any::Any + fmt::Debug + Send + Sync + std::panic::RefUnwindSafe
-{
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl<T: std::any::Any + fmt::Debug + Send + Sync + std::panic::RefUnwindSafe> NoteValue for T {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-impl Note {
-    /// A note sharing `value` (no copy: the attaching layer may keep its own handle).
-    pub(crate) fn new<T: NoteValue>(value: std::sync::Arc<T>) -> Note {
-        Note(value)
-    }
-
-    /// The value, if it is a `T`.
-    pub(crate) fn get<T: std::any::Any>(&self) -> Option<&T> {
-        // Deref first: `Arc<dyn NoteValue>` is itself a `NoteValue` (blanket impl), and its
-        // `as_any` would name the `Arc`, not the value.
-        (*self.0).as_any().downcast_ref()
-    }
-}
-
-impl PartialEq for Note {
-    fn eq(&self, other: &Note) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for Note {}
-
-impl fmt::Debug for Note {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-#[cfg(not(loom))]
-thread_local! {
-    /// The scope of the running task, like a tokio task-local: the future that runs the
-    /// task's work ([`Run`], a spawned task) moves its handle in for the length of each poll
-    /// (and of the work's drop) and back out after, so a poll costs no reference count.
-    /// `ManuallyDrop`: the slot is empty whenever no such call runs, so it needs no destructor,
-    /// and a thread-local without one costs one plain access (no registration, no state
-    /// check).
-    static CURRENT: std::cell::Cell<ManuallyDrop<Option<Scope>>> =
-        const { std::cell::Cell::new(ManuallyDrop::new(None)) };
-}
-
-// Under loom, one slot per model thread (all of them run on one OS thread, switching at each
-// loom operation, also while a task's work is polled with its scope in the slot).
-#[cfg(loom)]
-crate::sync::loom_thread_local! {
-    static CURRENT: std::cell::Cell<ManuallyDrop<Option<Scope>>> =
-        std::cell::Cell::new(ManuallyDrop::new(None));
-}
-
-/// Puts `value` in the current-scope slot and returns what was there.
-#[inline]
-fn swap_current(value: Option<Scope>) -> Option<Scope> {
-    CURRENT.with(|c| ManuallyDrop::into_inner(c.replace(ManuallyDrop::new(value))))
-}
-
-/// Runs `f` with the scope in `slot` current: moved into the thread's slot, and back out
-/// after, also when `f` panics. Nested calls stack: the inner call's `slot` holds the outer
-/// scope meanwhile.
-#[inline(always)]
-pub(crate) fn with_current<R>(slot: &mut Option<Scope>, f: impl FnOnce() -> R) -> R {
-    struct Back<'a>(&'a mut Option<Scope>);
-    impl Drop for Back<'_> {
-        #[inline]
-        fn drop(&mut self) {
-            *self.0 = swap_current(self.0.take());
-        }
-    }
-    *slot = swap_current(slot.take());
-    let _back = Back(slot);
-    f()
-}
 
 /// A node of the cancellation tree: a deadline, a cancel cause, and the work registered under
 /// it.
@@ -345,119 +196,6 @@ impl Scope {
     #[track_caller]
     pub fn with_deadline(deadline: Instant) -> Scope {
         Scope::root(Some(deadline), None)
-    }
-
-    #[track_caller]
-    pub(crate) fn root(deadline: Option<Instant>, name: Option<std::sync::Arc<str>>) -> Scope {
-        Scope::root_with_context(deadline, None, name, None, None)
-    }
-
-    /// A root whose deadline is `timeout` after `now` (a clock reading the caller has
-    /// already taken: not read twice), carrying request-wide `context`, which every descendant
-    /// shares, and the request's `effect` flag, if it has one (see `effect`).
-    #[track_caller]
-    pub(crate) fn root_after(
-        now: Instant,
-        timeout: Duration,
-        name: Option<std::sync::Arc<str>>,
-        context: Option<Context>,
-        effect: Option<Arc<EffectFlag>>,
-    ) -> Scope {
-        let deadline = Some(deadline_after(now, timeout));
-        Scope::root_with_context(deadline, Some(now), name, context, effect)
-    }
-
-    /// A root carrying request-wide `context` and `effect` flag, which every descendant
-    /// shares; `read_at`: the clock reading `deadline` was computed from, if any (otherwise
-    /// the clock is read to arm the deadline).
-    #[track_caller]
-    fn root_with_context(
-        deadline: Option<Instant>,
-        read_at: Option<Instant>,
-        name: Option<std::sync::Arc<str>>,
-        context: Option<Context>,
-        effect: Option<Arc<EffectFlag>>,
-    ) -> Scope {
-        let shared = (deadline.is_some() || context.is_some() || effect.is_some()).then(|| {
-            std::sync::Arc::new(Shared {
-                context,
-                timers: deadline.map(|_| Timers::for_this_thread()),
-                effect,
-                ..Shared::DEFAULT
-            })
-        });
-        let node = tree::new_root(ScopeExt {
-            deadline,
-            name,
-            shared,
-            timer: AtomicU8::new(0),
-            marked: false,
-            notes: LazyBox::new(),
-            #[cfg(feature = "tokio-util")]
-            token: token::TokenSlot::new(),
-        });
-        let scope = Scope { node };
-        if deadline.is_some() {
-            scope.arm_timer(read_at.unwrap_or_else(Instant::now));
-        }
-        scope
-    }
-
-    /// Starts the deadline timer of a scope that tightened its deadline (`now`: the clock
-    /// reading its deadline was computed from).
-    #[track_caller]
-    fn arm_timer(&self, now: Instant) {
-        let ext = &self.node.ext;
-        let (Some(deadline), Some(timers)) = (ext.deadline, ext.timers()) else {
-            return;
-        };
-        if deadline <= now {
-            tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
-            return;
-        }
-        Timers::insert(timers, deadline, &self.node);
-        // Relaxed: read only by the drop that takes the node's handle count to zero, which
-        // synchronizes with this thread through that count; nobody else writes it (the scope
-        // is being made).
-        let t = ext.timer.load(Ordering::Relaxed);
-        ext.timer.store(t | ARMED, Ordering::Relaxed);
-    }
-
-    /// [`expire_if_due`](Scope::expire_if_due) now, reading the clock only for a scope with a
-    /// deadline: what every step that starts work calls first (a deadline that has passed is a
-    /// cancel whose timer task has not run yet, tokio firing timers on millisecond ticks), so
-    /// that nothing starts at or after it with nothing left of its budget (invariant 2).
-    #[inline]
-    pub(crate) fn expire_if_passed(&self) -> bool {
-        self.deadline().is_some() && self.expire_if_due(Instant::now())
-    }
-
-    /// If this scope's deadline has passed at `now`, cancels it with
-    /// [`Cause::DeadlineExceeded`] now rather than when its timer task gets to run, and returns
-    /// `true`.
-    ///
-    /// As the timers would: every scope on the way up whose deadline has passed and that has a
-    /// timer of its own (it tightened the deadline it inherited) is cancelled with
-    /// [`Cause::DeadlineExceeded`], in the order its timer would fire (deadlines never grow
-    /// down the tree: the lowest first), so every scope gets the cause its timer would have
-    /// given it. A scope that kept its parent's deadline is cancelled by its parent's cancel.
-    /// The walk stops at the first ancestor still in time.
-    pub(crate) fn expire_if_due(&self, now: Instant) -> bool {
-        if self.deadline().is_none_or(|d| d > now) {
-            return false;
-        }
-        let stamp = stamp_of(now);
-        for n in tree::ancestors(&self.node) {
-            let parent = n.parent();
-            if parent.is_none_or(|p| ScopeExt::tightens(&p.ext, n.ext.deadline)) {
-                tree::cancel(n, Cause::DeadlineExceeded, stamp);
-            }
-            match parent {
-                Some(p) if p.ext.deadline.is_some_and(|d| d <= now) => {}
-                _ => break,
-            }
-        }
-        true
     }
 
     /// Starts building a child scope (see [`ChildBuilder`]).
@@ -840,44 +578,6 @@ impl Scope {
         self.node.ext.shared().context.as_ref()
     }
 
-    /// The request's effect flag, if this scope is (in) an admitted request (see `effect`).
-    pub(crate) fn effect_flag(&self) -> Option<&Arc<EffectFlag>> {
-        self.node.ext.shared().effect.as_ref()
-    }
-
-    /// Notes in the request's effect flag (if any) that a child that may have had an effect
-    /// is about to be dispatched: before its dispatch compare-and-swap (see `effect`).
-    #[inline]
-    pub(crate) fn note_effect(&self) {
-        if let Some(flag) = self.effect_flag() {
-            flag.note();
-        }
-    }
-
-    /// Cancels the scope (a no-op for the cause if it is already cancelled: see
-    /// [`Scope::cancel`]), then reads the request's effect flag: whether a child that may
-    /// have had an effect was dispatched in the request. The cancel first: it returns once
-    /// every descendant is cancelled, so every dispatch that succeeded is seen (see
-    /// `effect`). `false` for a scope without a flag.
-    pub(crate) fn cancel_then_effect(&self) -> bool {
-        self.cancel();
-        self.effect_flag().is_some_and(|f| f.is_set())
-    }
-
-    /// A root without a deadline that carries a request's effect flag, as an admitted
-    /// request's scope does; for the loom models.
-    #[doc(hidden)]
-    pub fn __request_root() -> Scope {
-        let flag = Arc::new(EffectFlag::new());
-        Scope::root_with_context(None, None, None, None, Some(flag))
-    }
-
-    /// [`cancel_then_effect`](Self::cancel_then_effect), for the loom models.
-    #[doc(hidden)]
-    pub fn __cancel_then_effect(&self) -> bool {
-        self.cancel_then_effect()
-    }
-
     /// Runs `f` with this scope current (synchronous code: a tower service's `call`).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn sync_scope<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -896,29 +596,6 @@ impl Scope {
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn is_within(&self, other: &Scope) -> bool {
         tree::ancestors(&*self.node).any(|node| std::ptr::eq(node, &*other.node))
-    }
-
-    /// Attaches `note` for the report of this scope and of each of its ancestors, as receipts
-    /// are counted in each (a request's report has the notes of the work below it); in each,
-    /// the oldest note goes, counted, once it has [`MAX_NOTES`]. The caller holds a unit of
-    /// this scope (the work the note is about has no receipt yet), so that no scope on the
-    /// way is quiet yet: its report, made once it is, has the note (invariant 6).
-    pub(crate) fn add_note(&self, note: Note) {
-        // A request's scope under a server's is the root of its report (see `request`).
-        for node in tree::report_ancestors(&*self.node) {
-            node.ext.notes.get_or_init().lock().push(note.clone());
-        }
-    }
-
-    /// The notes attached so far, oldest first, and how many older ones were dropped.
-    pub(crate) fn notes(&self) -> (Vec<Note>, u64) {
-        self.node.ext.notes.get().map_or_else(
-            || (Vec::new(), 0),
-            |n| {
-                let n = n.lock();
-                (n.kept.iter().cloned().collect(), n.dropped)
-            },
-        )
     }
 
     /// Number of live child scopes (for memory tests).
@@ -987,15 +664,6 @@ impl fmt::Debug for Scope {
     }
 }
 
-/// A scope's name: its own, or, for a child that is its parent's ticket too (a retry
-/// attempt), the name of that ticket (kept once, in the node's ticket information).
-fn name_of(node: &Core) -> Option<&str> {
-    node.ext
-        .name
-        .as_deref()
-        .or_else(|| tree::own_info(node).map(ChildSpec::name))
-}
-
 impl Scope {
     /// The scope's name (see `name_of`) as a shared string, for a new root that keeps it
     /// (`detach`, `shield`).
@@ -1005,89 +673,5 @@ impl Scope {
             .name
             .clone()
             .or_else(|| tree::own_info(node).map(ChildSpec::shared_name))
-    }
-}
-
-impl ScopeExt {
-    /// The data of a child that inherits everything from `parent` (no deadline of its own, no
-    /// name, no mark): what `child_of(parent, parent.deadline, false, None, None, false)`
-    /// gives, kept apart because every plain child creation runs it (calling `child_of` there
-    /// measured about 15 % slower on `child_create_drop`).
-    pub(crate) fn plain_child_of(parent: &ScopeExt) -> ScopeExt {
-        ScopeExt {
-            deadline: parent.deadline,
-            name: None,
-            shared: parent.shared.clone(),
-            timer: AtomicU8::new(0),
-            marked: false,
-            notes: LazyBox::new(),
-            #[cfg(feature = "tokio-util")]
-            token: token::TokenSlot::new(),
-        }
-    }
-
-    /// Whether a child with `deadline` tightens its parent's (and so needs a timer).
-    pub(crate) fn tightens(parent: &ScopeExt, deadline: Option<Instant>) -> bool {
-        match (deadline, parent.deadline) {
-            (Some(d), Some(p)) => d < p,
-            (Some(_), None) => true,
-            _ => false,
-        }
-    }
-
-    /// The data of a child; `tightens`: [`tightens`](Self::tightens) for `deadline` (then the
-    /// child needs a timer, and the tree its timers); `marked`: its name is a mark (see
-    /// [`Scope::has_mark`]).
-    ///
-    /// Returns the data alone: a node built in its allocation then gets it written in place.
-    #[inline]
-    pub(crate) fn child_of(
-        parent: &ScopeExt,
-        deadline: Option<Instant>,
-        tightens: bool,
-        name: Option<std::sync::Arc<str>>,
-        grace: Option<Duration>,
-        marked: bool,
-    ) -> ScopeExt {
-        let inherited = parent.shared();
-        // Timers of its own for a child that tightens the deadline of a tree with none, or of
-        // a tree made in another runtime (see `Timers::for_child_of`).
-        let new_timers = tightens
-            .then(|| Timers::for_child_of(inherited.timers.as_ref()))
-            .flatten();
-        let changed = new_timers.is_some() || grace.is_some_and(|g| g != inherited.grace);
-        let shared = if changed {
-            Some(std::sync::Arc::new(Shared {
-                grace: grace.unwrap_or(inherited.grace),
-                context: inherited.context.clone(),
-                timers: new_timers.or_else(|| inherited.timers.clone()),
-                effect: inherited.effect.clone(),
-            }))
-        } else {
-            parent.shared.clone()
-        };
-        ScopeExt {
-            deadline,
-            name,
-            shared,
-            timer: AtomicU8::new(0),
-            marked,
-            notes: LazyBox::new(),
-            #[cfg(feature = "tokio-util")]
-            token: token::TokenSlot::new(),
-        }
-    }
-}
-
-impl Scope {
-    /// The handle of a new child node; `armed_at`: the clock reading its deadline was computed
-    /// from, if it tightened its deadline (and so needs a timer of its own).
-    #[track_caller]
-    pub(crate) fn from_child_node(node: Arc<Core>, armed_at: Option<Instant>) -> Scope {
-        let s = Scope { node };
-        if let Some(now) = armed_at {
-            s.arm_timer(now);
-        }
-        s
     }
 }
