@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::attempt::{Call, Limits, Live, Started, Unknown, Verdict};
+use super::attempt::{Limits, Started, Unknown, Verdict};
+use super::call::Call;
+use super::call_guards::Live;
 use super::classify::{Classify, Decision};
 use super::error::RetryError;
 use super::ledger::{AttemptEnd, Ledger, Stop};

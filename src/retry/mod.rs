@@ -83,6 +83,8 @@ use crate::spec::ChildSpec;
 mod attempt;
 mod backoff;
 mod budget;
+mod call;
+mod call_guards;
 mod classify;
 mod error;
 mod hedge;
@@ -96,7 +98,9 @@ pub use error::RetryError;
 pub use hedge::{Hedge, HedgeDelay, Latencies};
 pub use ledger::{AttemptEnd, AttemptRecord, Ledger, Stop};
 
-use attempt::{Call, Keep, Limits, Live, Started, Verdict};
+use attempt::{Limits, Started, Verdict};
+use call::Call;
+use call_guards::{Keep, Live};
 
 /// A retry policy: how many attempts, how they split the budget, what they keep for the
 /// response, how long to back off, and how errors are classified. Cheap to clone; reuse it for
