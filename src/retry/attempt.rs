@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::classify::Decision;
-use super::ledger::Stop;
+use super::stop::Stop;
 use crate::budget::Split;
 use crate::child::OwnTicket;
 use crate::error::Error;

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::ledger::{Ledger, Stop};
+use super::ledger::Ledger;
+use super::stop::Stop;
 use crate::cause::Cause;
 
 /// A retry or hedge call that did not succeed: why it stopped, the last attempt's error (if an

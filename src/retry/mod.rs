@@ -89,6 +89,7 @@ mod classify;
 mod error;
 mod hedge;
 mod ledger;
+mod stop;
 
 pub use attempt::Attempt;
 pub use backoff::{backoff_fn, BackoffFn, Exponential, ExponentialIter, Jitter};
@@ -96,7 +97,8 @@ pub use budget::RetryBudget;
 pub use classify::{Classify, Decision};
 pub use error::RetryError;
 pub use hedge::{Hedge, HedgeDelay, Latencies};
-pub use ledger::{AttemptEnd, AttemptRecord, Ledger, Stop};
+pub use ledger::{AttemptRecord, Ledger};
+pub use stop::{AttemptEnd, Stop};
 
 use attempt::{Limits, Started, Verdict};
 use call::Call;
