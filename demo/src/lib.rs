@@ -57,6 +57,7 @@ use std::io::Write;
 
 mod chain;
 mod options;
+mod outcome;
 mod record;
 mod render;
 mod run;
@@ -66,11 +67,10 @@ pub use options::{
     Mode, Options, OptionsError, Parsed, DEFAULT_CLIENT_BUDGET, DEFAULT_INVENTORY_WORK, MAX_MS,
     MAX_TIME_SCALE, SUCCESS_BUDGET, USAGE,
 };
+pub use outcome::{Check, ClientOutcome, Group, ModeRun, RequestRun, Work};
 pub use record::Hop;
 pub use render::summary;
-pub use run::{
-    run_mode, Check, ClientOutcome, DemoError, Group, ModeRun, RequestRun, Work, PATIENCE,
-};
+pub use run::{run_mode, DemoError, PATIENCE};
 
 /// Exit status: every claim holds.
 pub const EXIT_OK: u8 = 0;

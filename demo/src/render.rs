@@ -7,8 +7,8 @@ use cancel_scope::{Cause, Report};
 use tokio::time::Instant;
 
 use crate::options::Mode;
+use crate::outcome::{describe_work, millis, yes, ClientOutcome, ModeRun, RequestRun, Work};
 use crate::record::{Hop, What};
-use crate::run::{describe_work, millis, yes, ClientOutcome, ModeRun, RequestRun, Work};
 
 impl ModeRun {
     /// The mode's report: how the chain was set up, each request hop by hop, the checks.
