@@ -24,8 +24,8 @@ use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::Visit;
 
 /// The layers, bottom first. A module may import from the layers before its own; the modules
-/// of one level are peers and do not import each other. Modules that do not exist yet have
-/// their place too (`telemetry`, `registry`), so that they are checked when they land.
+/// of one level are peers and do not import each other. A module that does not exist yet has
+/// its place too (`telemetry`), so that it is checked when it lands.
 const LAYERS: &[&[&str]] = &[
     &["sync"],
     &["time"],
@@ -41,8 +41,10 @@ const LAYERS: &[&[&str]] = &[
     &["quiesce"],
     &["retry", "fanout"],
     &["registry"],
+    &["reconcile"],
     &["wire"],
     &["integrations"],
+    &["testing"],
 ];
 
 /// The level of a top-level module in [`LAYERS`].
