@@ -143,8 +143,6 @@ async fn the_handler_sees_its_scope_and_admission() {
     assert_eq!(body.into_inner().unwrap(), "700 700");
 }
 
-/// A response body that yields the given frames, then stays pending (or, `ENDS`, has ended).
-
 /// A handler whose future panics is answered 500 / `INTERNAL` (not a reset: the panic does
 /// not reach the server), is receipted `Failed` with the panic's message in the report, and
 /// its request is cancelled with "the handler panicked" (not `ClientGone`).
