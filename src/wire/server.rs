@@ -100,7 +100,7 @@ struct Inner {
 
 impl ServerScope {
     /// A server's scope, named `server`, with the default stop grace
-    /// ([`DEFAULT_GRACE`](crate::DEFAULT_GRACE)) and a `Retry-After` of one second.
+    /// ([`DEFAULT_GRACE`]) and a `Retry-After` of one second.
     ///
     /// # Examples
     ///
