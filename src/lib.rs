@@ -153,7 +153,7 @@
 //! | | [`Reconciler`](reconcile::Reconciler), [`Reconciled`](reconcile::Reconciled) | lists pending intents and resolves each once |
 //! | | [`Intent`](reconcile::Intent), [`IntentRecord`](reconcile::IntentRecord), [`EffectClass`](reconcile::EffectClass), [`Resolution`](reconcile::Resolution), [`Resolved`](reconcile::Resolved) | an intent, as written and as stored, and how it ended |
 //! | | [`IntentError`](reconcile::IntentError), [`MAX_FIELD_LEN`](reconcile::MAX_FIELD_LEN), [`DEFAULT_JOURNAL_TIMEOUT`](reconcile::DEFAULT_JOURNAL_TIMEOUT) | a store fault; the bounds and defaults |
-//! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit) |
+//! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit), and [`admit_in`](wire::EndpointPolicy::admit_in) under a `ServerScope` |
 //! | | [`Trust`](wire::Trust) | presets for all the trust settings at once: untrusted, trusted |
 //! | | [`OnBadInput`](wire::OnBadInput) | what admission does with a budget header it cannot decode: refuse, or fall back |
 //! | | [`OverCap`](wire::OverCap) | what admission does with a budget over the maximum: clamp, or refuse |
@@ -167,6 +167,9 @@
 //! | | [`EgressPolicy`](wire::EgressPolicy) | how outgoing calls take their budget: reserve, cap, transport pad, minimum |
 //! | | [`Outgoing`](wire::Outgoing) | the budget of one outgoing call, as `grpc-timeout` and `service-budget` values |
 //! | | (also here) | `GrpcTimeoutError`, `ServiceBudget`, `ServiceBudgetError`, `ServiceBudgetErrorKind`, `EnvoyTimeoutError`, re-exported from the modules below |
+//! | | [`ServerScope`](wire::ServerScope) | a server's scope, the parent of every admitted request: [`shutdown`](wire::ServerScope::shutdown) stops admitting, drains, cancels the rest with `Cause::Shutdown`; [`draining`](wire::ServerScope::draining) for axum's and tonic's graceful shutdown |
+//! | | [`ShutdownReport`](wire::ShutdownReport) | what a shutdown found: in flight, finished, cancelled, quarantined, pending effects |
+//! | [`wire::service_effect`] | [`ServiceEffect`](wire::service_effect::ServiceEffect), [`HEADER`](wire::service_effect::HEADER) | the `service-effect` header of a stopped request's answer: `none`, or `unknown` after a possibly-effectful dispatch |
 //! | [`wire::grpc_timeout`] | [`encode`](wire::grpc_timeout::encode) | a remaining budget as a `grpc-timeout` value: the finest unit that fits, truncated |
 //! | | [`encode_into`](wire::grpc_timeout::encode_into) | the same, written into a `fmt::Write` without allocating |
 //! | | [`decode`](wire::grpc_timeout::decode) | a `grpc-timeout` value, decoded strictly |
@@ -190,12 +193,13 @@
 //! | | [`EXPECTED_RQ_TIMEOUT_MS`](wire::envoy::EXPECTED_RQ_TIMEOUT_MS) | `x-envoy-expected-rq-timeout-ms` |
 #![cfg_attr(
     any(feature = "tower", feature = "reqwest"),
-    doc = "| `integrations` | [`CallError`](integrations::CallError) | why an outgoing call through `Propagate` or the reqwest extension did not run or finish |"
+    doc = "| `integrations` | [`CallError`](integrations::CallError) | why an outgoing call through `Propagate` or the reqwest extension did not run or finish |
+| | [`is_effect_unknown`](integrations::is_effect_unknown), [`service_effect_in`](integrations::service_effect_in) | whether an answer's headers say its effect is unknown (for retry classifiers) |"
 )]
 #![cfg_attr(
     feature = "tower",
     doc = "| [`integrations::tower`] | (re-exports) | `Admit`, `AdmitLayer`, `Ingress`, `Propagate`, `PropagateLayer` from the modules below |
-| [`integrations::tower::admit`] | [`AdmitLayer`](integrations::tower::admit::AdmitLayer) | the server layer: every request admitted into a root scope under an `EndpointPolicy` |
+| [`integrations::tower::admit`] | [`AdmitLayer`](integrations::tower::admit::AdmitLayer) | the server layer: every request admitted into a root scope under an `EndpointPolicy` (with [`server`](integrations::tower::admit::AdmitLayer::server), a child of a `ServerScope`); the handler is one child of it |
 | | [`Admit`](integrations::tower::admit::Admit) | the server middleware `AdmitLayer` makes |
 | | [`Ingress`](integrations::tower::admit::Ingress) | when a request arrived, if an outer layer knows better (a request extension) |
 | | [`ResponseBody`](integrations::tower::admit::ResponseBody) | the handler's response body, bounded by the request's deadline |
@@ -234,6 +238,18 @@
     feature = "redis",
     doc = "| [`integrations::redis`] | [`RedisRegistry`](integrations::redis::RedisRegistry), [`RedisRegistryBuilder`](integrations::redis::RedisRegistryBuilder) | the operation registry on Redis: a key per operation, cancels on pub/sub |
 | | [`ListenerStatus`](integrations::redis::ListenerStatus), [`DEFAULT_PREFIX`](integrations::redis::DEFAULT_PREFIX) | the pub/sub listener's state; the default key prefix |"
+)]
+#![cfg_attr(
+    feature = "axum",
+    doc = "| [`integrations::axum`] | [`NotAdmitted`](integrations::axum::NotAdmitted) | the rejection of the `Scope` and `Admission` extractors behind no `AdmitLayer`; the crate's errors are axum responses |"
+)]
+#![cfg_attr(
+    feature = "tonic",
+    doc = "| [`integrations::tonic`] | (conversions) | the crate's errors as `tonic::Status`, by the server layer's status table |"
+)]
+#![cfg_attr(
+    feature = "testing",
+    doc = "| [`testing`] | [`request_scope`](testing::request_scope), [`admitted_request`](testing::admitted_request), [`scope_of`](testing::scope_of) | a request's scope and an admitted request, for tests of your own handlers |"
 )]
 #![cfg_attr(
     feature = "stream",

@@ -20,8 +20,8 @@
 //! this library that stopped the request itself says whether it had dispatched a call that
 //! may have had an effect (`service-effect: unknown`, see
 //! [`wire::service_effect`](crate::wire::service_effect)): that turns a `Failed` into
-//! `EffectUnknown`, a read-only call's too; [`is_effect_unknown`] is that reading for a
-//! retry classifier.
+//! `EffectUnknown`, a read-only call's too; `is_effect_unknown` (features `tower`, `reqwest`)
+//! is that reading for a retry classifier.
 
 #[cfg(feature = "axum")]
 pub mod axum;

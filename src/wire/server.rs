@@ -13,7 +13,7 @@ use crate::{Cause, EffectRecord, Report, Scope, DEFAULT_GRACE};
 
 /// The scope of a server: the parent of the scope of every request admitted under it
 /// ([`EndpointPolicy::admit_in`](super::EndpointPolicy::admit_in), or an
-/// [`AdmitLayer`](crate::integrations::tower::AdmitLayer) given it with `server`), and the
+/// `integrations::tower::AdmitLayer` given it with `server`, feature `tower`), and the
 /// handle of its graceful shutdown.
 ///
 /// A request's scope is a child of the server's for cancel and quiescence: the server's

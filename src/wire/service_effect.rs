@@ -16,7 +16,7 @@
 //! | `none` | no child that may have had an effect was dispatched in the request (the handler's own code may still have done something no scope saw) |
 //! | `unknown` | one was: what the request did is unknown, and a retry may repeat it |
 //!
-//! The server layer ([`Admit`](crate::integrations::tower::Admit), feature `tower`) puts it on
+//! The server layer (`integrations::tower::Admit`, feature `tower`) puts it on
 //! every answer for a request it stopped (and, for gRPC, in the trailers of a body it cut); it
 //! is not sent on a handler's own answers. With `unknown` it also answers HTTP `500` instead
 //! of `503` and gRPC `UNKNOWN` instead of `UNAVAILABLE`, so that a client that knows nothing
