@@ -378,7 +378,7 @@ impl<'s> Call<'s> {
         classify: &impl Classify<E>,
     ) -> Decision {
         let d = classify.classify(e);
-        let unknown = (d == Decision::EffectUnknown).then_some(Unknown::Reported);
+        let unknown = d.is_effect_unknown().then_some(Unknown::Reported);
         self.settle(index, dispatched.take(), AttemptEnd::Failed(d), unknown);
         d
     }
@@ -402,7 +402,7 @@ impl<'s> Call<'s> {
             }
             Ok(Err(e)) => {
                 let d = self.fail(index, dispatched, &e, classify);
-                let unknown = d == Decision::EffectUnknown;
+                let unknown = d.is_effect_unknown();
                 let verdict = if d == Decision::Never {
                     Verdict::Stop(Stop::NotRetryable)
                 } else if side_effecting && unknown {

@@ -53,6 +53,11 @@ pub enum Decision {
     /// it dispatched a possibly-effectful call; `integrations::is_effect_unknown` reads it) is
     /// one, whatever its status.
     EffectUnknown,
+    /// As [`EffectUnknown`](Self::EffectUnknown), and the dependency said when to come back
+    /// (a `503` with `Retry-After`, gRPC `UNAVAILABLE` with pushback): read-only and idempotent
+    /// work retries after that delay, as with [`RetryAfter`](Self::RetryAfter);
+    /// side-effecting work stops with [`Receipt::EffectUnknown`](crate::Receipt::EffectUnknown).
+    EffectUnknownAfter(Duration),
 }
 
 impl Decision {
@@ -67,6 +72,43 @@ impl Decision {
     /// ```
     pub fn retries(self) -> bool {
         !matches!(self, Decision::Never)
+    }
+
+    /// Whether the failed attempt may have had its effect ([`EffectUnknown`](Self::EffectUnknown)
+    /// or [`EffectUnknownAfter`](Self::EffectUnknownAfter)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::retry::Decision;
+    /// assert!(Decision::EffectUnknownAfter(Duration::from_secs(1)).is_effect_unknown());
+    /// assert!(!Decision::RetryAfter(Duration::from_secs(1)).is_effect_unknown());
+    /// ```
+    pub fn is_effect_unknown(self) -> bool {
+        matches!(
+            self,
+            Decision::EffectUnknown | Decision::EffectUnknownAfter(_)
+        )
+    }
+
+    /// The delay the dependency asked for, if the decision carries one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::retry::Decision;
+    /// let d = Duration::from_millis(250);
+    /// assert_eq!(Decision::RetryAfter(d).retry_after(), Some(d));
+    /// assert_eq!(Decision::EffectUnknownAfter(d).retry_after(), Some(d));
+    /// assert_eq!(Decision::Backoff.retry_after(), None);
+    /// ```
+    pub fn retry_after(self) -> Option<Duration> {
+        match self {
+            Decision::RetryAfter(d) | Decision::EffectUnknownAfter(d) => Some(d),
+            _ => None,
+        }
     }
 }
 

@@ -209,9 +209,9 @@ impl fmt::Debug for Latencies {
 /// the budget (the policy's cap and reserve still apply). An attempt that fails while none is in
 /// flight is followed at once by the next, as the classification allows: no backoff is slept,
 /// but [`Decision::SwitchEndpoint`] moves the next attempts to the next endpoint, and
-/// [`Decision::RetryAfter`] holds every later start (retry or hedge) until the hint has passed,
-/// or ends the call with [`Stop::RetryAfterTooLong`] if nothing could start then and nothing is
-/// in flight.
+/// [`Decision::RetryAfter`] (or `EffectUnknownAfter`) holds every later start (retry or
+/// hedge) until the hint has passed, or ends the call with [`Stop::RetryAfterTooLong`] if
+/// nothing could start then and nothing is in flight.
 ///
 /// [`Decision::SwitchEndpoint`]: super::Decision::SwitchEndpoint
 /// [`Decision::RetryAfter`]: super::Decision::RetryAfter
@@ -457,7 +457,9 @@ impl<C, B> Hedge<C, B> {
                             Verdict::Again(Decision::SwitchEndpoint) => {
                                 endpoint = endpoint.wrapping_add(1);
                             }
-                            Verdict::Again(Decision::RetryAfter(hint)) => {
+                            Verdict::Again(
+                                Decision::RetryAfter(hint) | Decision::EffectUnknownAfter(hint),
+                            ) => {
                                 match call.after_pushback(hint) {
                                     Ok(at) => {
                                         not_before = not_before.max(Some(at));

@@ -550,10 +550,12 @@ where
             }
             wait = match decision {
                 Decision::RetryNow => Duration::ZERO,
-                Decision::RetryAfter(hint) => match call.after_pushback(hint) {
-                    Err(stop) => break stop,
-                    Ok(_) => hint,
-                },
+                Decision::RetryAfter(hint) | Decision::EffectUnknownAfter(hint) => {
+                    match call.after_pushback(hint) {
+                        Err(stop) => break stop,
+                        Ok(_) => hint,
+                    }
+                }
                 decision => {
                     if decision == Decision::SwitchEndpoint {
                         endpoint = endpoint.wrapping_add(1);

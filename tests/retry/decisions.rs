@@ -311,6 +311,55 @@ async fn side_effecting_work_never_retries_and_a_timeout_is_effect_unknown() {
     assert_eq!(report.pending_effects()[0].effect_id(), "payment-7");
 }
 
+/// An answer that may have had its effect and says when to come back (a 503 with
+/// `Retry-After`): read-only and idempotent work retry after exactly that delay, the
+/// idempotent attempt kept `EffectUnknown` until the success; side-effecting work stops at
+/// once with `EffectUnknown`, not "not idempotent", and sleeps nothing.
+#[tokio::test(start_paused = true)]
+async fn effect_unknown_after_a_delay_waits_for_safe_work_and_stops_a_write() {
+    let busy = |_: &()| Decision::EffectUnknownAfter(ms(120));
+    let retry = Retry::new(busy).max_attempts(2);
+    for spec in [
+        ChildSpec::read_only("stock"),
+        ChildSpec::idempotent("put-order", "order-9"),
+    ] {
+        let request = Scope::with_timeout(ms(1000));
+        let (result, ledger) = retry
+            .run_with_ledger(&request, spec, |a| async move {
+                if a.number() == 1 {
+                    Err(())
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+        result.unwrap();
+        assert_eq!(ledger.attempts()[1].started_at() - ledger.began(), ms(120));
+        assert_eq!(
+            ledger.attempts()[0].end(),
+            Some(AttemptEnd::Failed(Decision::EffectUnknownAfter(ms(120))))
+        );
+    }
+
+    let request = Scope::with_timeout(ms(1000));
+    let t0 = Instant::now();
+    let err = retry
+        .run(
+            &request,
+            ChildSpec::side_effecting("charge-card", "payment-9"),
+            |_| async { Err::<(), _>(()) },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::EffectUnknown);
+    assert_eq!(err.ledger().started(), 1);
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+    request.close();
+    let report = request.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
+    assert_eq!(report.pending_effects()[0].effect_id(), "payment-9");
+}
+
 /// Builder rules only ever tighten: a retry policy's reserve, minimum useful budget and
 /// per-attempt cap set twice keep the stricter value, in either order (a layer that narrows a
 /// policy it was handed cannot widen it by accident).
