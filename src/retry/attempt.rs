@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::classify::Decision;
 use super::stop::Stop;
 use crate::budget::Split;
+use crate::cause::Cause;
 use crate::child::OwnTicket;
 use crate::error::Error;
 use crate::scope::Scope;
@@ -210,6 +211,10 @@ pub(crate) fn attempt_budget(
             Split::Even { cap } | Split::Greedy { cap } => cap,
         },
         Some(rem) => {
+            if rem.is_zero() && limits.reserve.is_zero() {
+                // No reserve to reach: the deadline itself has come.
+                return Err(Stop::Cancelled(Cause::DeadlineExceeded));
+            }
             if rem <= limits.reserve {
                 return Err(Stop::ReserveReached);
             }

@@ -184,14 +184,20 @@ impl<'s> Call<'s> {
 
     /// Whether another attempt could start after waiting `wait` (the scope's cancel or close,
     /// the attempt count, the reserve line, the minimum useful budget): checked before a
-    /// backoff sleep, so that a sleep after which nothing may start is not slept.
+    /// backoff sleep, so that a sleep after which nothing may start is not slept. If one could
+    /// start now but not after `wait`, the wait is what stops the call
+    /// ([`Stop::BackoffTooLong`]).
     pub(crate) fn check_after(&self, wait: Duration) -> Result<(), Stop> {
         // A cancel closes the watermark too: `closed` tells the two apart.
         if let Some(stop) = self.closed() {
             return Err(stop);
         }
-        let remaining = self.scope.remaining().map(|r| r.saturating_sub(wait));
-        attempt_budget(&self.limits, remaining, self.attempts_left()).map(|_| ())
+        let left = self.scope.remaining();
+        attempt_budget(&self.limits, left, self.attempts_left())?;
+        let remaining = left.map(|r| r.saturating_sub(wait));
+        attempt_budget(&self.limits, remaining, self.attempts_left())
+            .map(|_| ())
+            .map_err(|_| Stop::BackoffTooLong(wait))
     }
 
     /// When the next attempt may start after the dependency's pushback `hint`
@@ -201,7 +207,9 @@ impl<'s> Call<'s> {
     pub(crate) fn after_pushback(&self, hint: Duration) -> Result<Instant, Stop> {
         let too_long = Stop::RetryAfterTooLong(hint);
         match self.check_after(hint) {
-            Err(Stop::ReserveReached | Stop::BelowMinUseful) => Err(too_long),
+            Err(Stop::ReserveReached | Stop::BelowMinUseful | Stop::BackoffTooLong(_)) => {
+                Err(too_long)
+            }
             Err(stop) => Err(stop),
             Ok(()) => sleepable_after(Instant::now(), hint).ok_or(too_long),
         }

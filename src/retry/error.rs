@@ -111,7 +111,7 @@ impl<E> RetryError<E> {
     }
 
     /// Whether the call ran out of time: the scope's deadline, the reserve line, the minimum
-    /// useful budget, or a retry hint past the last start.
+    /// useful budget, a retry hint or a backoff delay past the last start.
     ///
     /// # Examples
     ///

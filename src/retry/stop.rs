@@ -66,6 +66,10 @@ pub enum Stop {
     EffectUnknown,
     /// The dependency asked to come back later than the last moment an attempt may start.
     RetryAfterTooLong(Duration),
+    /// The next delay of the backoff schedule would end later than the last moment an attempt
+    /// may start (the deadline, less the reserve and the minimum useful budget): it is not
+    /// slept.
+    BackoffTooLong(Duration),
     /// The process-wide [`RetryBudget`](super::RetryBudget) refused the retry.
     RetryBudget,
     /// The backoff schedule ended.
@@ -85,7 +89,7 @@ pub enum Stop {
 
 impl Stop {
     /// Whether the call stopped because the budget ran out (its deadline, the reserve line, the
-    /// minimum useful budget or a too-late retry hint).
+    /// minimum useful budget, a too-late retry hint or a backoff delay that does not fit).
     ///
     /// # Examples
     ///
@@ -97,7 +101,10 @@ impl Stop {
     pub fn is_out_of_time(&self) -> bool {
         match self {
             Stop::Cancelled(c) => c.is_deadline_exceeded(),
-            Stop::ReserveReached | Stop::BelowMinUseful | Stop::RetryAfterTooLong(_) => true,
+            Stop::ReserveReached
+            | Stop::BelowMinUseful
+            | Stop::RetryAfterTooLong(_)
+            | Stop::BackoffTooLong(_) => true,
             _ => false,
         }
     }
@@ -116,6 +123,9 @@ impl fmt::Display for Stop {
             Stop::NotIdempotent => f.write_str("side-effecting work is not retried"),
             Stop::EffectUnknown => f.write_str("effect unknown"),
             Stop::RetryAfterTooLong(d) => write!(f, "retry-after {d:?} is past the last start"),
+            Stop::BackoffTooLong(d) => {
+                write!(f, "the next backoff ({d:?}) ends past the last start")
+            }
             Stop::RetryBudget => f.write_str("retry budget exhausted"),
             Stop::BackoffExhausted => f.write_str("backoff schedule ended"),
             Stop::Panicked => f.write_str("attempt panicked"),

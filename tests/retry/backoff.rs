@@ -80,7 +80,8 @@ async fn seeded_jitter_is_reproducible_and_within_bounds() {
     }
 }
 
-/// A delay longer than what is left is not slept: the call ends at once.
+/// A delay longer than what is left is not slept: the call ends at once, and says that the
+/// backoff is what stopped it (no reserve was set, so "reserve reached" would be false).
 #[tokio::test(start_paused = true)]
 async fn a_delay_past_the_last_start_is_not_slept() {
     let request = Scope::with_timeout(ms(300));
@@ -92,7 +93,13 @@ async fn a_delay_past_the_last_start_is_not_slept() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err.stop(), &Stop::ReserveReached);
+    assert_eq!(err.stop(), &Stop::BackoffTooLong(ms(400)));
+    assert!(err.is_out_of_time());
+    assert!(
+        err.to_string()
+            .contains("the next backoff (400ms) ends past the last start"),
+        "{err}"
+    );
     assert_eq!(t0.elapsed(), Duration::ZERO);
 }
 

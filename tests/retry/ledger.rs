@@ -167,13 +167,13 @@ async fn last_start_is_a_moment_an_even_split_attempt_can_start() {
     let (starts, stop, at, last_start) = even_split_last_start(vec![ms(850)]).await;
     assert_eq!(
         (starts, stop, at, last_start),
-        (vec![0], Stop::BelowMinUseful, ms(0), ms(800))
+        (vec![0], Stop::BackoffTooLong(ms(850)), ms(0), ms(800))
     );
     // Just past the line: not slept either.
     let (starts, stop, at, last_start) = even_split_last_start(vec![ms(801)]).await;
     assert_eq!(
         (starts, stop, at, last_start),
-        (vec![0], Stop::BelowMinUseful, ms(0), ms(800))
+        (vec![0], Stop::BackoffTooLong(ms(801)), ms(0), ms(800))
     );
     // At each line: the 2nd attempt starts at 800 ms, the 3rd (the last) at 900 ms.
     let (starts, stop, at, last_start) = even_split_last_start(vec![ms(800), ms(100)]).await;
