@@ -4,13 +4,15 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::ledger::Ledger;
-use super::stop::Stop;
+use super::stop::{AttemptEnd, Stop};
 use crate::cause::Cause;
 
 /// A retry or hedge call that did not succeed: why it stopped, the last attempt's error (if an
 /// attempt returned one) and the call's [`Ledger`].
 ///
-/// The `Display` text is for people and is not part of the API.
+/// The `Display` text is for people and is not part of the API; it needs nothing of `E` (the last
+/// error is the [`source`](std::error::Error::source)), its alternate form `{:#}` lists the
+/// ledger's attempts, and `Debug` is short.
 ///
 /// # Examples
 ///
@@ -156,29 +158,104 @@ impl<E> RetryError<E> {
     }
 }
 
+/// Short and structured: the dependency, why the call stopped, how many attempts it made
+/// and the last error. The whole ledger is [`ledger`](RetryError::ledger), or the alternate
+/// `Display` (`{:#}`).
 impl<E: fmt::Debug> fmt::Debug for RetryError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryError")
+            .field("dependency", &self.ledger.dependency())
             .field("stop", &self.stop)
-            .field("last", &self.last)
-            .field("ledger", &self.ledger)
+            .field("attempts", &self.ledger.started())
+            .field("elapsed", &self.ledger.elapsed())
+            .field("last_error", &self.last)
             .finish()
     }
 }
 
-impl<E: fmt::Display> fmt::Display for RetryError<E> {
+/// What stopped the call and how its last attempt ended, for any error type: the last error
+/// itself is not repeated (it is the error's [`source`](std::error::Error::source) when it is
+/// an error, and [`last_error`](RetryError::last_error) in any case; an error reporter that
+/// prints the chain, such as `anyhow`'s `{:#}`, shows it).
+///
+/// The alternate form (`{:#}`) adds the ledger, one line per attempt.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+///
+/// struct Unavailable; // not `Display`, not `Debug`
+/// let scope = Scope::with_timeout(Duration::from_secs(1));
+/// let err = Retry::new(|_: &Unavailable| Decision::RetryNow)
+///     .max_attempts(2)
+///     .run(&scope, ChildSpec::read_only("stock"), |_| async { Err::<(), _>(Unavailable) })
+///     .await
+///     .unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "stock: gave up after 2 of 2 attempts in 0ns: attempts exhausted \
+///      (the last attempt failed: RetryNow)"
+/// );
+/// let ledger = format!("{err:#}");
+/// assert!(ledger.ends_with("\n  attempt 2 at +0ns, budget 1s: failed: RetryNow"), "{ledger}");
+/// # }
+/// ```
+impl<E> fmt::Display for RetryError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = &self.ledger;
         write!(
             f,
-            "{} failed after {} attempt(s): {}",
-            self.ledger.dependency(),
-            self.ledger.started(),
+            "{}: gave up after {} of {} attempts in {:?}: {}",
+            l.dependency(),
+            l.started(),
+            l.max_attempts(),
+            l.elapsed(),
             self.stop
         )?;
-        if let Some(e) = &self.last {
-            write!(f, "; last error: {e}")?;
+        match l.attempts().last().and_then(|a| a.end()) {
+            Some(end) => write!(f, " (the last attempt {})", Ended(end))?,
+            None if l.started() == 0 => f.write_str(" (no attempt started)")?,
+            None => {}
+        }
+        if f.alternate() {
+            for a in l.attempts() {
+                let at = a.started_at().saturating_duration_since(l.began());
+                write!(f, "\n  attempt {} at +{at:?}", a.number())?;
+                if a.is_hedge() {
+                    f.write_str(" (hedge)")?;
+                }
+                if a.endpoint() > 0 {
+                    write!(f, " on endpoint {}", a.endpoint())?;
+                }
+                match a.budget() {
+                    Some(b) => write!(f, ", budget {b:?}")?,
+                    None => f.write_str(", unbounded")?,
+                }
+                match a.end() {
+                    Some(end) => write!(f, ": {}", Ended(end))?,
+                    None => f.write_str(": in flight")?,
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// How an attempt ended, as the `Display` of [`RetryError`] says it.
+struct Ended(AttemptEnd);
+
+impl fmt::Display for Ended {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            AttemptEnd::Succeeded => f.write_str("succeeded"),
+            AttemptEnd::Failed(d) => write!(f, "failed: {d:?}"),
+            AttemptEnd::TimedOut => f.write_str("ran out of its budget"),
+            AttemptEnd::Stopped => f.write_str("was stopped"),
+            AttemptEnd::Panicked => f.write_str("panicked"),
+        }
     }
 }
 

@@ -284,6 +284,47 @@ async fn ledgers_appear_in_the_scope_report() {
     assert_eq!((report.succeeded(), report.failed()), (1, 3));
 }
 
+/// A `RetryError` reads well for any error type: its `Display` needs no `E: Display` and says
+/// what stopped the call and how the last attempt ended, its alternate form lists the
+/// attempts, and its `Debug` is short and structured (not the ledger's every field).
+#[tokio::test(start_paused = true)]
+async fn a_retry_error_is_short_and_its_ledger_one_format_away() {
+    #[derive(Debug)]
+    struct Opaque; // neither `Display` nor `std::error::Error`
+    let request = Scope::with_timeout(ms(1000));
+    let err = Retry::new(|_: &Opaque| Decision::Backoff)
+        .max_attempts(3)
+        .backoff(std::iter::repeat(ms(10)))
+        .run(&request, ChildSpec::read_only("stock"), |_| async {
+            Err::<(), _>(Opaque)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "stock: gave up after 3 of 3 attempts in 20ms: attempts exhausted \
+         (the last attempt failed: Backoff)"
+    );
+    let debug = format!("{err:?}");
+    assert_eq!(
+        debug,
+        "RetryError { dependency: \"stock\", stop: AttemptsExhausted, attempts: 3, \
+         elapsed: 20ms, last_error: Some(Opaque) }"
+    );
+    let full = format!("{err:#}");
+    let lines: Vec<_> = full.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "  attempt 1 at +0ns, budget 333ms: failed: Backoff",
+            "  attempt 2 at +10ms, budget 495ms: failed: Backoff",
+            "  attempt 3 at +20ms, budget 980ms: failed: Backoff",
+        ],
+        "{full}"
+    );
+    assert_eq!(err.ledger().started(), 3);
+}
+
 /// A quiesce started while a retry sleeps in its backoff waits for the call to end, and the
 /// report then holds its ledger.
 #[tokio::test(start_paused = true)]
