@@ -336,6 +336,10 @@ impl fmt::Display for Report {
                 self.orphan_work
             )?;
         }
+        // What the layers above show of their notes (a retry's ledger), oldest first.
+        for shown in self.notes().iter().filter_map(|n| n.shown_as()) {
+            write!(f, "; {shown}")?;
+        }
         match self.dropped_notes {
             0 => {}
             1 => f.write_str("; 1 older note dropped (retry ledgers and failures)")?,

@@ -480,7 +480,7 @@ impl<'s> Call<'s> {
         ledger.finish(&Stop::Succeeded, now);
         let ledger = self.ledger.0;
         let kept = keep.then(|| ledger.clone());
-        self.scope.add_note(Note::new(ledger));
+        self.scope.add_note(Note::shown(ledger));
         dispatched.succeed();
         kept
     }
@@ -512,7 +512,7 @@ impl<'s> Call<'s> {
             hold = scope.tether(()).ok();
         }
         if hold.is_some() || ticket_held {
-            scope.add_note(Note::new(ledger.clone()));
+            scope.add_note(Note::shown(ledger.clone()));
         }
         // Giving a receipt may make an attempt's scope quiet and wake its `quiesce()`s: the
         // panic of one of their wakers comes out once every receipt is given and the hold is
@@ -586,7 +586,7 @@ impl<'s> Call<'s> {
             self.hold = self.scope.tether(()).ok();
         }
         if held || self.hold.is_some() {
-            self.scope.add_note(Note::new(self.ledger.0.clone()));
+            self.scope.add_note(Note::shown(self.ledger.0.clone()));
         }
     }
 }

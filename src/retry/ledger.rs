@@ -482,11 +482,13 @@ impl fmt::Debug for Attempts {
     }
 }
 
+/// One line, which the reports of the scopes the call's ledger is attached to show too:
+/// `retry inventory: 2/3 attempts (0 hedges, peak 1 concurrent) in 20ms, stopped: succeeded`.
 impl fmt::Display for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: {}/{} attempts ({} hedges, peak {} concurrent) in {:?}",
+            "retry {}: {}/{} attempts ({} hedges, peak {} concurrent) in {:?}",
             self.dependency(),
             self.started(),
             self.max_attempts,
@@ -505,7 +507,7 @@ impl fmt::Display for Ledger {
             f.write_str(", nested (not the retry owner)")?;
         }
         if let Some(s) = &self.stop {
-            write!(f, "; stopped: {s}")?;
+            write!(f, ", stopped: {s}")?;
         }
         Ok(())
     }

@@ -28,8 +28,15 @@ impl Notes {
 }
 
 /// A value that a layer above attached to a scope for its report. Compares by identity.
+///
+/// A note made with [`shown`](Note::shown) also appears in the report's `Display`, as its
+/// value's own `Display` says it: the layer that attaches it decides the text, and the report
+/// need not know its type.
 #[derive(Clone)]
-pub(crate) struct Note(std::sync::Arc<dyn NoteValue>);
+pub(crate) struct Note(std::sync::Arc<dyn NoteValue>, Option<ShowFn>);
+
+/// Writes a note's value (given as `Any`) for the report's `Display`.
+type ShowFn = fn(&dyn std::any::Any, &mut fmt::Formatter<'_>) -> fmt::Result;
 
 /// What a note can hold: any immutable `Debug` value (unwind safe, so that
 /// [`Report`](crate::Report) keeps its auto traits).
@@ -48,7 +55,32 @@ impl<T: std::any::Any + fmt::Debug + Send + Sync + std::panic::RefUnwindSafe> No
 impl Note {
     /// A note sharing `value` (no copy: the attaching layer may keep its own handle).
     pub(crate) fn new<T: NoteValue>(value: std::sync::Arc<T>) -> Note {
-        Note(value)
+        Note(value, None)
+    }
+
+    /// A note sharing `value` that the report's `Display` shows, as `value`'s `Display`.
+    pub(crate) fn shown<T: NoteValue + fmt::Display>(value: std::sync::Arc<T>) -> Note {
+        fn show<T: fmt::Display + 'static>(
+            v: &dyn std::any::Any,
+            f: &mut fmt::Formatter<'_>,
+        ) -> fmt::Result {
+            match v.downcast_ref::<T>() {
+                Some(v) => fmt::Display::fmt(v, f),
+                None => Ok(()),
+            }
+        }
+        Note(value, Some(show::<T>))
+    }
+
+    /// The note as the report's `Display` shows it, if it is shown.
+    pub(crate) fn shown_as(&self) -> Option<impl fmt::Display + '_> {
+        struct Shown<'a>(&'a dyn std::any::Any, ShowFn);
+        impl fmt::Display for Shown<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                (self.1)(self.0, f)
+            }
+        }
+        self.1.map(|show| Shown((*self.0).as_any(), show))
     }
 
     /// The value, if it is a `T`.

@@ -278,10 +278,15 @@ async fn ledgers_appear_in_the_scope_report() {
     assert_eq!(ledgers[1].stop(), Some(&Stop::AttemptsExhausted));
     assert_eq!(
         ledgers[1].to_string(),
-        "orders: 2/2 attempts (0 hedges, peak 1 concurrent) in 0ns; stopped: attempts exhausted"
+        "retry orders: 2/2 attempts (0 hedges, peak 1 concurrent) in 0ns, stopped: attempts exhausted"
     );
     // Four attempts, four receipts.
     assert_eq!((report.succeeded(), report.failed()), (1, 3));
+    // The report's `Display` shows both, oldest first.
+    let shown = report.to_string();
+    let users = shown.find("; retry users: 2/2 attempts").expect(&shown);
+    let orders = shown.find("; retry orders: 2/2 attempts").expect(&shown);
+    assert!(users < orders, "{shown}");
 }
 
 /// A `RetryError` reads well for any error type: its `Display` needs no `E: Display` and says
