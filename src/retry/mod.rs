@@ -82,6 +82,7 @@ use crate::spec::ChildSpec;
 
 mod attempt;
 mod backoff;
+mod boxed;
 mod budget;
 mod call;
 mod call_guards;
@@ -93,6 +94,7 @@ mod stop;
 
 pub use attempt::Attempt;
 pub use backoff::{backoff_fn, BackoffFn, Exponential, ExponentialIter, Jitter};
+pub use boxed::{BoxClassify, BoxRetry};
 pub use budget::RetryBudget;
 pub use classify::{Classify, Decision};
 pub use error::RetryError;

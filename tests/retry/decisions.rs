@@ -448,3 +448,43 @@ async fn an_endless_retry_after_ends_the_call() {
         );
     }
 }
+
+/// A policy kept in application state is named `BoxRetry<E>`: a closure that captures what it
+/// needs (which a `fn` pointer cannot) or a built-in classifier, no cast; clones share it.
+#[tokio::test(start_paused = true)]
+async fn a_boxed_policy_is_nameable_and_classifies_as_its_closure() {
+    use cancel_scope::retry::BoxRetry;
+
+    struct State {
+        inventory: BoxRetry<CallError>,
+    }
+    let retryable = [CallError::Unavailable];
+    let state = State {
+        inventory: Retry::boxed(move |e: &CallError| {
+            if retryable.contains(e) {
+                Decision::RetryNow
+            } else {
+                Decision::Never
+            }
+        })
+        .max_attempts(3),
+    };
+    let request = Scope::with_timeout(ms(1000));
+    let policy = state.inventory.clone();
+    let err = policy
+        .run(&request, ChildSpec::read_only("inventory"), |_| async {
+            Err::<(), _>(CallError::Unavailable)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::AttemptsExhausted);
+    let err = state
+        .inventory
+        .run(&request, ChildSpec::read_only("inventory"), |_| async {
+            Err::<(), _>(CallError::InvalidArgument)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.stop(), &Stop::NotRetryable);
+    assert_eq!(err.ledger().started(), 1);
+}
