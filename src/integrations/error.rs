@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use http::{HeaderMap, StatusCode};
+
 use crate::{Cause, Error};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -10,9 +12,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// complete.
 ///
 /// Either the scope stopped it — the call's deadline passed, its scope was cancelled, or too
-/// little budget was left to send it at all (then nothing was sent) — or the transport failed.
-/// One opaque type with predicates, in the manner of `hyper::Error`; the `Display` text is not
-/// API.
+/// little budget was left to send it at all (then nothing was sent) — or the transport failed,
+/// or the callee answered with an error status that the caller asked to be an error
+/// (`ScopedResponse::error_for_status`), or its answer could not be decoded
+/// (`ScopedResponse::json`). One opaque type with predicates, in the manner of `hyper::Error`;
+/// the `Display` text is not API.
 ///
 /// # Examples
 ///
@@ -38,6 +42,18 @@ enum Kind {
     /// all but name (e.g. tonic's own `grpc-timeout` timer, which says CANCELLED).
     TransportAfterDeadline(BoxError),
     NoScope,
+    /// The callee answered with a client or server error status.
+    Status(Box<Answered>),
+    /// The callee's answer (whose head is kept) could not be decoded.
+    #[cfg_attr(not(feature = "json"), allow(dead_code))]
+    Decode(Box<Answered>, BoxError),
+}
+
+/// The head of an answer that made the call an error.
+struct Answered {
+    status: StatusCode,
+    headers: HeaderMap,
+    url: Option<Box<str>>,
 }
 
 impl CallError {
@@ -56,6 +72,37 @@ impl CallError {
     pub(crate) fn no_scope() -> Self {
         CallError {
             kind: Kind::NoScope,
+        }
+    }
+
+    /// The callee answered `status` with `headers`, from `url` (the last address, after
+    /// redirects).
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn answered(status: StatusCode, headers: HeaderMap, url: Option<&str>) -> Self {
+        CallError {
+            kind: Kind::Status(Box::new(Answered {
+                status,
+                headers,
+                url: url.map(Into::into),
+            })),
+        }
+    }
+
+    /// The body of the answer `status` with `headers` could not be decoded: `e`.
+    #[cfg(feature = "json")]
+    pub(crate) fn decode(
+        status: StatusCode,
+        headers: HeaderMap,
+        url: Option<&str>,
+        e: impl Into<BoxError>,
+    ) -> Self {
+        let answered = Box::new(Answered {
+            status,
+            headers,
+            url: url.map(Into::into),
+        });
+        CallError {
+            kind: Kind::Decode(answered, e.into()),
         }
     }
 
@@ -148,6 +195,79 @@ impl CallError {
         matches!(self.kind, Kind::NoScope)
     }
 
+    /// The callee answered with a client or server error status (4xx, 5xx), and the caller
+    /// asked for that to be an error (`ScopedResponse::error_for_status`). The status is
+    /// [`status`](Self::status), the answer's headers [`response_headers`](Self::response_headers).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// // A callee that gave up answers an empty 504: an error, not an empty success.
+    /// let err = res.error_for_status().unwrap_err();
+    /// assert!(err.is_status());
+    /// assert_eq!(err.status().map(|s| s.as_u16()), Some(504));
+    /// # }
+    /// ```
+    pub fn is_status(&self) -> bool {
+        matches!(self.kind, Kind::Status(_))
+    }
+
+    /// The answer came but its body could not be decoded (`ScopedResponse::json`); its status
+    /// is [`status`](Self::status).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// # #[cfg(feature = "json")] {
+    /// let err = res.json::<Vec<u32>>().await.unwrap_err(); // "not json"
+    /// assert!(err.is_decode());
+    /// # }}
+    /// ```
+    pub fn is_decode(&self) -> bool {
+        matches!(self.kind, Kind::Decode(..))
+    }
+
+    /// The status the callee answered, when that is what made the call an error
+    /// ([`is_status`](Self::is_status)) or its body could not be decoded
+    /// ([`is_decode`](Self::is_decode)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::{integrations::CallError, Scope};
+    /// let s = Scope::new();
+    /// s.cancel();
+    /// assert_eq!(CallError::from(s.child().build().unwrap_err()).status(), None);
+    /// ```
+    pub fn status(&self) -> Option<StatusCode> {
+        self.head().map(|a| a.status)
+    }
+
+    /// The headers of the answer, with [`status`](Self::status): where a classifier finds
+    /// `Retry-After` (see `integrations::classify`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(res: cancel_scope::integrations::reqwest::ScopedResponse) {
+    /// let err = res.error_for_status().unwrap_err();
+    /// let retry_after = err.response_headers().and_then(|h| h.get("retry-after"));
+    /// # let _ = retry_after;
+    /// # }
+    /// ```
+    pub fn response_headers(&self) -> Option<&HeaderMap> {
+        self.head().map(|a| &a.headers)
+    }
+
+    fn head(&self) -> Option<&Answered> {
+        match &self.kind {
+            Kind::Status(a) | Kind::Decode(a, _) => Some(a),
+            _ => None,
+        }
+    }
+
     /// The cancel cause, when the scope stopped the call.
     ///
     /// # Examples
@@ -185,6 +305,17 @@ impl fmt::Debug for CallError {
                 .field(e)
                 .finish(),
             Kind::NoScope => f.write_str("CallError::NoScope"),
+            Kind::Status(a) => f
+                .debug_struct("CallError::Status")
+                .field("status", &a.status)
+                .field("url", &a.url)
+                .finish_non_exhaustive(),
+            Kind::Decode(a, e) => f
+                .debug_struct("CallError::Decode")
+                .field("status", &a.status)
+                .field("url", &a.url)
+                .field("error", e)
+                .finish_non_exhaustive(),
         }
     }
 }
@@ -198,6 +329,16 @@ impl fmt::Display for CallError {
                 write!(f, "call failed after its budget ran out: {e}")
             }
             Kind::NoScope => f.write_str("no current scope to make the call in"),
+            Kind::Status(a) => {
+                write!(f, "call answered HTTP {}", a.status)?;
+                match &a.url {
+                    Some(url) => write!(f, " by {url}"),
+                    None => Ok(()),
+                }
+            }
+            Kind::Decode(a, e) => {
+                write!(f, "could not decode the HTTP {} answer: {e}", a.status)
+            }
         }
     }
 }
@@ -206,8 +347,8 @@ impl std::error::Error for CallError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
             Kind::Scope(e) => Some(e),
-            Kind::Transport(e) | Kind::TransportAfterDeadline(e) => Some(&**e),
-            Kind::NoScope => None,
+            Kind::Transport(e) | Kind::TransportAfterDeadline(e) | Kind::Decode(_, e) => Some(&**e),
+            Kind::NoScope | Kind::Status(_) => None,
         }
     }
 }

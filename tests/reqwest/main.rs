@@ -1,10 +1,17 @@
-//! reqwest calls inside a scope: the caller's own, shorter bounds are kept, on real loopback
-//! sockets.
+//! reqwest calls inside a scope: the caller's own, shorter bounds are kept, and the response
+//! read as users read it (`error_for_status`, `json`, `text`, `bytes`), on real loopback
+//! sockets and axum servers.
 
 #[path = "../support"]
 #[allow(dead_code)] // each binary uses a part of the fixtures
 mod support {
+    #[cfg(feature = "__test-servers")]
+    pub mod servers;
     pub mod time;
+    #[cfg(feature = "__test-servers")]
+    pub mod tower;
 }
 
 mod caller_bounds;
+#[cfg(all(feature = "__test-servers", feature = "json"))]
+mod response;

@@ -193,6 +193,84 @@ impl ScopedResponse {
         self.call.scope.remaining()
     }
 
+    /// The response, or a [`CallError`] if the callee answered a client or server error
+    /// status (4xx, 5xx): as `reqwest::Response::error_for_status`, but the error keeps the
+    /// answer's headers ([`CallError::response_headers`], where the retry classifiers find
+    /// `Retry-After`) and the call is receipted at once by the status, as the
+    /// [table](super#receipts) says (a read-only call `Failed`; a call that may have had an
+    /// effect `Failed` for a 4xx, `EffectUnknown` for a 5xx). The body is not read.
+    ///
+    /// Reading a body does not look at the status: without this, a callee that gave up and
+    /// answered an empty `504` reads as an empty success.
+    ///
+    /// # Errors
+    ///
+    /// [`CallError::is_status`], with [`CallError::status`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), cancel_scope::integrations::CallError> {
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// let stock = reqwest::Client::new()
+    ///     .get("http://127.0.0.1:8080/stock/42")
+    ///     .send_scoped()
+    ///     .await?
+    ///     .error_for_status()?
+    ///     .text()
+    ///     .await?;
+    /// # let _ = stock; Ok(()) }
+    /// ```
+    pub fn error_for_status(mut self) -> Result<Self, CallError> {
+        let status = self.inner.status();
+        if !(status.is_client_error() || status.is_server_error()) {
+            return Ok(self);
+        }
+        self.call.complete();
+        let url = target(self.inner.url());
+        let headers = std::mem::take(self.inner.headers_mut());
+        Err(CallError::answered(status, headers, Some(url.as_str())))
+    }
+
+    /// Reads the whole body and decodes it as JSON (feature `json`).
+    ///
+    /// As `reqwest::Response::json`, it does not look at the status: use
+    /// [`error_for_status`](Self::error_for_status) first. The call's receipt is the body's
+    /// ([`bytes`](Self::bytes)): a body that came whole but is not the JSON asked for is still
+    /// an answer read.
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes), or [`CallError::is_decode`] (with the answer's
+    /// [`status`](CallError::status)) if the body is not that JSON.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), cancel_scope::integrations::CallError> {
+    /// use std::collections::HashMap;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// let stock: HashMap<String, u32> = reqwest::Client::new()
+    ///     .get("http://127.0.0.1:8080/stock")
+    ///     .send_scoped()
+    ///     .await?
+    ///     .error_for_status()?
+    ///     .json()
+    ///     .await?;
+    /// # let _ = stock; Ok(()) }
+    /// ```
+    #[cfg(feature = "json")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
+    pub async fn json<T: serde::de::DeserializeOwned>(mut self) -> Result<T, CallError> {
+        let status = self.inner.status();
+        // Kept for a decode error; reading the body needs no headers.
+        let headers = std::mem::take(self.inner.headers_mut());
+        let url = target(self.inner.url());
+        let body = self.bytes().await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| CallError::decode(status, headers, Some(url.as_str()), e))
+    }
+
     /// Reads the whole body.
     ///
     /// # Errors
