@@ -268,6 +268,54 @@ impl CallError {
         }
     }
 
+    /// The connection could not be made (refused, no route, name not resolved): nothing was
+    /// sent. A [`is_transport`](Self::is_transport) failure whose source says so (a reqwest
+    /// error's `is_connect`, or an I/O error of those kinds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// # #[cfg(feature = "reqwest")] {
+    /// let scope = Scope::with_timeout(Duration::from_secs(5));
+    /// // Port 1 on loopback: nobody listens.
+    /// let err = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&scope)
+    ///     .send().await.unwrap_err();
+    /// assert!(err.is_connect());
+    /// # }}
+    /// ```
+    pub fn is_connect(&self) -> bool {
+        let Kind::Transport(e) = &self.kind else {
+            return false;
+        };
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
+        while let Some(e) = next {
+            #[cfg(feature = "reqwest")]
+            if let Some(e) = e.downcast_ref::<reqwest::Error>() {
+                if e.is_connect() {
+                    return true;
+                }
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind as K;
+                if matches!(
+                    io.kind(),
+                    K::ConnectionRefused
+                        | K::AddrNotAvailable
+                        | K::HostUnreachable
+                        | K::NetworkUnreachable
+                ) {
+                    return true;
+                }
+            }
+            next = e.source();
+        }
+        false
+    }
+
     /// The cancel cause, when the scope stopped the call.
     ///
     /// # Examples

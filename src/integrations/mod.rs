@@ -4,7 +4,8 @@
 //! |---|---|---|
 //! | `sqlx` | `sqlx`, `sqlx-postgres`, `sqlx-sqlite` | database calls that really stop on cancel |
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
-//! | `reqwest` | `reqwest` | reqwest calls made in a child scope, headers injected, body read bounded |
+//! | `reqwest` | `reqwest`, `json` | reqwest calls made in a child scope, headers injected, body read bounded |
+//! | `classify` | `tower` or `reqwest` (`tonic` for `tonic::Status`) | retry classifiers for HTTP and gRPC answers, by what the answer says the call may have done |
 //! | `redis` | `redis` | the operation registry shared by processes through Redis |
 //! | `axum` | `axum` | the request's `Scope` and `Admission` as extractors; the crate's errors as responses |
 //! | `tonic` | `tonic` | the crate's errors as `tonic::Status` |
@@ -21,12 +22,14 @@
 //! may have had an effect (`service-effect: unknown`, see
 //! [`wire::service_effect`](crate::wire::service_effect)): that turns a `Failed` into
 //! `EffectUnknown`, a read-only call's too; `is_effect_unknown` (features `tower`, `reqwest`)
-//! is that reading for a retry classifier.
+//! is that reading for a retry classifier, and the built-in ones of `classify` use it.
 
 #[cfg(feature = "axum")]
 pub mod axum;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod call;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
+pub mod classify;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod effect;
 #[cfg(any(feature = "tower", feature = "reqwest"))]

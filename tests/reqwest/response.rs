@@ -3,11 +3,14 @@
 //! real axum servers on loopback.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{any, get};
 use axum::Router;
+use cancel_scope::integrations::classify::HttpClassifier;
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
+use cancel_scope::retry::{Classify, Decision};
 use cancel_scope::{Lifecycle, Scope};
 use tokio::time::{timeout, Instant};
 
@@ -75,7 +78,7 @@ async fn an_empty_504_is_an_error_not_an_empty_success() {
     assert_eq!(report.state(), Lifecycle::NeedsReconciliation);
 }
 
-/// The error keeps the answer's headers (where a retry classifier reads `Retry-After`).
+/// The error keeps the answer's headers: the HTTP classifier reads its `Retry-After`.
 #[tokio::test]
 async fn error_for_status_keeps_the_headers_for_the_classifier() {
     let url = server().await;
@@ -89,6 +92,10 @@ async fn error_for_status_keeps_the_headers_for_the_classifier() {
     let err = res.error_for_status().unwrap_err();
     let headers: &HeaderMap = err.response_headers().unwrap();
     assert_eq!(headers["retry-after"], "7");
+    assert_eq!(
+        HttpClassifier::new().classify(&err),
+        Decision::EffectUnknownAfter(Duration::from_secs(7))
+    );
     assert!(err.to_string().contains("503"), "{err}");
     assert_eq!(verdict(&report_of(&scope).await), "f");
 }
@@ -126,6 +133,7 @@ async fn json_reads_the_body_and_receipts_it() {
         .unwrap_err();
     assert!(err.is_decode(), "{err}");
     assert_eq!(err.status(), Some(StatusCode::OK));
+    assert!(HttpClassifier::new().classify(&err) == Decision::Never);
     assert_eq!(verdict(&report_of(&scope).await), "s");
 }
 

@@ -13,10 +13,10 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::routing::{any, get};
 use axum::Router;
-use cancel_scope::integrations::is_effect_unknown;
+use cancel_scope::integrations::classify::{GrpcClassifier, HttpClassifier};
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::integrations::tower::{AdmitLayer, PropagateLayer};
-use cancel_scope::retry::{Decision, Retry, Stop};
+use cancel_scope::retry::{Classify, Decision, Retry, Stop};
 use cancel_scope::wire::{EndpointPolicy, ServiceEffect};
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
 use http::StatusCode;
@@ -162,37 +162,18 @@ async fn a_request_past_its_deadline_after_a_post_answers_504_unknown() {
     assert_eq!(receipt, "f");
 }
 
-/// What a retried checkout's attempt ended with: the answer's status and headers.
-#[derive(Debug)]
-struct Answered(StatusCode, http::HeaderMap);
-
-fn classify(e: &Answered) -> Decision {
-    if is_effect_unknown(&e.1) {
-        return Decision::EffectUnknown;
-    }
-    match e.0.as_u16() {
-        503 => Decision::Backoff,
-        _ => Decision::Never,
-    }
-}
-
-/// A retried call of `url` (`spec`) through `retry` with [`classify`], which reads the
-/// header: the ledger's attempts, why it stopped, and the scope's report.
+/// A retried call of `url` (`spec`) with the HTTP classifier, which reads the header: the
+/// ledger's attempts, why it stopped, and the scope's report.
 async fn retried(url: &str, spec: ChildSpec) -> (usize, Option<Stop>, cancel_scope::Report) {
     let scope = Scope::with_timeout(PATIENCE);
     let client = reqwest::Client::new();
-    let retry = Retry::new(classify)
+    let retry = Retry::new(HttpClassifier::new())
         .max_attempts(3)
         .backoff(std::iter::repeat(ms(10)));
     let err = retry
         .run(&scope, spec, |_attempt| {
             let request = client.get(url);
-            async move {
-                let res = request.send_scoped().await.unwrap();
-                let answered = Answered(res.status(), res.headers().clone());
-                res.bytes().await.unwrap();
-                Err::<(), _>(answered)
-            }
+            async move { request.send_scoped().await?.error_for_status().map(drop) }
         })
         .await
         .unwrap_err();
@@ -218,7 +199,8 @@ async fn a_retry_that_reads_the_header_never_repeats_a_stopped_write() {
         .iter()
         .any(|e| e.effect_id() == "checkout-1"));
 
-    // Nothing possibly effectful went out: `none`, a 503, retried after the backoff.
+    // Nothing possibly effectful went out: `none`, a 503 (a 5xx: unknown for all the classifier
+    // knows), retried with the key after the backoff.
     let idempotent = ChildSpec::idempotent("lookup", "lookup-1");
     let (attempts, _, _) = retried(&format!("{edge}/get/cancel"), idempotent).await;
     assert_eq!(attempts, 3);
@@ -257,8 +239,11 @@ async fn grpc_server() -> String {
 
 /// A call with `message` through `Propagate` (the method declared read-only, so that only the
 /// server's say can make its receipt unknown), in a scope of its own: the status code, the
-/// `service-effect` it carried, and the call's receipt.
-async fn grpc_call(url: &str, message: &str) -> (tonic::Code, Option<ServiceEffect>, String) {
+/// `service-effect` it carried, the call's receipt and the gRPC classifier's decision.
+async fn grpc_call(
+    url: &str,
+    message: &str,
+) -> (tonic::Code, Option<ServiceEffect>, String, Decision) {
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
         .unwrap()
         .connect()
@@ -279,32 +264,38 @@ async fn grpc_call(url: &str, message: &str) -> (tonic::Code, Option<ServiceEffe
         .map(|v| ServiceEffect::parse(v.as_bytes()));
     scope.close();
     let report = timeout(PATIENCE, scope.quiesce()).await.unwrap();
-    (status.code(), effect, verdict(&report))
+    let decision = GrpcClassifier::new().classify(&status);
+    (status.code(), effect, verdict(&report), decision)
 }
 
 #[tokio::test]
 async fn grpc_a_stop_after_an_effectful_dispatch_is_unknown_not_unavailable() {
     let url = grpc_server().await;
-    let (code, effect, receipt) = grpc_call(&url, "post cancel").await;
+    let (code, effect, receipt, decision) = grpc_call(&url, "post cancel").await;
     assert_eq!(code, tonic::Code::Unknown);
     assert_eq!(effect, Some(ServiceEffect::Unknown));
     assert_eq!(receipt, "u gRPC UNKNOWN, service-effect: unknown");
+    // `UNKNOWN` alone is not retried; with the header it is an answer of unknown effect
+    // (retried with its key by idempotent work, never by a side-effecting write).
+    assert_eq!(decision, Decision::EffectUnknown);
 
-    let (code, effect, receipt) = grpc_call(&url, "get cancel").await;
+    let (code, effect, receipt, decision) = grpc_call(&url, "get cancel").await;
     assert_eq!(code, tonic::Code::Unavailable);
     assert_eq!(effect, Some(ServiceEffect::None));
     assert_eq!(receipt, "f");
+    assert_eq!(decision, Decision::EffectUnknown);
 }
 
 #[tokio::test]
 async fn grpc_a_deadline_after_an_effectful_dispatch_says_so_beside_deadline_exceeded() {
     let url = grpc_server().await;
-    let (code, effect, receipt) = grpc_call(&url, "post deadline").await;
+    let (code, effect, receipt, decision) = grpc_call(&url, "post deadline").await;
     assert_eq!(code, tonic::Code::DeadlineExceeded);
     assert_eq!(effect, Some(ServiceEffect::Unknown));
     assert_eq!(receipt, "u gRPC DEADLINE_EXCEEDED, service-effect: unknown");
+    assert_eq!(decision, Decision::EffectUnknown);
 
-    let (code, effect, receipt) = grpc_call(&url, "get deadline").await;
+    let (code, effect, receipt, _) = grpc_call(&url, "get deadline").await;
     assert_eq!(code, tonic::Code::DeadlineExceeded);
     assert_eq!(effect, Some(ServiceEffect::None));
     assert_eq!(receipt, "f");

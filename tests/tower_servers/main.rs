@@ -17,6 +17,7 @@ mod support {
 static ALLOC: support::alloc::Counting = support::alloc::Counting;
 
 mod body_cut;
+mod classify;
 mod effect;
 mod extractors;
 mod grpc;
