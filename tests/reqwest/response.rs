@@ -163,3 +163,27 @@ async fn every_body_read_stops_at_the_deadline() {
         assert_eq!(verdict(&report_of(&scope).await), "c", "{read}");
     }
 }
+
+/// The plain response of `into_inner` stays bounded by the call: its body stops at a cancel
+/// of the call's scope as at its deadline (it was cut at the deadline only), and the call is
+/// receipted at the hand-over, by its status.
+#[tokio::test]
+async fn the_plain_response_is_cut_at_a_cancel() {
+    let url = server().await;
+    let scope = Scope::with_timeout(ms(10_000));
+    let res = reqwest::Client::new()
+        .get(format!("{url}/trickle"))
+        .scoped_in(&scope)
+        .send()
+        .await
+        .unwrap();
+    let mut plain = res.into_inner();
+    assert_eq!(plain.chunk().await.unwrap().unwrap(), "{\"apples\": ");
+    scope.cancel();
+    let err = timeout(PATIENCE, plain.chunk())
+        .await
+        .expect("the body was read past the cancel")
+        .unwrap_err();
+    assert!(!err.is_timeout(), "{err}");
+    assert_eq!(verdict(&report_of(&scope).await), "s");
+}

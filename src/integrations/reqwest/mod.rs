@@ -109,19 +109,17 @@ use std::future::Future;
 use std::sync::Arc;
 
 use reqwest::{RequestBuilder, Url};
-use tokio::time::Instant;
 
-use super::effect::{self, Class};
-use super::{call, CallError};
-use crate::time::deadline_after;
+use super::CallError;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Scope};
 
+mod body;
+mod exchange;
 mod redirect;
 mod response;
 
 pub use redirect::redirect_policy;
-use response::Call;
 pub use response::ScopedResponse;
 
 /// A URL as the target of an effect: no user info, no fragment.
@@ -344,37 +342,13 @@ impl ScopedRequest {
         // Built before the call is prepared: a request that cannot be built is never
         // registered, and `prepare` sees the budget headers the caller set on the builder.
         let (client, req) = self.builder.build_split();
-        let mut req = req.map_err(CallError::transport)?;
-        let spec = self.spec.unwrap_or_else(|| {
-            let name = self.name.unwrap_or_else(|| Arc::from("call"));
-            let class = Class::of_method(req.method());
-            let target = target(req.url());
-            effect::spec(name, class, req.method(), &target, req.headers())
-        });
-        let url = req.url().clone();
-        // The caller's own timeout on the request bounds the call's scope too: the callee is
-        // told no more, and the call stops at it as at any deadline.
-        let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
-        let prepared = call::prepare(&parent, within, self.egress, spec, req.headers_mut())?;
-        // Dispatched: from here on the request may be sent (and nothing below can fail).
-        // The scope's cancel below stops the call at its deadline. A timeout the request has
-        // is only shortened to it; none is set otherwise, because reqwest applies a request's
-        // own timeout in place of the client's (`ClientBuilder::timeout`), which would then
-        // be lost.
-        if let (Some(left), Some(timeout)) = (prepared.call.remaining(), req.timeout_mut()) {
-            *timeout = (*timeout).min(left);
-        }
-        let mut call_state = Call::new(prepared.call, prepared.dispatched, prepared.announced);
-        let sent = client.execute(req);
-        let res = tokio::select! {
-            biased;
-            () = call_state.scope.cancelled() => return Err(call_state.stopped()),
-            res = sent => res,
+        let req = req.map_err(CallError::transport)?;
+        let how = exchange::How {
+            egress: self.egress,
+            spec: self.spec,
+            name: self.name,
         };
-        match res {
-            Ok(inner) => Ok(ScopedResponse::new(inner, call_state, &url)),
-            Err(e) => Err(call_state.failed(e)),
-        }
+        exchange::call(&parent, how, req, |req| client.execute(req)).await
     }
 }
 

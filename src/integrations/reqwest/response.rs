@@ -1,22 +1,19 @@
 //! The response of a scoped call, and the call's state until its receipt.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 use reqwest::header::HeaderMap;
 use reqwest::{Response, ResponseBuilderExt as _, StatusCode, Url};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
+use super::body::CallBody;
 use super::target;
 use crate::integrations::outcome::{self, Answer, End};
 use crate::integrations::CallError;
-use crate::{Cause, Dispatched, Scope};
+use crate::{Dispatched, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -58,7 +55,7 @@ impl Call {
     /// Only the time itself says whether it was the call's deadline: a client's timer
     /// (`ClientBuilder::timeout`, `read_timeout`, `connect_timeout`) that fires while the call
     /// still has budget left is a transport failure (`e.is_timeout()` says "some timer").
-    pub(super) fn failed(&mut self, e: reqwest::Error) -> CallError {
+    pub(super) fn failed(&mut self, e: impl Into<BoxError>) -> CallError {
         if self.scope.is_cancelled() {
             return self.stopped();
         }
@@ -75,7 +72,7 @@ impl Call {
     }
 
     /// The exchange completed: the receipt by the response's status.
-    fn complete(&mut self) {
+    pub(super) fn complete(&mut self) {
         let end = self.head.map_or(End::Stopped, End::Answered);
         self.end(end);
     }
@@ -376,8 +373,8 @@ impl ScopedResponse {
 
     /// The plain reqwest response, for reading it some other way. The call's receipt is
     /// recorded now, by the status, as if the body had been read; the body is still cut at the
-    /// call's deadline (reading it then fails with an error whose `is_timeout()` is true), but
-    /// no longer by a cancel of the scope.
+    /// call's deadline (reading it then fails with an error whose `is_timeout()` is true) and
+    /// at a cancel of the call's scope.
     ///
     /// # Examples
     ///
@@ -387,64 +384,17 @@ impl ScopedResponse {
     /// # let _ = res;
     /// # }
     /// ```
-    pub fn into_inner(mut self) -> Response {
-        self.call.complete();
-        match self.call.scope.deadline() {
-            // Not the request's reqwest timeout: `send` leaves a request without one as it is
-            // (the client's own timeout applies then), so only this bounds the body.
-            Some(deadline) => map_body(self.inner, |body| {
-                reqwest::Body::wrap(UntilDeadline {
-                    body: Some(body),
-                    deadline: Box::pin(tokio::time::sleep_until(deadline)),
-                })
-            }),
-            None => self.inner,
-        }
-    }
-}
-
-/// A response body handed over by [`ScopedResponse::into_inner`]: ends with a timeout error
-/// at the call's deadline.
-struct UntilDeadline {
-    body: Option<reqwest::Body>,
-    deadline: Pin<Box<Sleep>>,
-}
-
-impl http_body::Body for UntilDeadline {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        let Some(body) = this.body.as_mut() else {
-            return Poll::Ready(None);
-        };
-        if body.is_end_stream() {
-            return Poll::Ready(None);
-        }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            // Let go of the connection now; the reader sees a timeout, as from reqwest's own.
-            this.body = None;
-            let passed = CallError::cancelled(Cause::DeadlineExceeded);
-            let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, passed);
-            return Poll::Ready(Some(Err(timed_out.into())));
-        }
-        Pin::new(body).poll_frame(cx).map_err(Into::into)
+    pub fn into_inner(self) -> Response {
+        self.into_plain(false)
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.body
-            .as_ref()
-            .is_none_or(http_body::Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), http_body::Body::size_hint)
+    /// The plain reqwest response whose body is bounded by the call ([`CallBody`]); the
+    /// call's receipt waits for the body's end if `receipt`, else it is given now.
+    pub(super) fn into_plain(self, receipt: bool) -> Response {
+        let call = self.call;
+        map_body(self.inner, |body| {
+            reqwest::Body::wrap(CallBody::new(body, call, receipt))
+        })
     }
 }
 
