@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `sqlx` | `sqlx`, `sqlx-postgres`, `sqlx-sqlite` | database calls that really stop on cancel |
 //! | `tower` | `tower` | a server layer that admits requests into scopes, a client layer that propagates budgets |
-//! | `reqwest` | `reqwest`, `json` | reqwest calls made in a child scope, headers injected, body read bounded |
+//! | `reqwest` | `reqwest`, `json`, `reqwest-middleware` | reqwest calls made in a child scope, headers injected, body read bounded; a `reqwest-middleware` middleware |
 //! | `classify` | `tower` or `reqwest` (`tonic` for `tonic::Status`) | retry classifiers for HTTP and gRPC answers, by what the answer says the call may have done |
 //! | `redis` | `redis` | the operation registry shared by processes through Redis |
 //! | `axum` | `axum` | the request's `Scope` and `Admission` as extractors; the crate's errors as responses |

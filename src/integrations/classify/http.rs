@@ -15,8 +15,9 @@ use crate::retry::{Classify, Decision};
 ///
 /// A [`Classify`] for [`CallError`] (a scoped reqwest call, with
 /// [`ScopedResponse::error_for_status`](crate::integrations::reqwest::ScopedResponse::error_for_status)
-/// to make an error status an error), and for `reqwest::Error` (feature `reqwest`: its status,
-/// but no headers, so no `Retry-After`). For an error type of your own, call [`answer`](Self::answer) with
+/// to make an error status an error), for `reqwest::Error` (feature `reqwest`: its status, but
+/// no headers, so no `Retry-After`) and for `reqwest_middleware::Error` (feature
+/// `reqwest-middleware`). For an error type of your own, call [`answer`](Self::answer) with
 /// what the callee answered.
 ///
 /// # Examples
@@ -111,6 +112,25 @@ impl Classify<reqwest::Error> for HttpClassifier {
         } else {
             // A timeout or a failure while sending or reading: it may have been processed.
             Decision::EffectUnknown
+        }
+    }
+}
+
+#[cfg(feature = "reqwest-middleware")]
+impl Classify<reqwest_middleware::Error> for HttpClassifier {
+    fn classify(&self, e: &reqwest_middleware::Error) -> Decision {
+        match e {
+            reqwest_middleware::Error::Reqwest(e) => self.classify(e),
+            reqwest_middleware::Error::Middleware(e) => {
+                if let Some(call) = e.downcast_ref::<CallError>() {
+                    self.classify(call)
+                } else if let Some(e) = e.downcast_ref::<reqwest::Error>() {
+                    self.classify(e)
+                } else {
+                    // Another middleware's failure: nobody here knows what was sent.
+                    Decision::EffectUnknown
+                }
+            }
         }
     }
 }

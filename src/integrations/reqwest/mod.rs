@@ -116,9 +116,13 @@ use crate::{ChildSpec, Scope};
 
 mod body;
 mod exchange;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod redirect;
 mod response;
 
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::{CallName, ScopedMiddleware};
 pub use redirect::redirect_policy;
 pub use response::ScopedResponse;
 
