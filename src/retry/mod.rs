@@ -91,6 +91,8 @@ mod error;
 mod hedge;
 mod ledger;
 mod stop;
+#[cfg(feature = "tower-retry")]
+mod tower_budget;
 
 pub use attempt::Attempt;
 pub use backoff::{backoff_fn, BackoffFn, Exponential, ExponentialIter, Jitter};

@@ -22,6 +22,8 @@ mod ledger;
 mod owner;
 mod quarantine;
 mod run_future;
+#[cfg(feature = "tower-retry")]
+mod tower_budget;
 
 /// A dependency that is down: the error of the calls that always fail.
 #[derive(Debug)]
