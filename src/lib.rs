@@ -133,6 +133,8 @@
 //! | | [`Jitter`](retry::Jitter) | how much randomness spreads the delays of callers that failed together |
 //! | | [`BackoffFn`](retry::BackoffFn) | a schedule made by a function (see `backoff_fn`) |
 //! | | [`backoff_fn`](retry::backoff_fn) | a backoff schedule made afresh for every call, for schedules that are not `Clone` |
+//! | | [`BoxClassify`](retry::BoxClassify) | any classifier behind one nameable, cloneable type |
+//! | | [`BoxRetry`](retry::BoxRetry) | a retry policy with a boxed classifier: a type a struct field can name (`Retry::boxed`) |
 //! | [`fanout`] | [`FanOut`](fanout::FanOut) | parallel required and optional branches sharing one budget |
 //! | | [`Required`](fanout::Required) | the handle of a required branch |
 //! | | [`Optional`](fanout::Optional) | the handle of an optional branch, whose value may be absent |
@@ -194,7 +196,9 @@
 #![cfg_attr(
     any(feature = "tower", feature = "reqwest"),
     doc = "| `integrations` | [`CallError`](integrations::CallError) | why an outgoing call through `Propagate` or the reqwest extension did not run or finish |
-| | [`is_effect_unknown`](integrations::is_effect_unknown), [`service_effect_in`](integrations::service_effect_in) | whether an answer's headers say its effect is unknown (for retry classifiers) |"
+| | [`is_effect_unknown`](integrations::is_effect_unknown), [`service_effect_in`](integrations::service_effect_in) | whether an answer's headers say its effect is unknown (for retry classifiers) |
+| [`integrations::classify`] | [`HttpClassifier`](integrations::classify::HttpClassifier) | the retry classifier for HTTP answers: 429/503 and `Retry-After`, 5xx as unknown effect, connection failures |
+| | [`GrpcClassifier`](integrations::classify::GrpcClassifier) | the retry classifier for gRPC statuses: `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `grpc-retry-pushback-ms` |"
 )]
 #![cfg_attr(
     feature = "tower",
@@ -215,6 +219,11 @@
 | | [`ScopedRequest`](integrations::reqwest::ScopedRequest) | a request about to be sent as a call in a child scope |
 | | [`ScopedResponse`](integrations::reqwest::ScopedResponse) | its response, whose body is read within the call's deadline |
 | | [`redirect_policy`](integrations::reqwest::redirect_policy) | a redirect policy that keeps a call's budget headers within its origin |"
+)]
+#![cfg_attr(
+    feature = "reqwest-middleware",
+    doc = "| `integrations::reqwest` (feature `reqwest-middleware`) | [`ScopedMiddleware`](integrations::reqwest::ScopedMiddleware) | a `reqwest_middleware::Middleware`: every call of a `ClientWithMiddleware` a scoped call |
+| | [`CallName`](integrations::reqwest::CallName) | the name of a call made through it, as a request extension |"
 )]
 #![cfg_attr(
     any(feature = "sqlx-postgres", feature = "sqlx-sqlite"),
