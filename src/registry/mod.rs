@@ -82,12 +82,14 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub(crate) mod error;
+mod fault;
 mod id;
 mod memory;
 mod operations;
 mod scopes;
 
 pub use error::{JoinError, RegistryError};
+pub use fault::RegistryFault;
 pub use id::{OperationId, MAX_ID_LEN};
 pub use memory::InProcessRegistry;
 pub(crate) use operations::bounded;

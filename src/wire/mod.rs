@@ -100,6 +100,7 @@ pub mod service_effect;
 
 pub use admission::{
     Admission, AdmissionError, BudgetSource, Incoming, OperationSource, PrioritySource,
+    RegistryTerm,
 };
 pub use egress::{EgressPolicy, Outgoing};
 pub use envoy::EnvoyTimeoutError;

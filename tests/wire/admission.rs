@@ -1040,7 +1040,7 @@ mod header_maps {
                         prop_assert_eq!(a.operation_source(), OperationSource::Caller);
                     }
                     None => {
-                        prop_assert_eq!(a.operation_id().len(), 16);
+                        prop_assert_eq!(a.operation_id().len(), 32);
                         prop_assert!(a.operation_id().bytes().all(|b| b.is_ascii_hexdigit()));
                         prop_assert_eq!(a.generation(), 0);
                         prop_assert_eq!(a.operation_source(), OperationSource::Local);

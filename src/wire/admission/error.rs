@@ -7,6 +7,7 @@ use super::super::envoy::{self, EnvoyTimeoutError};
 use super::super::grpc_timeout::{self, GrpcTimeoutError};
 use super::super::service_budget::{self, ServiceBudgetError};
 use crate::budget::BudgetExhausted;
+use crate::registry::JoinError;
 
 /// [`AdmissionError::public_message`] of a malformed or repeated budget header.
 const INVALID: &str = "invalid budget header";
@@ -15,13 +16,18 @@ const OVER_CAP: &str = "budget exceeds the endpoint's maximum";
 /// [`AdmissionError::public_message`] of a request with too little budget left.
 const EXHAUSTED: &str = "budget exhausted";
 const UNAVAILABLE: &str = "service unavailable";
+/// [`AdmissionError::public_message`] of a request of a cancelled operation.
+const OPERATION_CANCELLED: &str = "operation cancelled";
 
 /// Why a request was not admitted.
 ///
 /// One opaque type with predicates: [`is_invalid`](Self::is_invalid) (answer HTTP 400 / gRPC
 /// `INVALID_ARGUMENT`; [`is_over_cap`](Self::is_over_cap) among them) and
 /// [`is_exhausted`](Self::is_exhausted) (too little budget was left on arrival: HTTP 504 /
-/// gRPC `DEADLINE_EXCEEDED`).
+/// gRPC `DEADLINE_EXCEEDED`), [`is_unavailable`](Self::is_unavailable) (a server's shutdown
+/// has begun: 503 / `UNAVAILABLE`) and
+/// [`is_operation_cancelled`](Self::is_operation_cancelled) (the operation registry says the
+/// request's operation was cancelled: 409 / `ABORTED`).
 ///
 /// Two texts: [`public_message`](Self::public_message), one fixed text per kind, is what a
 /// caller that is not [shown the detail](crate::wire::EndpointPolicy::error_detail) is told;
@@ -60,6 +66,8 @@ pub(super) enum ErrorKind {
     Exhausted(BudgetExhausted),
     /// The server's shutdown has begun: it admits no one.
     Unavailable,
+    /// The registry refused the request's operation: cancelled, or another generation.
+    Operation(JoinError),
 }
 
 impl AdmissionError {
@@ -78,7 +86,10 @@ impl AdmissionError {
     /// # }
     /// ```
     pub fn is_invalid(&self) -> bool {
-        !matches!(self.kind, ErrorKind::Exhausted(_) | ErrorKind::Unavailable)
+        !matches!(
+            self.kind,
+            ErrorKind::Exhausted(_) | ErrorKind::Unavailable | ErrorKind::Operation(_)
+        )
     }
 
     /// The server's shutdown has begun ([`ServerScope::shutdown`](crate::wire::ServerScope::shutdown)):
@@ -107,6 +118,58 @@ impl AdmissionError {
     pub(crate) fn unavailable() -> Self {
         AdmissionError {
             kind: ErrorKind::Unavailable,
+        }
+    }
+
+    /// The request's operation was cancelled: the registry (or this process's record of the
+    /// cancel) says so, or the request carries an older generation than the operation's
+    /// (it was cut before a cancel). Answer HTTP 409 / gRPC `ABORTED` with
+    /// `service-effect: none`: nothing was done, and retrying under the same operation is
+    /// refused again. [`operation_error`](Self::operation_error) says which.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cancel_scope::registry::{InProcessRegistry, OperationId, Operations};
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    /// let (_, a) = policy.admit_joined(&ops, Incoming::new(), tokio::time::Instant::now()).await.unwrap();
+    /// ops.cancel(&OperationId::new(a.operation_id()).unwrap()).await.unwrap();
+    ///
+    /// // A trusted hop's later request of that operation is refused.
+    /// let trusted = policy.caller_operation(true);
+    /// let again = format!("v=1, rem=500, op=\"{}\"", a.operation_id());
+    /// let incoming = Incoming::new().service_budget(again.as_bytes());
+    /// let err = trusted.admit_joined(&ops, incoming, tokio::time::Instant::now()).await.unwrap_err();
+    /// assert!(err.is_operation_cancelled() && !err.is_invalid());
+    /// assert_eq!(err.public_message(), "operation cancelled");
+    /// # }
+    /// ```
+    pub fn is_operation_cancelled(&self) -> bool {
+        matches!(self.kind, ErrorKind::Operation(_))
+    }
+
+    /// The registry's refusal, when [`is_operation_cancelled`](Self::is_operation_cancelled).
+    ///
+    /// # Examples
+    ///
+    /// See [`is_operation_cancelled`](Self::is_operation_cancelled).
+    pub fn operation_error(&self) -> Option<&JoinError> {
+        match &self.kind {
+            ErrorKind::Operation(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The refusal of a request whose operation the registry refused.
+    pub(crate) fn operation(e: JoinError) -> Self {
+        AdmissionError {
+            kind: ErrorKind::Operation(e),
         }
     }
 
@@ -152,7 +215,9 @@ impl AdmissionError {
     /// The fixed text of this kind of refusal, the same for every request of the kind, with
     /// no numbers and no header values: `invalid budget header` (malformed or repeated),
     /// `budget exceeds the endpoint's maximum` ([`is_over_cap`](Self::is_over_cap)) or
-    /// `budget exhausted` ([`is_exhausted`](Self::is_exhausted)). These texts are API.
+    /// `budget exhausted` ([`is_exhausted`](Self::is_exhausted)), `service unavailable`
+    /// ([`is_unavailable`](Self::is_unavailable)) or `operation cancelled`
+    /// ([`is_operation_cancelled`](Self::is_operation_cancelled)). These texts are API.
     ///
     /// # Examples
     ///
@@ -172,6 +237,7 @@ impl AdmissionError {
             ErrorKind::OverCap { .. } => OVER_CAP,
             ErrorKind::Exhausted(_) => EXHAUSTED,
             ErrorKind::Unavailable => UNAVAILABLE,
+            ErrorKind::Operation(_) => OPERATION_CANCELLED,
             _ => INVALID,
         }
     }
@@ -196,7 +262,10 @@ impl AdmissionError {
             ErrorKind::ServiceBudget(_) => Some(service_budget::HEADER),
             ErrorKind::Envoy(_) => Some(envoy::EXPECTED_RQ_TIMEOUT_MS),
             ErrorKind::Repeated(h) => Some(h),
-            ErrorKind::OverCap { .. } | ErrorKind::Exhausted(_) | ErrorKind::Unavailable => None,
+            ErrorKind::OverCap { .. }
+            | ErrorKind::Exhausted(_)
+            | ErrorKind::Unavailable
+            | ErrorKind::Operation(_) => None,
         }
     }
 
@@ -237,6 +306,7 @@ impl fmt::Display for AdmissionError {
             }
             ErrorKind::Exhausted(b) => write!(f, "{EXHAUSTED}: {b}"),
             ErrorKind::Unavailable => write!(f, "{UNAVAILABLE}: the server is shutting down"),
+            ErrorKind::Operation(e) => write!(f, "{OPERATION_CANCELLED}: {e}"),
         }
     }
 }
@@ -248,6 +318,7 @@ impl std::error::Error for AdmissionError {
             ErrorKind::ServiceBudget(e) => Some(e),
             ErrorKind::Envoy(e) => Some(e),
             ErrorKind::Exhausted(b) => Some(b),
+            ErrorKind::Operation(e) => Some(e),
             ErrorKind::Repeated(_) | ErrorKind::OverCap { .. } | ErrorKind::Unavailable => None,
         }
     }

@@ -2,10 +2,9 @@
 
 mod error;
 mod incoming;
+mod join;
 mod record;
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -18,6 +17,7 @@ use super::policy::{EndpointPolicy, OnBadInput, OverCap};
 use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
 use crate::budget::ChildBudget;
+use crate::registry::OperationId;
 use crate::time::deadline_after;
 use crate::Scope;
 use error::ErrorKind;
@@ -25,7 +25,7 @@ use incoming::Field;
 
 pub use error::AdmissionError;
 pub use incoming::Incoming;
-pub use record::{Admission, BudgetSource, OperationSource, PrioritySource};
+pub use record::{Admission, BudgetSource, OperationSource, PrioritySource, RegistryTerm};
 
 /// The budgets the caller declared, and what was wrong with them.
 struct Declared {
@@ -114,12 +114,58 @@ fn decode(incoming: Incoming, policy: &EndpointPolicy) -> Decoded {
     }
 }
 
-/// A fresh operation id: 16 hex digits from a randomly keyed hash (std's `RandomState` gets
-/// new keys for every instance), no shared counter.
-fn fresh_operation_id() -> Arc<str> {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u8(0);
-    format!("{:016x}", h.finish()).into()
+/// What admission decided before the registry (see [`EndpointPolicy::prepare`]).
+pub(super) struct Prepared {
+    now: Instant,
+    ingress: Instant,
+    /// The budget left by the headers and the endpoint's rules (already at least the
+    /// minimum useful budget).
+    pub(super) remaining: Duration,
+    caller: Option<ServiceBudget>,
+    grpc_timeout: Option<Duration>,
+    envoy_timeout: Option<Duration>,
+    asked: Option<Duration>,
+    clamped: bool,
+    budget_source: BudgetSource,
+    priority: u8,
+    priority_source: PrioritySource,
+}
+
+impl Prepared {
+    /// The operation id and generation the caller claims (whether or not they are
+    /// believed), if it sent a valid id.
+    pub(super) fn claimed(&self) -> Option<(OperationId, u64)> {
+        let caller = self.caller.as_ref()?;
+        let id = OperationId::new(caller.operation_id()?).ok()?;
+        Some((id, caller.generation()))
+    }
+
+    /// The request's deadline by the headers and the endpoint's rules alone.
+    pub(super) fn deadline(&self) -> Instant {
+        deadline_after(self.now, self.remaining)
+    }
+}
+
+/// The operation a request runs under, once settled (with or without the registry).
+pub(super) struct Settled {
+    pub(super) id: OperationId,
+    pub(super) generation: u64,
+    pub(super) source: OperationSource,
+    /// The operation's deadline, when the registry's term applies.
+    pub(super) deadline: Option<Instant>,
+    pub(super) registry: RegistryTerm,
+}
+
+impl Settled {
+    fn without_registry(id: OperationId, generation: u64, source: OperationSource) -> Settled {
+        Settled {
+            id,
+            generation,
+            source,
+            deadline: None,
+            registry: RegistryTerm::None,
+        }
+    }
 }
 
 impl EndpointPolicy {
@@ -249,6 +295,18 @@ impl EndpointPolicy {
         ingress: Instant,
         scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
     ) -> Result<(Scope, Admission), AdmissionError> {
+        let prepared = self.prepare(incoming, ingress)?;
+        let settled = self.unregistered(&prepared);
+        self.settle(prepared, settled, scope)
+    }
+
+    /// The part of admission before the registry: the budget headers decoded and checked,
+    /// the budget left, the priority, the caller's claims.
+    pub(super) fn prepare(
+        &self,
+        incoming: Incoming,
+        ingress: Instant,
+    ) -> Result<Prepared, AdmissionError> {
         let now = Instant::now();
         let Decoded {
             mut declared,
@@ -281,32 +339,93 @@ impl EndpointPolicy {
         }
         let queued = now.saturating_duration_since(ingress);
         let remaining = self.budget().admit(asked, queued);
-        // The same "useless below the minimum" rule as every child budget.
+        self.check_useful(remaining)?;
+        let (priority, priority_source) = self.priority_of(caller.as_ref());
+        Ok(Prepared {
+            now,
+            ingress,
+            remaining,
+            caller,
+            grpc_timeout,
+            envoy_timeout,
+            asked,
+            clamped,
+            budget_source,
+            priority,
+            priority_source,
+        })
+    }
+
+    /// Refuses a budget below the minimum useful one: the same rule as every child budget.
+    pub(super) fn check_useful(&self, remaining: Duration) -> Result<(), AdmissionError> {
         ChildBudget::new()
             .min_useful(self.min_useful_budget())
             .compute(Some(remaining))
+            .map(|_| ())
             .map_err(|e| AdmissionError {
                 kind: ErrorKind::Exhausted(e),
-            })?;
+            })
+    }
 
-        let (priority, priority_source) = self.priority_of(caller.as_ref());
-        let adopted = caller
-            .as_ref()
+    /// The operation of a request admitted without a registry: the caller's, where the
+    /// policy accepts it, else a fresh one.
+    fn unregistered(&self, prepared: &Prepared) -> Settled {
+        match prepared
+            .claimed()
             .filter(|_| self.accepts_caller_operation())
-            .and_then(|c| Some((c.operation_id()?, c.generation())));
-        let (operation_id, generation, operation_source) = match adopted {
-            Some((id, generation)) => (Arc::from(id), generation, OperationSource::Caller),
+        {
+            Some((id, generation)) => {
+                Settled::without_registry(id, generation, OperationSource::Caller)
+            }
             // A fresh operation starts from generation 0: a caller's `gen` that is not
             // adopted is never used, and so never forwarded.
-            None => (fresh_operation_id(), 0, OperationSource::Local),
-        };
-        let operation = Arc::new(Operation::new(
-            operation_id,
+            None => Settled::without_registry(OperationId::random(), 0, OperationSource::Local),
+        }
+    }
+
+    /// The rest of admission once the operation is settled: the request's scope and its
+    /// record.
+    #[track_caller]
+    pub(super) fn settle(
+        &self,
+        prepared: Prepared,
+        settled: Settled,
+        scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
+    ) -> Result<(Scope, Admission), AdmissionError> {
+        let Prepared {
+            now,
+            ingress,
+            remaining,
+            caller,
+            grpc_timeout,
+            envoy_timeout,
+            asked,
+            clamped,
+            budget_source,
             priority,
-            generation,
+            priority_source,
+        } = prepared;
+        // The registry's term: what the operation has left, on this process's clock.
+        let remaining = settled.deadline.map_or(remaining, |d| {
+            remaining.min(d.saturating_duration_since(now))
+        });
+        let deadline = deadline_after(now, remaining);
+        // Time spent asking the registry counts as queued: admitted now.
+        let admitted_at = match settled.registry {
+            RegistryTerm::None => now,
+            _ => Instant::now().max(now),
+        };
+        let left = deadline.saturating_duration_since(admitted_at);
+        if settled.registry != RegistryTerm::None {
+            // The registry may have shortened it, and its answer took time.
+            self.check_useful(left)?;
+        }
+        let operation = Arc::new(Operation::new(
+            settled.id.as_shared().clone(),
+            priority,
+            settled.generation,
             *self.egress(),
         ));
-        let deadline = deadline_after(now, remaining);
         let context: Arc<Operation> = operation.clone();
         let scope = scope(now, remaining, operation.id_arc().clone(), context)?;
         let admission = Admission {
@@ -316,17 +435,19 @@ impl EndpointPolicy {
             envoy_timeout,
             policy_version: self.policy_version(),
             ingress,
-            admitted_at: now,
+            admitted_at,
             deadline,
             audit_deadline: SystemTime::now()
-                .checked_add(remaining)
+                .checked_add(left)
                 .unwrap_or_else(SystemTime::now),
-            initial_remaining: remaining,
+            initial_remaining: left,
             declared: asked,
             clamped,
             budget_source,
             priority_source,
-            operation_source,
+            operation_source: settled.source,
+            registry: settled.registry,
+            operation_deadline: settled.deadline,
         };
         Ok((scope, admission))
     }

@@ -92,6 +92,63 @@ pub enum OperationSource {
     Local,
     /// The caller's `op`, and its `gen` (0 if it sent none).
     Caller,
+    /// The `op` of a caller the policy does not trust to name operations, continued because
+    /// the operation registry knew it
+    /// ([`EndpointPolicy::admit_joined`](crate::wire::EndpointPolicy::admit_joined)); the
+    /// generation is the registry's.
+    Known,
+}
+
+/// Whether the operation registry's term applied to an admitted request
+/// ([`EndpointPolicy::admit_joined`](crate::wire::EndpointPolicy::admit_joined)).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use cancel_scope::registry::{InProcessRegistry, Operations};
+/// use cancel_scope::wire::{EndpointPolicy, Incoming, RegistryTerm};
+///
+/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+/// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+/// let (_, a) = policy.admit_joined(&ops, Incoming::new(), tokio::time::Instant::now()).await.unwrap();
+/// assert_eq!(a.registry(), RegistryTerm::Created);
+/// let (_, b) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+/// assert_eq!(b.registry(), RegistryTerm::None);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RegistryTerm {
+    /// Admitted without a registry ([`EndpointPolicy::admit`](crate::wire::EndpointPolicy::admit)).
+    None,
+    /// The request began its operation in the registry, with its own budget.
+    Created,
+    /// The request joined an operation the registry held: its budget is at most what the
+    /// operation had left.
+    Joined,
+    /// The registry failed (unreachable, slower than its bound, full): the request was
+    /// admitted on the endpoint's own terms, the fault counted
+    /// ([`JoinCounts::faults`](crate::registry::JoinCounts::faults)) and noted in its report
+    /// ([`Report::registry_faults`](crate::Report::registry_faults)).
+    Fault,
+}
+
+impl RegistryTerm {
+    /// Whether the registry's remaining time bounds the request (`Created` or `Joined`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::RegistryTerm;
+    /// assert!(RegistryTerm::Joined.applied());
+    /// assert!(!RegistryTerm::Fault.applied());
+    /// ```
+    pub const fn applied(self) -> bool {
+        matches!(self, RegistryTerm::Created | RegistryTerm::Joined)
+    }
 }
 
 /// The audit record of one admitted request: who it is, what it asked for, what it got and
@@ -138,6 +195,8 @@ pub struct Admission {
     pub(super) budget_source: BudgetSource,
     pub(super) priority_source: PrioritySource,
     pub(super) operation_source: OperationSource,
+    pub(super) registry: RegistryTerm,
+    pub(super) operation_deadline: Option<Instant>,
 }
 
 impl Admission {
@@ -152,7 +211,7 @@ impl Admission {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
-    /// assert_eq!(a.operation_id().len(), 16); // a fresh local id
+    /// assert_eq!(a.operation_id().len(), 32); // a fresh local id: 128 random bits
     /// # }
     /// ```
     pub fn operation_id(&self) -> &str {
@@ -531,5 +590,35 @@ impl Admission {
     /// ```
     pub fn operation_source(&self) -> OperationSource {
         self.operation_source
+    }
+
+    /// Whether the operation registry's term applied, and how (see [`RegistryTerm`]).
+    ///
+    /// # Examples
+    ///
+    /// See [`RegistryTerm`].
+    pub fn registry(&self) -> RegistryTerm {
+        self.registry
+    }
+
+    /// The operation's deadline by the registry, on this process's clock, when its term
+    /// applied: the request's [`deadline`](Self::deadline) is never later.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cancel_scope::registry::{InProcessRegistry, Operations};
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    /// let (_, a) = policy.admit_joined(&ops, Incoming::new(), tokio::time::Instant::now()).await.unwrap();
+    /// assert_eq!(a.operation_deadline(), Some(a.deadline()));
+    /// # }
+    /// ```
+    pub fn operation_deadline(&self) -> Option<Instant> {
+        self.operation_deadline
     }
 }
