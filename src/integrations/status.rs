@@ -7,6 +7,7 @@
 //! | too little budget left to start | 504 | `DEADLINE_EXCEEDED` | `budget exhausted` |
 //! | a budget header is malformed or over a rejecting maximum | 400 | `INVALID_ARGUMENT` | the header's fixed text |
 //! | cancelled, closed, a shutdown, a server that admits no one | 503 | `UNAVAILABLE` | `service unavailable` |
+//! | a request of a cancelled operation (the operation registry's refusal) | 409 | `ABORTED` | `operation cancelled` |
 //! | the client went away | 499 | `CANCELLED` | `client gone` |
 //! | a dependency failed (transport, a retry that gave up, a required fan-out branch) | 502 | `UNAVAILABLE` | `bad gateway` |
 //! | an effect whose outcome is unknown (a retry stopped so, a cut-off `COMMIT`) | 500 | `UNKNOWN` | `effect unknown` |
@@ -34,6 +35,7 @@ pub(crate) enum Said {
     BudgetExhausted,
     Invalid(&'static str),
     Unavailable,
+    OperationCancelled,
     ClientGone,
     BadGateway,
     EffectUnknown,
@@ -63,6 +65,7 @@ impl Said {
             Said::BudgetExhausted => (StatusCode::GATEWAY_TIMEOUT, 4, "budget exhausted"),
             Said::Invalid(text) => (StatusCode::BAD_REQUEST, 3, text),
             Said::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, 14, "service unavailable"),
+            Said::OperationCancelled => (StatusCode::CONFLICT, 10, "operation cancelled"),
             Said::ClientGone => (
                 StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
                 1,
@@ -120,6 +123,8 @@ pub(crate) fn of_call(e: &crate::integrations::CallError) -> Said {
 pub(crate) fn of_admission(e: &crate::wire::AdmissionError) -> Said {
     if e.is_unavailable() {
         Said::Unavailable
+    } else if e.is_operation_cancelled() {
+        Said::OperationCancelled
     } else if e.is_exhausted() {
         Said::BudgetExhausted
     } else {

@@ -18,6 +18,7 @@ pub(crate) enum GrpcCode {
     InvalidArgument = 3,
     DeadlineExceeded = 4,
     FailedPrecondition = 9,
+    Aborted = 10,
     Internal = 13,
     Unavailable = 14,
 }

@@ -47,7 +47,8 @@ pub(super) struct Answers {
 
 impl Answers {
     /// The answer refusing a request that `e` says was not admitted: HTTP 400 / gRPC
-    /// `INVALID_ARGUMENT`, or 504 / `DEADLINE_EXCEEDED` when too little budget was left.
+    /// `INVALID_ARGUMENT`, 504 / `DEADLINE_EXCEEDED` when too little budget was left, 503 /
+    /// `UNAVAILABLE` from a server shutting down, 409 / `ABORTED` for a cancelled operation.
     pub(super) fn refusal<B>(self, e: &AdmissionError) -> Response<ResponseBody<B>> {
         let text = self.text(e.public_message(), || e.to_string());
         if e.is_unavailable() {
@@ -59,6 +60,17 @@ impl Answers {
             };
             headers::insert_effect(res.headers_mut(), ServiceEffect::None);
             self.retry_hint(res.headers_mut());
+            return res;
+        }
+        if e.is_operation_cancelled() {
+            // The operation was cancelled: nothing was done, and a retry under it is refused
+            // again (no `Retry-After`).
+            let mut res = if self.grpc {
+                grpc(GrpcCode::Aborted, &text)
+            } else {
+                http(StatusCode::CONFLICT, text)
+            };
+            headers::insert_effect(res.headers_mut(), ServiceEffect::None);
             return res;
         }
         match (self.grpc, e.is_exhausted()) {

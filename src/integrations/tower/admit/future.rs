@@ -11,14 +11,25 @@ use pin_project_lite::pin_project;
 use super::answer::Answers;
 use super::body::ResponseBody;
 use super::finish::{panic_message, Finish, HANDLER_PANICKED};
-use crate::wire::{AdmissionError, ServiceEffect};
+use crate::wire::{Admission, AdmissionError, ServiceEffect};
 use crate::Cause;
 use crate::Run;
+use crate::Scope;
+
+/// The admission of a request whose operation the registry is asked about.
+pub(super) type Admitting =
+    Pin<Box<dyn Future<Output = Result<(Scope, Admission), AdmissionError>> + Send>>;
+
+/// What follows that admission: the request's future as without a registry.
+pub(super) type Then<F, B> =
+    Box<dyn FnOnce(Result<(Scope, Admission), AdmissionError>) -> ResponseFuture<F, B> + Send>;
 
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateReplace]
     enum State<F: Future, B> {
+        // The registry is being asked; then the request is admitted (or refused) by `then`.
+        Joining { admit: Admitting, then: Option<Then<F, B>> },
         Running { #[pin] run: Run<F> },
         Answer { response: Option<Response<ResponseBody<B>>> },
         Done,
@@ -100,6 +111,25 @@ impl<F: Future, B> ResponseFuture<F, B> {
         }
     }
 
+    /// A request whose admission waits for the registry: `then` makes the request's future
+    /// once `admit` has answered.
+    pub(super) fn joining(admit: Admitting, then: Then<F, B>) -> Self {
+        ResponseFuture {
+            state: State::Joining {
+                admit,
+                then: Some(then),
+            },
+            finish: None,
+            answers: Answers {
+                grpc: false,
+                detail: false,
+                retry_after: None,
+            },
+            track_body: false,
+            polling: false,
+        }
+    }
+
     pub(super) fn admitted(
         run: Run<F>,
         finish: Finish,
@@ -123,7 +153,21 @@ where
 {
     type Output = Result<Response<ResponseBody<B>>, E>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let next = match self.as_mut().project().state.project() {
+            StateProj::Joining { admit, then } => match admit.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(admitted) => match then.take() {
+                    Some(then) => Some(then(admitted)),
+                    None => panic!("ResponseFuture polled after completion"),
+                },
+            },
+            _ => None,
+        };
+        if let Some(next) = next {
+            // Nothing was admitted before: replacing this future drops nothing of a request.
+            self.set(next);
+        }
         let mut this = self.project();
         // Whether the scope closes now (`false`: the response body streams, and closes it at
         // its end, so that the handler can still start work for it).
@@ -133,7 +177,9 @@ where
                 Some(r) => Ok(r),
                 None => panic!("ResponseFuture polled after completion"),
             },
-            StateProj::Done => panic!("ResponseFuture polled after completion"),
+            StateProj::Done | StateProj::Joining { .. } => {
+                panic!("ResponseFuture polled after completion")
+            }
             StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(panic)) => {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::service::{Admit, Hooks};
+use crate::registry::Operations;
 use crate::wire::{Admission, AdmissionError, EndpointPolicy, ServerScope};
 use crate::Report;
 
@@ -20,10 +21,14 @@ use crate::Report;
 /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)));
 /// # let _ = layer;
 /// ```
+///
+/// `R` is `()`, or [`Operations`] once the layer is given a registry
+/// ([`operations`](Self::operations)).
 #[derive(Clone)]
-pub struct AdmitLayer {
+pub struct AdmitLayer<R = ()> {
     policy: EndpointPolicy,
     hooks: Hooks,
+    registry: R,
 }
 
 // `Hooks` carries the server (see `AdmitLayer::server`): one `Arc` to clone per service.
@@ -48,9 +53,61 @@ impl AdmitLayer {
                 on_refusal: None,
                 server: None,
             },
+            registry: (),
         }
     }
 
+    /// Admits every request with the operation registry's term
+    /// ([`EndpointPolicy::admit_joined`]): the request joins its operation through `ops`, its
+    /// budget is at most what the operation has left, a request of a cancelled operation (or
+    /// of an older generation) is refused with 409 / `ABORTED` (`operation cancelled`,
+    /// `service-effect: none`, through [`on_refusal`](Self::on_refusal)), and the request's
+    /// scope is cancelled by the operation's cancel, also one made in another process. Who
+    /// may name an operation follows the policy's
+    /// [`caller_operation`](EndpointPolicy::caller_operation) (see
+    /// [`admit_joined`](EndpointPolicy::admit_joined)). A registry that fails or is slow
+    /// (bounded by [`Operations::timeout`] and the request's budget) does not stop
+    /// admission: the request runs on the endpoint's own terms, the fault counted and in its
+    /// report.
+    ///
+    /// The handler is then called once the registry has answered, by the service the
+    /// server polled ready (a clone of it takes its place in the layer): the service must be
+    /// `Clone + Send + 'static`, as axum's routers and tonic's services are.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::AdmitLayer;
+    /// use cancel_scope::registry::{InProcessRegistry, Operations};
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    ///     .operations(&ops);
+    /// assert_eq!(layer.registry().counts().joined(), 0);
+    /// ```
+    pub fn operations(self, ops: &Operations) -> AdmitLayer<Operations> {
+        AdmitLayer {
+            policy: self.policy,
+            hooks: self.hooks,
+            registry: ops.clone(),
+        }
+    }
+}
+
+impl AdmitLayer<Operations> {
+    /// The operation registry the layer's requests join.
+    ///
+    /// # Examples
+    ///
+    /// See [`operations`](AdmitLayer::operations).
+    pub fn registry(&self) -> &Operations {
+        &self.registry
+    }
+}
+
+impl<R> AdmitLayer<R> {
     /// Admits every request as a child of `server`'s scope
     /// ([`EndpointPolicy::admit_in`]): its shutdown ([`ServerScope::shutdown`]) stops
     /// admitting (503 / `UNAVAILABLE` with `Retry-After`, `service-effect: none`), waits for
@@ -126,7 +183,8 @@ impl AdmitLayer {
     /// [show it to](crate::wire::EndpointPolicy::error_detail) gets as one fixed text. The
     /// handler never runs for such a request, and no report follows.
     ///
-    /// `f` runs in the service's `call`; keep it short.
+    /// `f` runs in the service's `call` (with a [registry](Self::operations), when the
+    /// response future is first polled after the registry answered); keep it short.
     ///
     /// # Examples
     ///
@@ -162,21 +220,27 @@ impl AdmitLayer {
     }
 }
 
-impl<S> Layer<S> for AdmitLayer {
-    type Service = Admit<S>;
+impl<S, R: Clone> Layer<S> for AdmitLayer<R> {
+    type Service = Admit<S, R>;
 
-    fn layer(&self, inner: S) -> Admit<S> {
-        Admit::from_parts(inner, self.policy, self.hooks.clone())
+    fn layer(&self, inner: S) -> Admit<S, R> {
+        Admit::from_parts(
+            inner,
+            self.policy,
+            self.hooks.clone(),
+            self.registry.clone(),
+        )
     }
 }
 
-impl fmt::Debug for AdmitLayer {
+impl<R: fmt::Debug> fmt::Debug for AdmitLayer<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdmitLayer")
             .field("policy", &self.policy)
             .field("on_report", &self.hooks.on_report.is_some())
             .field("on_refusal", &self.hooks.on_refusal.is_some())
             .field("server", &self.hooks.server)
+            .field("registry", &self.registry)
             .finish()
     }
 }

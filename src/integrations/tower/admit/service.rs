@@ -12,6 +12,7 @@ use super::finish::Finish;
 use super::future::ResponseFuture;
 use super::layer::AdmitLayer;
 use crate::integrations::tower::headers;
+use crate::registry::Operations;
 use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming, ServerScope};
 use crate::Report;
 
@@ -64,19 +65,30 @@ pub struct Ingress(pub Instant);
 /// let svc = Admit::new((), policy);
 /// assert_eq!(svc.policy().max_budget(), Duration::from_secs(2));
 /// ```
-pub struct Admit<S> {
+///
+/// `R` is `()`, or [`Operations`] for a layer whose requests join their operation in the
+/// registry ([`AdmitLayer::operations`]); that one calls its handler once the registry has
+/// answered, by the service polled ready, so it needs a `Clone` service (as axum's and
+/// tonic's are).
+pub struct Admit<S, R = ()> {
     inner: S,
     policy: EndpointPolicy,
     hooks: Hooks,
+    registry: R,
     /// When `poll_ready` first found the inner service not ready since the last `call`: the
     /// next request has been waiting since then at the latest (queued, off its budget).
     not_ready_since: Option<Instant>,
 }
 
-impl<S: Clone> Clone for Admit<S> {
+impl<S: Clone, R: Clone> Clone for Admit<S, R> {
     /// A clone has not been polled ready (tower's rule), so it has waited for nothing yet.
     fn clone(&self) -> Self {
-        Admit::from_parts(self.inner.clone(), self.policy, self.hooks.clone())
+        Admit::from_parts(
+            self.inner.clone(),
+            self.policy,
+            self.hooks.clone(),
+            self.registry.clone(),
+        )
     }
 }
 
@@ -101,15 +113,7 @@ impl<S> Admit<S> {
                 on_refusal: None,
                 server: None,
             },
-            not_ready_since: None,
-        }
-    }
-
-    pub(super) fn from_parts(inner: S, policy: EndpointPolicy, hooks: Hooks) -> Self {
-        Admit {
-            inner,
-            policy,
-            hooks,
+            registry: (),
             not_ready_since: None,
         }
     }
@@ -127,6 +131,18 @@ impl<S> Admit<S> {
     /// ```
     pub const fn layer(policy: EndpointPolicy) -> AdmitLayer {
         AdmitLayer::new(policy)
+    }
+}
+
+impl<S, R> Admit<S, R> {
+    pub(super) fn from_parts(inner: S, policy: EndpointPolicy, hooks: Hooks, registry: R) -> Self {
+        Admit {
+            inner,
+            policy,
+            hooks,
+            registry,
+            not_ready_since: None,
+        }
     }
 
     /// The policy.
@@ -191,16 +207,12 @@ impl<S> Admit<S> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admit<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: http_body::Body + Send + 'static,
-{
-    type Response = Response<ResponseBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+impl<S, R> Admit<S, R> {
+    /// `poll_ready` of the inner service, noting when it was first found not ready.
+    fn poll_inner<Req>(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>>
+    where
+        S: Service<Req>,
+    {
         let ready = self.inner.poll_ready(cx);
         match &ready {
             // Back-pressure: the request waiting for this pays for the wait from its budget.
@@ -213,70 +225,155 @@ where
         ready
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    /// What every request's admission starts from: its arrival, how the layer answers it,
+    /// whether its body is tracked, its budget headers (taken off the request).
+    fn begin<B>(&mut self, req: &mut Request<B>) -> (Instant, Answers, bool, Incoming) {
         let not_ready_since = self.not_ready_since.take();
         let ingress = match req.extensions().get::<Ingress>() {
             Some(i) => i.0,
             None => not_ready_since.unwrap_or_else(Instant::now),
         };
-        let server = self.hooks.server.as_ref();
         let answers = Answers {
             grpc: headers::is_grpc(req.headers()),
             detail: self.policy.shows_error_detail(),
-            retry_after: server.map(ServerScope::retry_after_hint),
+            retry_after: self
+                .hooks
+                .server
+                .as_ref()
+                .map(ServerScope::retry_after_hint),
         };
         // The response to a `HEAD` request has no body to send (the server drops it unread).
         let track_body = req.method() != http::Method::HEAD;
         // The handler never sees the raw budget headers: a handler that copies its incoming
         // headers onto a call of its own would pass the caller's claims on unchecked.
         let incoming = Incoming::take_from(req.headers_mut());
-        let admitted = match server {
-            Some(server) => self.policy.admit_in(server, incoming, ingress),
-            None => self.policy.admit(incoming, ingress),
-        };
-        // The handler is a child of the request from here until it answers (see `Finish`):
-        // taken at once, so that the request is in flight for a server, or refused by its
-        // shutdown as one that came after it (a unit of a closed server's cannot be had).
-        let admitted = admitted.and_then(|(scope, admission)| match scope.handler_ticket() {
-            Ok(handler) => Ok((scope, admission, handler)),
-            Err(_) => Err(AdmissionError::unavailable()),
-        });
-        let (scope, admission, handler) = match admitted {
-            Ok(a) => a,
-            Err(e) => {
-                if let Some(f) = &self.hooks.on_refusal {
-                    f(&e);
-                }
-                return ResponseFuture::rejected(&e, answers);
-            }
-        };
-        req.extensions_mut().insert(scope.clone());
-        req.extensions_mut().insert(admission.clone());
-        let finish = Finish::new(scope, admission, self.hooks.on_report.clone(), handler);
-        // `call` itself may already run handler code: make the scope current for it too. A
-        // panic there is the handler's: answered 500 / `INTERNAL`, not passed on to the
-        // server (which would reset the connection).
-        let inner = &mut self.inner;
-        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            finish.scope().sync_scope(|| inner.call(req))
-        }));
-        match called {
-            Ok(fut) => {
-                let run = finish.scope().run(fut);
-                ResponseFuture::admitted(run, finish, answers, track_body)
-            }
-            Err(panic) => ResponseFuture::panicked(finish, answers, &*panic),
-        }
+        (ingress, answers, track_body, incoming)
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for Admit<S> {
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body + Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_inner(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let (ingress, answers, track_body, incoming) = self.begin(&mut req);
+        let admitted = match &self.hooks.server {
+            Some(server) => self.policy.admit_in(server, incoming, ingress),
+            None => self.policy.admit(incoming, ingress),
+        };
+        start(
+            &mut self.inner,
+            req,
+            admitted,
+            &self.hooks,
+            answers,
+            track_body,
+        )
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Admit<S, Operations>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body + Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_inner(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let (ingress, answers, track_body, incoming) = self.begin(&mut req);
+        // The registry answers asynchronously: the handler is called once it has, by the
+        // service that was polled ready (a clone takes its place here, tower's way).
+        let policy = self.policy;
+        let server = self.hooks.server.clone();
+        let ops = self.registry.clone();
+        let admit = Box::pin(async move {
+            match &server {
+                Some(s) => policy.admit_joined_in(s, &ops, incoming, ingress).await,
+                None => policy.admit_joined(&ops, incoming, ingress).await,
+            }
+        });
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let hooks = self.hooks.clone();
+        ResponseFuture::joining(
+            admit,
+            Box::new(move |admitted| start(&mut inner, req, admitted, &hooks, answers, track_body)),
+        )
+    }
+}
+
+/// The rest of a request's way in once it is admitted (or refused): the handler's unit, the
+/// request's extensions, the handler called in the request's scope.
+fn start<S, ReqBody, ResBody>(
+    inner: &mut S,
+    mut req: Request<ReqBody>,
+    admitted: Result<(crate::Scope, Admission), AdmissionError>,
+    hooks: &Hooks,
+    answers: Answers,
+    track_body: bool,
+) -> ResponseFuture<S::Future, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body + Send + 'static,
+{
+    // The handler is a child of the request from here until it answers (see `Finish`):
+    // taken at once, so that the request is in flight for a server, or refused by its
+    // shutdown as one that came after it (a unit of a closed server's cannot be had).
+    let admitted = admitted.and_then(|(scope, admission)| match scope.handler_ticket() {
+        Ok(handler) => Ok((scope, admission, handler)),
+        Err(_) => Err(AdmissionError::unavailable()),
+    });
+    let (scope, admission, handler) = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            if let Some(f) = &hooks.on_refusal {
+                f(&e);
+            }
+            return ResponseFuture::rejected(&e, answers);
+        }
+    };
+    req.extensions_mut().insert(scope.clone());
+    req.extensions_mut().insert(admission.clone());
+    let finish = Finish::new(scope, admission, hooks.on_report.clone(), handler);
+    // `call` itself may already run handler code: make the scope current for it too. A
+    // panic there is the handler's: answered 500 / `INTERNAL`, not passed on to the
+    // server (which would reset the connection).
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        finish.scope().sync_scope(|| inner.call(req))
+    }));
+    match called {
+        Ok(fut) => {
+            let run = finish.scope().run(fut);
+            ResponseFuture::admitted(run, finish, answers, track_body)
+        }
+        Err(panic) => ResponseFuture::panicked(finish, answers, &*panic),
+    }
+}
+
+impl<S: fmt::Debug, R: fmt::Debug> fmt::Debug for Admit<S, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Admit")
             .field("inner", &self.inner)
             .field("policy", &self.policy)
             .field("on_report", &self.hooks.on_report.is_some())
             .field("on_refusal", &self.hooks.on_refusal.is_some())
+            .field("registry", &self.registry)
             .finish()
     }
 }
