@@ -12,6 +12,7 @@ mod support {
     pub mod redis;
 }
 
+mod admission;
 mod in_process;
 mod journal;
 #[cfg(feature = "sqlx-postgres")]
