@@ -22,4 +22,5 @@ mod effect;
 mod extractors;
 mod grpc;
 mod http;
+mod registry;
 mod shutdown;
