@@ -14,7 +14,7 @@ use cancel_scope::Scope;
 
 const PREFIX: &str = "cs-test:";
 /// The longest a test waits for an event (a pub/sub message, a reconnection).
-const WITHIN: Duration = Duration::from_secs(10);
+pub(crate) const WITHIN: Duration = Duration::from_secs(10);
 /// What a loaded machine may add to a bounded wait.
 const SLACK: Duration = Duration::from_millis(500);
 
@@ -23,18 +23,18 @@ fn ms(n: u64) -> Duration {
 }
 
 /// One "process": a runtime of its own, a registry on it, admission's view of it.
-struct Instance {
-    registry: Arc<RedisRegistry>,
-    ops: Operations,
-    rt: tokio::runtime::Runtime,
+pub(crate) struct Instance {
+    pub(crate) registry: Arc<RedisRegistry>,
+    pub(crate) ops: Operations,
+    pub(crate) rt: tokio::runtime::Runtime,
 }
 
 impl Instance {
-    fn new(server: &RedisServer) -> Instance {
+    pub(crate) fn new(server: &RedisServer) -> Instance {
         Instance::with(server, |b| b)
     }
 
-    fn with(
+    pub(crate) fn with(
         server: &RedisServer,
         build: impl FnOnce(RedisRegistryBuilder) -> RedisRegistryBuilder,
     ) -> Instance {
@@ -49,12 +49,12 @@ impl Instance {
         Instance { registry, ops, rt }
     }
 
-    fn run<F: Future>(&self, f: F) -> F::Output {
+    pub(crate) fn run<F: Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
     }
 
     /// Waits until the listener is subscribed (at least `n` times in all).
-    fn subscribed(&self, n: u64) {
+    pub(crate) fn subscribed(&self, n: u64) {
         let status = self.run(async {
             let subscribed = self
                 .registry
