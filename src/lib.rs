@@ -149,22 +149,24 @@
 //! | | [`OperationState`](registry::OperationState), [`Begun`](registry::Begun), [`CancelOutcome`](registry::CancelOutcome) | what the registry answers |
 //! | | [`LocalScopes`](registry::LocalScopes) | this process's scopes per operation, by weak reference, cancelled together |
 //! | | [`RegistryError`](registry::RegistryError), [`JoinError`](registry::JoinError) | a registry fault (admission falls back to the endpoint cap) or a refusal |
+//! | | [`RegistryFault`](registry::RegistryFault) | a request admitted on its endpoint's terms because the registry failed: a note in its report ([`Report::registry_faults`]) |
 //! | | [`MAX_ID_LEN`](registry::MAX_ID_LEN), [`MAX_LIFETIME`](registry::MAX_LIFETIME), [`MIN_BUDGET`](registry::MIN_BUDGET), [`DEFAULT_TIMEOUT`](registry::DEFAULT_TIMEOUT), [`OPERATION_CANCELLED`](registry::OPERATION_CANCELLED) | the registry's bounds and defaults |
 //! | [`reconcile`] | [`IntentStore`](reconcile::IntentStore) | where durable intents live; [`InMemoryIntents`](reconcile::InMemoryIntents) is the default |
 //! | | [`Journal`](reconcile::Journal), [`Journaled`](reconcile::Journaled) | writes an intent before a possibly-effectful dispatch and resolves it by the receipt |
 //! | | [`Reconciler`](reconcile::Reconciler), [`Reconciled`](reconcile::Reconciled) | lists pending intents and resolves each once |
 //! | | [`Intent`](reconcile::Intent), [`IntentRecord`](reconcile::IntentRecord), [`EffectClass`](reconcile::EffectClass), [`Resolution`](reconcile::Resolution), [`Resolved`](reconcile::Resolved) | an intent, as written and as stored, and how it ended |
 //! | | [`IntentError`](reconcile::IntentError), [`MAX_FIELD_LEN`](reconcile::MAX_FIELD_LEN), [`DEFAULT_JOURNAL_TIMEOUT`](reconcile::DEFAULT_JOURNAL_TIMEOUT) | a store fault; the bounds and defaults |
-//! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit), and [`admit_in`](wire::EndpointPolicy::admit_in) under a `ServerScope` |
+//! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit), [`admit_in`](wire::EndpointPolicy::admit_in) under a `ServerScope`, and [`admit_joined`](wire::EndpointPolicy::admit_joined) with the operation registry's term |
 //! | | [`Trust`](wire::Trust) | presets for all the trust settings at once: untrusted, trusted |
 //! | | [`OnBadInput`](wire::OnBadInput) | what admission does with a budget header it cannot decode: refuse, or fall back |
 //! | | [`OverCap`](wire::OverCap) | what admission does with a budget over the maximum: clamp, or refuse |
 //! | | [`Incoming`](wire::Incoming) | the budget headers of an incoming request, decoded line by line |
 //! | | [`Admission`](wire::Admission) | the audit record of one admitted request: what it asked for, what it got, and from whom |
-//! | | [`AdmissionError`](wire::AdmissionError) | why a request was not admitted: invalid, or exhausted |
+//! | | [`AdmissionError`](wire::AdmissionError) | why a request was not admitted: invalid, exhausted, a server shutting down, a cancelled operation |
 //! | | [`BudgetSource`](wire::BudgetSource) | where an admitted request's budget came from |
 //! | | [`PrioritySource`](wire::PrioritySource) | where an admitted request's priority came from |
 //! | | [`OperationSource`](wire::OperationSource) | where an admitted request's operation id and generation came from |
+//! | | [`RegistryTerm`](wire::RegistryTerm) | whether the operation registry's remaining time bounded an admitted request, or the registry failed |
 //! | | [`Operation`](wire::Operation) | request-wide facts on the root scope: operation id, priority, generation, egress defaults |
 //! | | [`EgressPolicy`](wire::EgressPolicy) | how outgoing calls take their budget: reserve, cap, transport pad, minimum |
 //! | | [`Outgoing`](wire::Outgoing) | the budget of one outgoing call, as `grpc-timeout` and `service-budget` values |
@@ -203,7 +205,7 @@
 #![cfg_attr(
     feature = "tower",
     doc = "| [`integrations::tower`] | (re-exports) | `Admit`, `AdmitLayer`, `Ingress`, `Propagate`, `PropagateLayer` from the modules below |
-| [`integrations::tower::admit`] | [`AdmitLayer`](integrations::tower::admit::AdmitLayer) | the server layer: every request admitted into a root scope under an `EndpointPolicy` (with [`server`](integrations::tower::admit::AdmitLayer::server), a child of a `ServerScope`); the handler is one child of it |
+| [`integrations::tower::admit`] | [`AdmitLayer`](integrations::tower::admit::AdmitLayer) | the server layer: every request admitted into a root scope under an `EndpointPolicy` (with [`server`](integrations::tower::admit::AdmitLayer::server), a child of a `ServerScope`; with [`operations`](integrations::tower::admit::AdmitLayer::operations), the operation registry's term); the handler is one child of it |
 | | [`Admit`](integrations::tower::admit::Admit) | the server middleware `AdmitLayer` makes |
 | | [`Ingress`](integrations::tower::admit::Ingress) | when a request arrived, if an outer layer knows better (a request extension) |
 | | [`ResponseBody`](integrations::tower::admit::ResponseBody) | the handler's response body, bounded by the request's deadline |

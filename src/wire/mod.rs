@@ -69,6 +69,12 @@
 //!   came on one line and was valid. The [`Admission`] records which source decided the
 //!   budget ([`BudgetSource`]), the priority ([`PrioritySource`]) and the operation
 //!   ([`OperationSource`]), and keeps what the caller sent for audit.
+//! * **Operations are the registry's.** With an operation registry
+//!   ([`EndpointPolicy::admit_joined`]) a request's budget is also at most what its operation
+//!   has left ([`RegistryTerm`]); only a caller trusted with its operation id may create an
+//!   operation, an untrusted caller's id only continues one the registry holds, and a request
+//!   of a cancelled operation or an older generation is refused
+//!   ([`AdmissionError::is_operation_cancelled`]).
 //!
 //! # Examples
 //!

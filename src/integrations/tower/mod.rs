@@ -20,6 +20,7 @@
 //!   | the scope was cancelled by the server after a possibly effectful call was dispatched | 500 | `UNKNOWN` (2) | `service unavailable` |
 //!   | the handler panicked | 500 | `INTERNAL` (13) | `internal error` |
 //!   | refused: the [server](crate::wire::ServerScope)'s shutdown has begun | 503 with `Retry-After` | `UNAVAILABLE` (14) with `grpc-retry-pushback-ms` | `service unavailable` |
+//!   | refused: the request's operation was cancelled, or it is of an older generation (a layer with a [registry](AdmitLayer::operations)), `service-effect: none` | 409 | `ABORTED` (10) | `operation cancelled` |
 //!
 //!   A request the shutdown cancels at the end of its grace period
 //!   ([`Cause::Shutdown`](crate::Cause::Shutdown)) is answered as any request the server

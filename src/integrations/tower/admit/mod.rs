@@ -71,6 +71,23 @@
 //! comes first and the caller gets `DEADLINE_EXCEEDED`. The reserve must cover the answer's
 //! trip back to the client, whose own timer fires at the full `grpc-timeout`.
 //!
+//! # Operations across requests and processes
+//!
+//! A layer given an operation registry ([`operations`](AdmitLayer::operations)) admits with
+//! the operation's remaining time as a third term, `min(header, cap, operation remaining)`
+//! ([`EndpointPolicy::admit_joined`](crate::wire::EndpointPolicy::admit_joined)): a
+//! client's retry under the operation id the edge issued, at this server or another one
+//! sharing the registry, gets what the operation has left. Only a caller the policy trusts
+//! with its operation id creates an operation; an untrusted caller's id only continues one
+//! the registry holds, and an unknown one is replaced by a fresh edge-issued id. The request's
+//! scope is attached to its operation, so the operation's cancel — also one made in another
+//! process — stops it; a request of a cancelled operation, or of an older generation, is
+//! answered 409 / `ABORTED` (`operation cancelled`, `service-effect: none`). A registry that
+//! fails or is slow (bounded by [`Operations::timeout`](crate::registry::Operations::timeout)
+//! and the request's budget) admits the request on the endpoint's own terms, counted
+//! ([`JoinCounts::faults`](crate::registry::JoinCounts::faults)) and noted in its report
+//! ([`Report::registry_faults`](crate::Report::registry_faults)).
+//!
 //! # Graceful shutdown
 //!
 //! A layer given a [`ServerScope`](crate::wire::ServerScope)
