@@ -247,3 +247,34 @@ impl tower::Service<http::Request<tonic::body::Body>> for Probe {
         })
     }
 }
+
+#[tokio::test]
+async fn the_axum_and_tonic_conversions_answer_a_cancelled_operation_409_and_aborted() {
+    use axum::response::IntoResponse as _;
+
+    let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(2));
+    let now = tokio::time::Instant::now;
+    let (_, a) = policy
+        .admit_joined(&ops, cancel_scope::wire::Incoming::new(), now())
+        .await
+        .unwrap();
+    ops.cancel(&OperationId::new(a.operation_id()).unwrap())
+        .await
+        .unwrap();
+    let header = format!("v=1, rem=500, op=\"{}\"", a.operation_id());
+    let refused = || async {
+        let incoming = cancel_scope::wire::Incoming::new().service_budget(header.as_bytes());
+        policy
+            .admit_joined(&ops, incoming, now())
+            .await
+            .unwrap_err()
+    };
+    let status = tonic::Status::from(refused().await);
+    assert_eq!(status.code(), tonic::Code::Aborted);
+    assert_eq!(status.message(), "operation cancelled");
+    assert_eq!(status.metadata().get("service-effect").unwrap(), "none");
+    let res = refused().await.into_response();
+    assert_eq!(res.status(), 409);
+    assert_eq!(res.headers()["service-effect"], "none");
+}
