@@ -185,27 +185,51 @@ fn a_retry_at_another_server_never_gets_more_than_the_operation_has_left() {
     assert_eq!(exists, redis::Value::Int(0));
 }
 
+/// An operation begun at edge A, a call of it in flight at inner service B (as the edge's
+/// own outgoing call would carry it: its `op`, generation 0), then cancelled at A.
+struct Cancelled {
+    client: Client,
+    a_url: String,
+    b_url: String,
+    id: String,
+    in_flight: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+}
+
+fn cancelled_in_flight(a: &Instance, b: &Instance) -> Cancelled {
+    b.subscribed(1);
+    let (a_url, _) = serve(a, edge(), &a.ops);
+    let (b_url, b_arrived) = serve(b, inner(), &b.ops);
+    let client = Client::new();
+    let (_, first) = client.get(&format!("{a_url}/seen"), None);
+    let id = field(&first, "op").to_owned();
+    let in_flight = client.spawn(&format!("{b_url}/wait"), Some(&claim(&id, Some(0))));
+    b_arrived
+        .recv_timeout(WITHIN)
+        .expect("B's handler never ran");
+    a.run(a.ops.cancel(&OperationId::new(&id).unwrap()))
+        .unwrap();
+    Cancelled {
+        client,
+        a_url,
+        b_url,
+        id,
+        in_flight,
+    }
+}
+
 #[test]
 fn a_cancel_on_one_server_stops_the_others_request_and_refuses_the_old_generation() {
     let Some(server) = RedisServer::start("servers_cancel") else {
         return;
     };
     let (a, b) = (Instance::new(&server), Instance::new(&server));
-    b.subscribed(1);
-    let (a_url, _) = serve(&a, edge(), &a.ops);
-    let (b_url, b_arrived) = serve(&b, inner(), &b.ops);
-    let client = Client::new();
-
-    let (_, first) = client.get(&format!("{a_url}/seen"), None);
-    let id = field(&first, "op").to_owned();
-    // A call of that operation on B (as the edge's own outgoing call would carry it).
-    let in_flight = client.spawn(&format!("{b_url}/wait"), Some(&claim(&id, Some(0))));
-    b_arrived
-        .recv_timeout(WITHIN)
-        .expect("B's handler never ran");
-
-    a.run(a.ops.cancel(&OperationId::new(&id).unwrap()))
-        .unwrap();
+    let Cancelled {
+        client,
+        a_url,
+        b_url,
+        id,
+        in_flight,
+    } = cancelled_in_flight(&a, &b);
     // Heard on pub/sub: B's request is stopped by the cancel, answered 503.
     assert_eq!(client.status_of(in_flight), 503);
     assert!(b.registry.listener().unwrap().cancels_heard() >= 1);
@@ -227,20 +251,13 @@ fn a_lost_announcement_is_caught_at_the_other_servers_next_admission() {
     // A's cancels reach the store and are never announced.
     let a = Instance::with(&server, |b| b.announce(false));
     let b = Instance::new(&server);
-    b.subscribed(1);
-    let (a_url, _) = serve(&a, edge(), &a.ops);
-    let (b_url, b_arrived) = serve(&b, inner(), &b.ops);
-    let client = Client::new();
-
-    let (_, first) = client.get(&format!("{a_url}/seen"), None);
-    let id = field(&first, "op").to_owned();
-    let straggler = client.spawn(&format!("{b_url}/wait"), Some(&claim(&id, Some(0))));
-    b_arrived
-        .recv_timeout(WITHIN)
-        .expect("B's handler never ran");
-
-    a.run(a.ops.cancel(&OperationId::new(&id).unwrap()))
-        .unwrap();
+    let Cancelled {
+        client,
+        b_url,
+        id,
+        in_flight: straggler,
+        ..
+    } = cancelled_in_flight(&a, &b);
     assert_eq!(b.registry.listener().unwrap().cancels_heard(), 0);
     assert!(!straggler.is_finished());
 

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use super::super::server::ServerScope;
 use super::{
-    Admission, AdmissionError, Incoming, OperationSource, Prepared, RegistryTerm, Settled,
+    request_child_of, request_root, Admission, AdmissionError, Incoming, Operation,
+    OperationSource, Prepared, RegistryTerm, Settled,
 };
 use crate::registry::{Join, JoinError, OperationId, Operations, RegistryFault};
 use crate::scope::Note;
@@ -107,27 +108,7 @@ impl EndpointPolicy {
         ingress: Instant,
     ) -> impl std::future::Future<Output = Result<(Scope, Admission), AdmissionError>> + Send + '_
     {
-        let prepared = self.prepare(incoming, ingress);
-        let ops = ops.clone();
-        async move {
-            let prepared = prepared?;
-            let outcome = self.settle_operation(&ops, &prepared).await?;
-            self.admitted(
-                &ops,
-                prepared,
-                outcome,
-                |now, remaining, name, operation| {
-                    let flag = crate::sync::Arc::new(crate::scope::EffectFlag::new());
-                    Ok(Scope::root_after(
-                        now,
-                        remaining,
-                        Some(name),
-                        Some(operation),
-                        Some(flag),
-                    ))
-                },
-            )
-        }
+        self.admit_joined_with(ops, incoming, ingress, request_root)
     }
 
     /// [`admit_joined`](Self::admit_joined), with the request's scope a child of `server`'s,
@@ -173,22 +154,28 @@ impl EndpointPolicy {
         ingress: Instant,
     ) -> impl std::future::Future<Output = Result<(Scope, Admission), AdmissionError>> + Send + 'a
     {
+        self.admit_joined_with(ops, incoming, ingress, request_child_of(server))
+    }
+
+    /// Admission with the registry, with `scope` making the request's scope (as for
+    /// `admit_with`). The headers are decoded and checked at once, before the registry is
+    /// asked.
+    fn admit_joined_with<'a>(
+        &'a self,
+        ops: &Operations,
+        incoming: Incoming,
+        ingress: Instant,
+        scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>
+            + Send
+            + 'a,
+    ) -> impl std::future::Future<Output = Result<(Scope, Admission), AdmissionError>> + Send + 'a
+    {
         let prepared = self.prepare(incoming, ingress);
         let ops = ops.clone();
         async move {
             let prepared = prepared?;
             let outcome = self.settle_operation(&ops, &prepared).await?;
-            self.admitted(
-                &ops,
-                prepared,
-                outcome,
-                |now, remaining, name, operation| {
-                    server
-                        .scope()
-                        .request_child_after(now, remaining, Some(name), Some(operation))
-                        .map_err(|_| AdmissionError::unavailable())
-                },
-            )
+            self.admitted(&ops, prepared, outcome, scope)
         }
     }
 
@@ -198,12 +185,7 @@ impl EndpointPolicy {
         ops: &Operations,
         prepared: Prepared,
         outcome: Outcome,
-        scope: impl FnOnce(
-            Instant,
-            Duration,
-            Arc<str>,
-            Arc<super::Operation>,
-        ) -> Result<Scope, AdmissionError>,
+        scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
     ) -> Result<(Scope, Admission), AdmissionError> {
         let id = outcome.settled.id.clone();
         let (scope, admission) = self.settle(prepared, outcome.settled, scope)?;

@@ -168,6 +168,38 @@ impl Settled {
     }
 }
 
+/// A request's scope as a root, from the clock reading, the budget left, its name and its
+/// operation.
+pub(super) fn request_root(
+    now: Instant,
+    remaining: Duration,
+    name: Arc<str>,
+    operation: Arc<Operation>,
+) -> Result<Scope, AdmissionError> {
+    // The request's effect flag: what its answer says if the server stops it.
+    let flag = crate::sync::Arc::new(crate::scope::EffectFlag::new());
+    Ok(Scope::root_after(
+        now,
+        remaining,
+        Some(name),
+        Some(operation),
+        Some(flag),
+    ))
+}
+
+/// A request's scope as a child of `server`'s, as [`request_root`] makes a root.
+pub(super) fn request_child_of(
+    server: &ServerScope,
+) -> impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError> + '_
+{
+    move |now, remaining, name, operation| {
+        server
+            .scope()
+            .request_child_after(now, remaining, Some(name), Some(operation))
+            .map_err(|_| AdmissionError::unavailable())
+    }
+}
+
 impl EndpointPolicy {
     /// Admits an incoming request: decodes its budget headers, applies this policy, and
     /// returns the request's root scope and its admission record.
@@ -225,17 +257,7 @@ impl EndpointPolicy {
         incoming: Incoming,
         ingress: Instant,
     ) -> Result<(Scope, Admission), AdmissionError> {
-        self.admit_with(incoming, ingress, |now, remaining, name, operation| {
-            // The request's effect flag: what its answer says if the server stops it.
-            let flag = crate::sync::Arc::new(crate::scope::EffectFlag::new());
-            Ok(Scope::root_after(
-                now,
-                remaining,
-                Some(name),
-                Some(operation),
-                Some(flag),
-            ))
-        })
+        self.admit_with(incoming, ingress, request_root)
     }
 
     /// [`admit`](Self::admit), with the request's scope a child of `server`'s: cancelled by
@@ -278,12 +300,7 @@ impl EndpointPolicy {
         incoming: Incoming,
         ingress: Instant,
     ) -> Result<(Scope, Admission), AdmissionError> {
-        self.admit_with(incoming, ingress, |now, remaining, name, operation| {
-            server
-                .scope()
-                .request_child_after(now, remaining, Some(name), Some(operation))
-                .map_err(|_| AdmissionError::unavailable())
-        })
+        self.admit_with(incoming, ingress, request_child_of(server))
     }
 
     /// Admission, with `scope` making the request's scope from the clock reading, the budget
@@ -392,22 +409,10 @@ impl EndpointPolicy {
         settled: Settled,
         scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
     ) -> Result<(Scope, Admission), AdmissionError> {
-        let Prepared {
-            now,
-            ingress,
-            remaining,
-            caller,
-            grpc_timeout,
-            envoy_timeout,
-            asked,
-            clamped,
-            budget_source,
-            priority,
-            priority_source,
-        } = prepared;
+        let now = prepared.now;
         // The registry's term: what the operation has left, on this process's clock.
-        let remaining = settled.deadline.map_or(remaining, |d| {
-            remaining.min(d.saturating_duration_since(now))
+        let remaining = settled.deadline.map_or(prepared.remaining, |d| {
+            prepared.remaining.min(d.saturating_duration_since(now))
         });
         let deadline = deadline_after(now, remaining);
         // Time spent asking the registry counts as queued: admitted now.
@@ -422,7 +427,7 @@ impl EndpointPolicy {
         }
         let operation = Arc::new(Operation::new(
             settled.id.as_shared().clone(),
-            priority,
+            prepared.priority,
             settled.generation,
             *self.egress(),
         ));
@@ -430,21 +435,21 @@ impl EndpointPolicy {
         let scope = scope(now, remaining, operation.id_arc().clone(), context)?;
         let admission = Admission {
             operation,
-            caller,
-            grpc_timeout,
-            envoy_timeout,
+            caller: prepared.caller,
+            grpc_timeout: prepared.grpc_timeout,
+            envoy_timeout: prepared.envoy_timeout,
             policy_version: self.policy_version(),
-            ingress,
+            ingress: prepared.ingress,
             admitted_at,
             deadline,
             audit_deadline: SystemTime::now()
                 .checked_add(left)
                 .unwrap_or_else(SystemTime::now),
             initial_remaining: left,
-            declared: asked,
-            clamped,
-            budget_source,
-            priority_source,
+            declared: prepared.asked,
+            clamped: prepared.clamped,
+            budget_source: prepared.budget_source,
+            priority_source: prepared.priority_source,
             operation_source: settled.source,
             registry: settled.registry,
             operation_deadline: settled.deadline,

@@ -51,26 +51,26 @@ impl Answers {
     /// `UNAVAILABLE` from a server shutting down, 409 / `ABORTED` for a cancelled operation.
     pub(super) fn refusal<B>(self, e: &AdmissionError) -> Response<ResponseBody<B>> {
         let text = self.text(e.public_message(), || e.to_string());
-        if e.is_unavailable() {
-            // The server's shutdown began: nothing was done, another instance can take it.
+        // Refusals of requests that had nothing done for them, and say so.
+        let unprocessed = if e.is_unavailable() {
+            // The server's shutdown began: another instance can take it.
+            Some((GrpcCode::Unavailable, StatusCode::SERVICE_UNAVAILABLE, true))
+        } else if e.is_operation_cancelled() {
+            // The operation was cancelled: a retry under it is refused again.
+            Some((GrpcCode::Aborted, StatusCode::CONFLICT, false))
+        } else {
+            None
+        };
+        if let Some((code, status, retry_hint)) = unprocessed {
             let mut res = if self.grpc {
-                grpc(GrpcCode::Unavailable, &text)
+                grpc(code, &text)
             } else {
-                http(StatusCode::SERVICE_UNAVAILABLE, text)
+                http(status, text)
             };
             headers::insert_effect(res.headers_mut(), ServiceEffect::None);
-            self.retry_hint(res.headers_mut());
-            return res;
-        }
-        if e.is_operation_cancelled() {
-            // The operation was cancelled: nothing was done, and a retry under it is refused
-            // again (no `Retry-After`).
-            let mut res = if self.grpc {
-                grpc(GrpcCode::Aborted, &text)
-            } else {
-                http(StatusCode::CONFLICT, text)
-            };
-            headers::insert_effect(res.headers_mut(), ServiceEffect::None);
+            if retry_hint {
+                self.retry_hint(res.headers_mut());
+            }
             return res;
         }
         match (self.grpc, e.is_exhausted()) {
