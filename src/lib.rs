@@ -218,7 +218,7 @@
 #![cfg_attr(
     feature = "reqwest",
     doc = "| [`integrations::reqwest`] | [`RequestBuilderExt`](integrations::reqwest::RequestBuilderExt) | `scoped()`, `scoped_in(&scope)`, `send_scoped()` on a `reqwest::RequestBuilder` |
-| | [`ScopedRequest`](integrations::reqwest::ScopedRequest) | a request about to be sent as a call in a child scope |
+| | [`ScopedRequest`](integrations::reqwest::ScopedRequest) | a request about to be sent as a call in a child scope, its intent journaled first if given a `Journal` (`journal`) |
 | | [`ScopedResponse`](integrations::reqwest::ScopedResponse) | its response, whose body is read within the call's deadline |
 | | [`redirect_policy`](integrations::reqwest::redirect_policy) | a redirect policy that keeps a call's budget headers within its origin |"
 )]

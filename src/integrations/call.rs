@@ -6,7 +6,12 @@ use tokio::time::Instant;
 use super::headers;
 use crate::time::deadline_after;
 use crate::wire::EgressPolicy;
-use crate::{ChildSpec, Dispatched, Error, Scope};
+use crate::{ChildSpec, Dispatched, Error, Scope, Ticket};
+#[cfg(feature = "reqwest")]
+use {
+    super::CallError,
+    crate::reconcile::{Journal, PendingIntent},
+};
 
 /// A call that may now be sent.
 pub(crate) struct Prepared {
@@ -18,8 +23,8 @@ pub(crate) struct Prepared {
 }
 
 /// Cuts the call's scope from `parent` by `egress` (or the parent's operation's), registers
-/// it as `spec`, writes its budget into `headers` and dispatches it. After `Ok` the request may
-/// be sent; after `Err` it must not be.
+/// it as `spec` and writes its budget into `headers`; the call is dispatched by the caller
+/// ([`prepare`], [`prepare_journaled`]).
 ///
 /// Budgets only shrink, so the call's deadline is also no later than `within` (a bound the
 /// caller has besides `parent`: another scope's deadline, a client timeout) nor than the
@@ -30,13 +35,13 @@ pub(crate) struct Prepared {
 /// budget header found is replaced by the call's own (none for a call without a deadline):
 /// a malformed one is not trusted, and a copied one's priority, operation id and generation
 /// do not go on.
-pub(crate) fn prepare(
+fn register(
     parent: &Scope,
     within: Option<Instant>,
     egress: Option<EgressPolicy>,
     spec: ChildSpec,
     headers: &mut HeaderMap,
-) -> Result<Prepared, Error> {
+) -> Result<(Scope, Ticket, Option<Instant>), Error> {
     let egress = egress.unwrap_or_else(|| EgressPolicy::for_scope(parent));
     let bounded = parent.deadline().is_some() || within.is_some() || egress.cap_budget().is_some();
     let mut child = egress.call_child(parent);
@@ -55,6 +60,19 @@ pub(crate) fn prepare(
     // What the headers carry, not `remaining`: both truncate, and the callee (or a transport
     // enforcing `grpc-timeout`, as tonic's channel does) gives up at the shorter budget.
     let announced = out.told().map(|r| deadline_after(Instant::now(), r));
+    Ok((call, ticket, announced))
+}
+
+/// Cuts, registers and writes the headers of the call as [`prepare`] does, and dispatches it:
+/// after `Ok` the request may be sent; after `Err` it must not be.
+pub(crate) fn prepare(
+    parent: &Scope,
+    within: Option<Instant>,
+    egress: Option<EgressPolicy>,
+    spec: ChildSpec,
+    headers: &mut HeaderMap,
+) -> Result<Prepared, Error> {
+    let (call, ticket, announced) = register(parent, within, egress, spec, headers)?;
     // Last: the compare-and-swap that fails if the call's scope was cancelled since it was
     // registered (invariant 2).
     let dispatched = ticket.dispatch()?;
@@ -63,4 +81,38 @@ pub(crate) fn prepare(
         dispatched,
         announced,
     })
+}
+
+/// [`prepare`], with `journal`'s intent written before the dispatch when the journal records
+/// the call's effect class ([`Journal::records`]): a call whose intent could not be written
+/// is refused before anything is sent ([`CallError::is_intent_not_recorded`]). The intent
+/// comes back with the call, to be resolved by its receipt.
+#[cfg(feature = "reqwest")]
+pub(crate) async fn prepare_journaled(
+    parent: &Scope,
+    within: Option<Instant>,
+    egress: Option<EgressPolicy>,
+    spec: ChildSpec,
+    headers: &mut HeaderMap,
+    journal: &Journal,
+) -> Result<(Prepared, Option<PendingIntent>), CallError> {
+    let (call, ticket, announced) = register(parent, within, egress, spec, headers)?;
+    let operation = parent.operation().map(crate::wire::Operation::id);
+    let journaled =
+        journal
+            .dispatch(ticket, operation)
+            .await
+            .map_err(|e| match e.into_refusal() {
+                Ok(refused) => CallError::from(refused),
+                Err(e) => CallError::intent_not_recorded(e),
+            })?;
+    let (dispatched, intent) = journaled.into_parts();
+    Ok((
+        Prepared {
+            call,
+            dispatched,
+            announced,
+        },
+        intent,
+    ))
 }

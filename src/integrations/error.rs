@@ -47,6 +47,9 @@ enum Kind {
     /// The callee's answer (whose head is kept) could not be decoded.
     #[cfg_attr(not(feature = "json"), allow(dead_code))]
     Decode(Box<Answered>, BoxError),
+    /// The intent of the call could not be written: it was not sent.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    Intent(crate::reconcile::IntentError),
 }
 
 /// The head of an answer that made the call an error.
@@ -66,6 +69,13 @@ impl CallError {
     pub(crate) fn transport_after_deadline(e: impl Into<BoxError>) -> Self {
         CallError {
             kind: Kind::TransportAfterDeadline(e.into()),
+        }
+    }
+
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn intent_not_recorded(e: crate::reconcile::IntentError) -> Self {
+        CallError {
+            kind: Kind::Intent(e),
         }
     }
 
@@ -268,6 +278,30 @@ impl CallError {
         }
     }
 
+    /// The call's intent could not be written to its [`Journal`](crate::reconcile::Journal)
+    /// (the store failed, was slow or full): the call was refused before anything was sent,
+    /// since a write without its intent is what the journal exists to prevent.
+    /// [`intent_error`](Self::intent_error) says why.
+    ///
+    /// # Examples
+    ///
+    /// See [`ScopedRequest::journal`](crate::integrations::reqwest::ScopedRequest::journal).
+    pub fn is_intent_not_recorded(&self) -> bool {
+        matches!(self.kind, Kind::Intent(_))
+    }
+
+    /// The store's error, when [`is_intent_not_recorded`](Self::is_intent_not_recorded).
+    ///
+    /// # Examples
+    ///
+    /// See [`ScopedRequest::journal`](crate::integrations::reqwest::ScopedRequest::journal).
+    pub fn intent_error(&self) -> Option<&crate::reconcile::IntentError> {
+        match &self.kind {
+            Kind::Intent(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// The connection could not be made (refused, no route, name not resolved): nothing was
     /// sent. A [`is_transport`](Self::is_transport) failure whose source says so (a reqwest
     /// error's `is_connect`, or an I/O error of those kinds).
@@ -364,6 +398,7 @@ impl fmt::Debug for CallError {
                 .field("url", &a.url)
                 .field("error", e)
                 .finish_non_exhaustive(),
+            Kind::Intent(e) => f.debug_tuple("CallError::Intent").field(e).finish(),
         }
     }
 }
@@ -387,6 +422,7 @@ impl fmt::Display for CallError {
             Kind::Decode(a, e) => {
                 write!(f, "could not decode the HTTP {} answer: {e}", a.status)
             }
+            Kind::Intent(e) => write!(f, "call not sent: its intent was not recorded: {e}"),
         }
     }
 }
@@ -397,6 +433,7 @@ impl std::error::Error for CallError {
             Kind::Scope(e) => Some(e),
             Kind::Transport(e) | Kind::TransportAfterDeadline(e) | Kind::Decode(_, e) => Some(&**e),
             Kind::NoScope | Kind::Status(_) => None,
+            Kind::Intent(e) => Some(e),
         }
     }
 }

@@ -33,6 +33,7 @@
 use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 
+use crate::reconcile::Resolution;
 use crate::wire::service_effect::{self, ServiceEffect};
 use crate::{Dispatched, EffectRecord, Receipt};
 
@@ -240,7 +241,7 @@ pub(crate) fn receipt(
     head: Option<Answer>,
     redirected_to: Option<&str>,
     server: Option<ServiceEffect>,
-) {
+) -> Option<Resolution> {
     let effectful = call.spec().effect().may_have_effect();
     let redirected = redirected_to.is_some();
     let server_unknown = server.is_some_and(ServiceEffect::is_unknown);
@@ -253,18 +254,34 @@ pub(crate) fn receipt(
             // was well: the rest of the exchange did not happen.
             .filter(|(_, v)| *v != Verdict::Succeeded),
     };
+    // What the receipt says of the call's intent, if it was journaled: applied, not applied,
+    // or (`None`) unknown, to reconcile.
     match said {
-        Some((_, Verdict::Succeeded)) => call.succeed(),
-        Some((_, Verdict::Failed)) => call.fail(),
+        Some((_, Verdict::Succeeded)) => {
+            call.succeed();
+            Some(Resolution::Applied)
+        }
+        Some((_, Verdict::Failed)) => {
+            call.fail();
+            Some(Resolution::NotApplied)
+        }
         Some((answer, Verdict::Unknown)) => {
             unknown(call, Some(answer), redirected_to, server_unknown);
+            None
         }
         None if effectful || (server_unknown && end == End::Failed) => {
             unknown(call, head, redirected_to, server_unknown);
+            None
         }
-        None if end == End::Failed => call.fail(),
+        None if end == End::Failed => {
+            call.fail();
+            Some(Resolution::NotApplied)
+        }
         // Stopped: `Cancelled` by the drop (`Failed` while unwinding).
-        None => drop(call),
+        None => {
+            drop(call);
+            Some(Resolution::NotApplied)
+        }
     }
 }
 

@@ -52,6 +52,15 @@ impl IntentError {
         }
     }
 
+    /// The scope's refusal, if this is one; else the error itself.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn into_refusal(self) -> Result<crate::Error, IntentError> {
+        match self.kind {
+            Kind::Refused(e) => Ok(e),
+            kind => Err(IntentError { kind }),
+        }
+    }
+
     /// A field the store cannot hold.
     ///
     /// # Examples

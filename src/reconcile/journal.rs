@@ -316,7 +316,50 @@ pub struct Journaled {
     journal: Journal,
 }
 
+/// The intent of a journaled call whose receipt a client integration gives: resolved by
+/// that receipt, off the call's path.
+#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+pub(crate) struct PendingIntent {
+    effect_id: Arc<str>,
+    journal: Journal,
+}
+
+#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+impl PendingIntent {
+    /// Resolves the intent as `resolution` says (`None`: the effect is unknown, and the
+    /// intent stays pending for the [`Reconciler`](super::Reconciler)). The store is written
+    /// on a task of its own, within the journal's timeout; a write that fails leaves the
+    /// intent pending, which the reconciler then resolves (at least once).
+    pub(crate) fn resolve(self, resolution: Option<Resolution>) {
+        let Some(resolution) = resolution else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let PendingIntent { effect_id, journal } = self;
+        rt.spawn(async move {
+            let resolve = journal.store.resolve(&effect_id, resolution, None);
+            let _ = bounded(journal.timeout, resolve, IntentError::timeout).await;
+        });
+    }
+}
+
 impl Journaled {
+    /// The dispatched call, and its intent if one was written (for the client integrations,
+    /// which give the receipt themselves).
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn into_parts(self) -> (Dispatched, Option<PendingIntent>) {
+        let Journaled {
+            dispatched,
+            effect_id,
+            journal,
+            ..
+        } = self;
+        let intent = effect_id.map(|effect_id| PendingIntent { effect_id, journal });
+        (dispatched, intent)
+    }
+
     /// The dispatched child.
     ///
     /// # Examples

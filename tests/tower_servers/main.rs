@@ -22,5 +22,6 @@ mod effect;
 mod extractors;
 mod grpc;
 mod http;
+mod journal;
 mod registry;
 mod shutdown;

@@ -11,6 +11,7 @@ use super::response::{Call, ScopedResponse};
 use super::target;
 use crate::integrations::effect::{self, Class};
 use crate::integrations::{call, CallError};
+use crate::reconcile::Journal;
 use crate::time::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Scope};
@@ -24,6 +25,9 @@ pub(super) struct How {
     pub(super) egress: Option<EgressPolicy>,
     pub(super) spec: Option<ChildSpec>,
     pub(super) name: Option<Arc<str>>,
+    /// Where the call's intent is written before its dispatch, if its effect class is one
+    /// the journal records.
+    pub(super) journal: Option<Journal>,
 }
 
 /// Makes `req` a call in a child of `parent` and sends it with `send` (a client's `execute`,
@@ -32,7 +36,9 @@ pub(super) struct How {
 /// 1. the call's child is cut by the egress policy and bounded by the request's own timeout
 ///    and budget headers, too little budget fails fast (nothing sent);
 /// 2. it is registered (`how.spec`, or the request's effect class), its budget headers
-///    written and dispatched right before `send`, so that nothing is sent after a cancel;
+///    written, its intent written to `how.journal` (if the journal records its effect
+///    class; a store fault refuses the call) and dispatched right before `send`, so that
+///    nothing is sent after a cancel;
 /// 3. a timeout the request has is shortened to the call's budget (none is set otherwise:
 ///    reqwest applies a request's own timeout in place of the client's, which would be lost);
 /// 4. waiting for the head stops at the call's deadline or its scope's cancel.
@@ -57,13 +63,27 @@ where
     // The caller's own timeout on the request bounds the call's scope too: the callee is
     // told no more, and the call stops at it as at any deadline.
     let within = req.timeout().map(|t| deadline_after(Instant::now(), *t));
-    let prepared = call::prepare(parent, within, how.egress, spec, req.headers_mut())?;
+    let (prepared, intent) = match &how.journal {
+        Some(journal) => {
+            let headers = req.headers_mut();
+            call::prepare_journaled(parent, within, how.egress, spec, headers, journal).await?
+        }
+        None => (
+            call::prepare(parent, within, how.egress, spec, req.headers_mut())?,
+            None,
+        ),
+    };
     // Dispatched: from here on the request may be sent (and nothing below can fail). The
     // scope's cancel below stops the call at its deadline.
     if let (Some(left), Some(timeout)) = (prepared.call.remaining(), req.timeout_mut()) {
         *timeout = (*timeout).min(left);
     }
-    let mut state = Call::new(prepared.call, prepared.dispatched, prepared.announced);
+    let mut state = Call::new(
+        prepared.call,
+        prepared.dispatched,
+        prepared.announced,
+        intent,
+    );
     let sent = send(req);
     let res = tokio::select! {
         biased;

@@ -9,6 +9,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use super::exchange::{self, How};
 use crate::integrations::CallError;
+use crate::reconcile::Journal;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Scope};
 
@@ -25,7 +26,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// request's extensions (`RequestBuilder::with_extension(scope)`); a [`ChildSpec`] or an
 /// [`EgressPolicy`] there says what the call is and how it takes its budget, as
 /// [`ScopedRequest::spec`](super::ScopedRequest::spec) and
-/// [`egress`](super::ScopedRequest::egress) do. A call outside any scope fails with
+/// [`egress`](super::ScopedRequest::egress) do, and a [`Journal`] there writes the call's
+/// intent before it is sent, as [`ScopedRequest::journal`](super::ScopedRequest::journal)
+/// does. A call outside any scope fails with
 /// [`CallError::is_no_scope`], nothing sent, unless the middleware
 /// [allows it](Self::allow_unscoped).
 ///
@@ -113,6 +116,7 @@ impl Middleware for ScopedMiddleware {
             egress: extensions.get::<EgressPolicy>().cloned(),
             spec: extensions.get::<ChildSpec>().cloned(),
             name: extensions.get::<CallName>().map(|n| n.0.clone()),
+            journal: extensions.get::<Journal>().cloned(),
         };
         let send = |req| async move { next.run(req, extensions).await.map_err(unwrap) };
         let res = exchange::call(&parent, how, req, send).await;

@@ -76,6 +76,17 @@
 //! taken as "nothing happened", and an `EffectUnknown` record names the last address
 //! ([`EffectRecord::redirected_to_str`](crate::EffectRecord::redirected_to_str)).
 //!
+//! # Durable intents
+//!
+//! A call given a [`Journal`] ([`ScopedRequest::journal`]) whose effect class the journal
+//! records (idempotent and side-effecting calls, by default) has its intent written to the
+//! journal's store before it is dispatched, so that a process killed after sending it leaves
+//! the intent behind; the receipt resolves it (`Succeeded`: applied; `Failed`, stopped
+//! unsent: not applied; `EffectUnknown`: left pending for the
+//! [`Reconciler`](crate::reconcile::Reconciler)). A store fault refuses the call before
+//! anything is sent ([`CallError::is_intent_not_recorded`]). The write costs one store round
+//! trip on the call's path, paid from the call's budget.
+//!
 //! # Examples
 //!
 //! ```no_run
@@ -111,6 +122,7 @@ use std::sync::Arc;
 use reqwest::{RequestBuilder, Url};
 
 use super::CallError;
+use crate::reconcile::Journal;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Scope};
 
@@ -214,6 +226,7 @@ impl RequestBuilderExt for RequestBuilder {
             egress: None,
             spec: None,
             name: None,
+            journal: None,
         }
     }
 
@@ -224,6 +237,7 @@ impl RequestBuilderExt for RequestBuilder {
             egress: None,
             spec: None,
             name: None,
+            journal: None,
         }
     }
 }
@@ -254,9 +268,56 @@ pub struct ScopedRequest {
     egress: Option<EgressPolicy>,
     spec: Option<ChildSpec>,
     name: Option<Arc<str>>,
+    journal: Option<Journal>,
 }
 
 impl ScopedRequest {
+    /// Writes the call's intent to `journal` before it is dispatched, when the journal
+    /// records the call's effect class ([`Journal::records`]: idempotent and side-effecting
+    /// calls by default; read-only ones never), and resolves it by the call's receipt:
+    /// `Applied` when it succeeded, `NotApplied` when it failed or was stopped unsent, and
+    /// left pending — for the [`Reconciler`](crate::reconcile::Reconciler) — when its effect
+    /// is unknown (a process killed after sending it leaves the intent behind too). The
+    /// operation id of the call's scope goes into the intent.
+    ///
+    /// A store that fails, is slower than the journal's timeout or is full refuses the call
+    /// before anything is sent ([`CallError::is_intent_not_recorded`]): a write without its
+    /// intent is what the journal exists to prevent. The write is on the call's path: it
+    /// costs one store round trip per journaled call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::sync::Arc;
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use std::time::Duration;
+    /// use cancel_scope::reconcile::{InMemoryIntents, IntentStore, Journal};
+    /// use cancel_scope::Scope;
+    ///
+    /// // A store that holds one intent at most.
+    /// let journal = Journal::new(Arc::new(InMemoryIntents::new().max(1)));
+    /// let scope = Scope::with_timeout(Duration::from_secs(5));
+    /// let client = reqwest::Client::new();
+    /// let order = || client.post("http://127.0.0.1:1/orders").scoped_in(&scope).journal(&journal);
+    ///
+    /// // Nothing listens on port 1, but for all the client knows the POST may have reached a
+    /// // server: its effect is unknown, and its intent stays pending for reconciliation.
+    /// assert!(order().send().await.unwrap_err().is_transport());
+    /// let pending = journal.store().pending(Duration::ZERO, 10).await.unwrap();
+    /// assert_eq!(pending.len(), 1);
+    ///
+    /// // The store is full now: the next write is refused before anything is sent.
+    /// let err = order().send().await.unwrap_err();
+    /// assert!(err.is_intent_not_recorded());
+    /// assert!(err.intent_error().unwrap().is_full());
+    /// # }
+    /// ```
+    pub fn journal(mut self, journal: &Journal) -> Self {
+        self.journal = Some(journal.clone());
+        self
+    }
+
     /// Uses `egress` instead of the scope's operation's egress policy.
     ///
     /// # Examples
@@ -351,6 +412,7 @@ impl ScopedRequest {
             egress: self.egress,
             spec: self.spec,
             name: self.name,
+            journal: self.journal,
         };
         exchange::call(&parent, how, req, |req| client.execute(req)).await
     }
@@ -364,6 +426,7 @@ impl fmt::Debug for ScopedRequest {
             .field("egress", &self.egress)
             .field("spec", &self.spec)
             .field("name", &self.name)
+            .field("journal", &self.journal)
             .finish()
     }
 }

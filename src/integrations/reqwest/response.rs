@@ -13,6 +13,7 @@ use super::body::CallBody;
 use super::target;
 use crate::integrations::outcome::{self, Answer, End};
 use crate::integrations::CallError;
+use crate::reconcile::PendingIntent;
 use crate::{Dispatched, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -29,10 +30,17 @@ pub(super) struct Call {
     redirected_to: Option<Arc<str>>,
     /// What the callee said of its effects (`service-effect`).
     server: Option<crate::wire::ServiceEffect>,
+    /// The call's intent, if it was journaled: resolved by its receipt.
+    intent: Option<PendingIntent>,
 }
 
 impl Call {
-    pub(super) fn new(scope: Scope, dispatched: Dispatched, announced: Option<Instant>) -> Self {
+    pub(super) fn new(
+        scope: Scope,
+        dispatched: Dispatched,
+        announced: Option<Instant>,
+        intent: Option<PendingIntent>,
+    ) -> Self {
         Call {
             scope,
             dispatched: Some(dispatched),
@@ -40,6 +48,7 @@ impl Call {
             head: None,
             redirected_to: None,
             server: None,
+            intent,
         }
     }
 
@@ -80,7 +89,10 @@ impl Call {
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
             let to = self.redirected_to.as_deref();
-            outcome::receipt(d, end, self.head, to, self.server);
+            let resolution = outcome::receipt(d, end, self.head, to, self.server);
+            if let Some(intent) = self.intent.take() {
+                intent.resolve(resolution);
+            }
         }
     }
 

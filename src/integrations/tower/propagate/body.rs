@@ -117,7 +117,7 @@ impl Tracking {
 
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            outcome::receipt(d, end, self.head, None, self.server);
+            let _ = outcome::receipt(d, end, self.head, None, self.server);
         }
     }
 
