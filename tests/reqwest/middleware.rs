@@ -213,3 +213,62 @@ async fn the_classifier_reads_the_middlewares_errors() {
     );
     assert_eq!(verdict(&report_of(&scope).await), "f");
 }
+
+/// A `Journal` in the request's extensions journals the call as `ScopedRequest::journal`
+/// does: the intent is pending in the store when the server sees the POST, and the call's
+/// receipt resolves it; a GET writes none.
+#[tokio::test]
+async fn a_journal_in_the_extensions_writes_the_intent_before_the_call() {
+    use cancel_scope::reconcile::{InMemoryIntents, IntentStore, Journal, Resolution};
+
+    let store = Arc::new(InMemoryIntents::new());
+    let seen = store.clone();
+    let order = move || {
+        let seen = seen.clone();
+        async move {
+            let pending = seen.pending(ms(0), 10).await.unwrap();
+            let ids: Vec<&str> = pending.iter().map(|r| r.intent().effect_id()).collect();
+            (StatusCode::CREATED, ids.join(","))
+        }
+    };
+    let app = Router::new()
+        .route("/orders", axum::routing::post(order))
+        .route("/stock", get(|| async { "12" }));
+    let url = format!("http://{}", serve(app).await);
+    let journal = Journal::new(store.clone());
+    let client = client();
+    let scope = Scope::with_timeout(ms(5_000));
+
+    let res = client
+        .post(format!("{url}/orders"))
+        .with_extension(scope.clone())
+        .with_extension(journal.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let id = res.text().await.unwrap();
+    assert!(!id.is_empty(), "the server saw no pending intent");
+    // The receipt's resolution is written on a task of its own: wait for it.
+    let start = Instant::now();
+    let record = loop {
+        let record = store.get(&id).await.unwrap().unwrap();
+        if !record.is_pending() || start.elapsed() > PATIENCE {
+            break record;
+        }
+        tokio::time::sleep(ms(5)).await;
+    };
+    assert_eq!(record.resolution(), Some(Resolution::Applied), "{record:?}");
+
+    let stock = client
+        .get(format!("{url}/stock"))
+        .with_extension(scope.clone())
+        .with_extension(journal)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stock.text().await.unwrap(), "12");
+    assert!(store.pending(ms(0), 10).await.unwrap().is_empty());
+    let report = report_of(&scope).await;
+    assert_eq!((report.succeeded(), report.total()), (2, 2), "{report}");
+}
