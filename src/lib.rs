@@ -335,6 +335,9 @@
 //! | `redis` | `integrations::redis`: the operation registry on Redis, cancels announced on pub/sub (adds `redis` with its tokio connection manager, `futures-core`) |
 //! | `axum` | `integrations::axum`: the request's `Scope` and `Admission` as extractors, the crate's errors as responses (`tower`, and `axum-core`; not axum itself) |
 //! | `tonic` | `integrations::tonic`: the crate's errors as `tonic::Status` (adds `tonic` without its transport) |
+//! | `tracing` | `telemetry`: a DEBUG span per admitted request and per outgoing call, events at report time and for refused requests (adds `tracing` without default features) |
+//! | `metrics` | `telemetry`: admission, call, cancel, receipt and retry counters and histograms through the `metrics` facade, any recorder (adds `metrics` without default features) |
+//! | `tower-http` | `telemetry::RequestSpan` as tower-http's `MakeSpan`, for `TraceLayer` (`tracing`, `tower`, and `tower-http` with its `trace` module only) |
 //! | `testing` | `testing`: a request's scope and an admitted request for your own handler tests (`tower`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
@@ -368,6 +371,7 @@ pub mod retry;
 mod scope;
 mod spec;
 mod sync;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod time;

@@ -114,6 +114,17 @@ impl AdmissionError {
         matches!(self.kind, ErrorKind::Unavailable)
     }
 
+    /// The `reason` label of this refusal (see [`telemetry`](crate::telemetry)).
+    pub(crate) fn telemetry_reason(&self) -> crate::telemetry::Rejected {
+        use crate::telemetry::Rejected;
+        match self.kind {
+            ErrorKind::OverCap { .. } => Rejected::OverCap,
+            ErrorKind::Exhausted(_) => Rejected::Exhausted,
+            ErrorKind::Unavailable => Rejected::Shutdown,
+            _ => Rejected::Invalid,
+        }
+    }
+
     /// The refusal of a request that reached a server whose shutdown has begun.
     pub(crate) fn unavailable() -> Self {
         AdmissionError {

@@ -173,9 +173,14 @@ impl EndpointPolicy {
         let prepared = self.prepare(incoming, ingress);
         let ops = ops.clone();
         async move {
-            let prepared = prepared?;
-            let outcome = self.settle_operation(&ops, &prepared).await?;
-            self.admitted(&ops, prepared, outcome, scope)
+            let admitted = async {
+                let prepared = prepared?;
+                let outcome = self.settle_operation(&ops, &prepared).await?;
+                self.admitted(&ops, prepared, outcome, scope)
+            }
+            .await;
+            super::recorded(&admitted);
+            admitted
         }
     }
 

@@ -18,6 +18,7 @@ use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
 use crate::budget::ChildBudget;
 use crate::registry::OperationId;
+use crate::telemetry;
 use crate::time::deadline_after;
 use crate::Scope;
 use error::ErrorKind;
@@ -168,6 +169,15 @@ impl Settled {
     }
 }
 
+/// Records an admission's decision (see [`telemetry`](crate::telemetry)): the budget by its
+/// source, the queue wait, or the refusal by its reason.
+pub(super) fn recorded(admitted: &Result<(Scope, Admission), AdmissionError>) {
+    match admitted {
+        Ok((_, admission)) => telemetry::admitted(&admission.telemetry()),
+        Err(e) => telemetry::rejected(e.telemetry_reason(), e),
+    }
+}
+
 /// A request's scope as a root, from the clock reading, the budget left, its name and its
 /// operation.
 pub(super) fn request_root(
@@ -304,7 +314,8 @@ impl EndpointPolicy {
     }
 
     /// Admission, with `scope` making the request's scope from the clock reading, the budget
-    /// left, the scope's name and the request's operation.
+    /// left, the scope's name and the request's operation; the decision is recorded (see
+    /// [`telemetry`](crate::telemetry)).
     #[track_caller]
     fn admit_with(
         &self,
@@ -312,9 +323,15 @@ impl EndpointPolicy {
         ingress: Instant,
         scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
     ) -> Result<(Scope, Admission), AdmissionError> {
-        let prepared = self.prepare(incoming, ingress)?;
-        let settled = self.unregistered(&prepared);
-        self.settle(prepared, settled, scope)
+        let admitted = match self.prepare(incoming, ingress) {
+            Ok(prepared) => {
+                let settled = self.unregistered(&prepared);
+                self.settle(prepared, settled, scope)
+            }
+            Err(e) => Err(e),
+        };
+        recorded(&admitted);
+        admitted
     }
 
     /// The part of admission before the registry: the budget headers decoded and checked,

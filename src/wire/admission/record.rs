@@ -200,6 +200,30 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// This admission, as telemetry records it.
+    pub(crate) fn telemetry(&self) -> crate::telemetry::Admitted<'_> {
+        use crate::telemetry::Source;
+        crate::telemetry::Admitted {
+            operation_id: self.operation_id(),
+            source: match self.budget_source {
+                BudgetSource::GrpcTimeout => Source::GrpcTimeout,
+                BudgetSource::ServiceBudget => Source::ServiceBudget,
+                BudgetSource::Envoy => Source::Envoy,
+                BudgetSource::Default | BudgetSource::Fallback => Source::Default,
+            },
+            clamped: self.clamped,
+            declared: self.declared,
+            granted: self.initial_remaining,
+            queued: self.queued(),
+            priority: self.priority(),
+            priority_source: match self.priority_source {
+                PrioritySource::Policy => "policy",
+                PrioritySource::Caller => "caller",
+            },
+            policy_version: self.policy_version,
+        }
+    }
+
     /// The operation id the request runs under (see [`operation_source`](Self::operation_source)
     /// for where it came from).
     ///

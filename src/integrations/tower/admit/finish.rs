@@ -1,10 +1,14 @@
 //! How an admitted request ends: its handler's receipt, its scope closed, its report.
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
+
+use super::answer::Answers;
+use super::body::ResponseBody;
 
 use super::service::ReportFn;
 use crate::child::HandlerTicket;
 use crate::panic::Caught;
+use crate::telemetry;
 use crate::wire::{Admission, ServiceEffect};
 use crate::{Cause, Scope};
 
@@ -19,6 +23,8 @@ pub(super) struct Finish {
     /// The handler, one child of the request until it answered (see `HandlerTicket`);
     /// dropped unanswered, it is `Cancelled`.
     handler: Option<HandlerTicket>,
+    /// The request's span (see [`telemetry`]).
+    telemetry: telemetry::Request,
 }
 
 impl Finish {
@@ -28,12 +34,36 @@ impl Finish {
         on_report: Option<ReportFn>,
         handler: HandlerTicket,
     ) -> Self {
+        let telemetry = telemetry::Request::new(&admission.telemetry());
         Finish {
             scope,
             admission,
             on_report,
             handler: Some(handler),
+            telemetry,
         }
+    }
+
+    /// Enters the request's span, for the length of a call into the handler.
+    pub(super) fn enter(&self) -> telemetry::Entered<'_> {
+        self.telemetry.enter()
+    }
+
+    /// Records the answer `response` on the request's span (`grpc`: a gRPC request, whose
+    /// status is in the head only when the answer is trailers-only).
+    pub(super) fn record_answer<B>(&self, response: &http::Response<B>, grpc: bool) {
+        let code = grpc.then(|| {
+            response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok()?.trim().parse::<i32>().ok())
+        });
+        let deadline = self
+            .scope
+            .cause()
+            .is_some_and(|c| c.origin().is_deadline_exceeded());
+        self.telemetry
+            .answered(response.status().as_u16(), code, deadline);
     }
 
     /// The request's scope.
@@ -75,9 +105,13 @@ impl Finish {
 
     /// Ends a request whose handler panicked (`message`: the panic's, for the report):
     /// `Failed`, the scope cancelled with "the handler panicked" (what it left running
-    /// stops), closed, reported. Returns what the answer says of its effects (read after the
-    /// cancel).
-    pub(super) fn panicked(mut self, message: String) -> ServiceEffect {
+    /// stops), closed, reported. Returns the answer of `answers` for it, which says what it
+    /// knows of its effects (read after the cancel).
+    pub(super) fn panicked<B>(
+        mut self,
+        message: String,
+        answers: Answers,
+    ) -> Response<ResponseBody<B>> {
         if let Some(handler) = self.handler.take() {
             handler.fail(Some(format!("panicked: {message}")));
         }
@@ -85,9 +119,11 @@ impl Finish {
         let effect = caught
             .run(|| ServiceEffect::from_dispatched(self.cancel_for(HANDLER_PANICKED)))
             .unwrap_or(ServiceEffect::Unknown);
+        let answer = answers.panicked(effect);
+        self.record_answer(&answer, answers.grpc);
         self.done(true);
         caught.resume();
-        effect
+        answer
     }
 
     /// Cancels the scope with the reason `why` and reads the effect flag after it.
@@ -122,13 +158,18 @@ impl Finish {
         // release may make it quiet (and, under a closed server, add it to the server's
         // report before the server's unit goes: see `scope::request`).
         caught.run(|| drop(self.handler.take()));
-        if let Some(report) = self.on_report.take() {
+        let on_report = self.on_report.take();
+        if on_report.is_some() || telemetry::REPORTS {
             let (scope, admission) = (self.scope.clone(), self.admission.clone());
+            let telemetry = self.telemetry.clone();
             // Inside a server there is always a runtime; without one there is nobody to wait.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     let r = scope.quiesce().await;
-                    report(&admission, &r);
+                    telemetry.report(admission.operation_id(), &r);
+                    if let Some(report) = on_report {
+                        report(&admission, &r);
+                    }
                 });
             }
         }

@@ -99,10 +99,9 @@ impl<F: Future, B> ResponseFuture<F, B> {
         answers: Answers,
         payload: &(dyn std::any::Any + Send),
     ) -> Self {
-        let effect = finish.panicked(panic_message(payload));
         ResponseFuture {
             state: State::Answer {
-                response: Some(answers.panicked(effect)),
+                response: Some(finish.panicked(panic_message(payload), answers)),
             },
             finish: None,
             answers,
@@ -180,7 +179,11 @@ where
             StateProj::Done | StateProj::Joining { .. } => {
                 panic!("ResponseFuture polled after completion")
             }
-            StateProj::Running { run } => match poll_marked(this.polling, run, cx) {
+            StateProj::Running { run } => match {
+                // The handler runs in the request's span.
+                let _in_span = this.finish.as_ref().map(Finish::enter);
+                poll_marked(this.polling, run, cx)
+            } {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(panic)) => {
                     // The handler's future panicked: answered 500 / `INTERNAL`, its work
@@ -189,8 +192,7 @@ where
                     let Some(finish) = this.finish.take() else {
                         unreachable!("a running request is finished once");
                     };
-                    let effect = finish.panicked(panic_message(&*panic));
-                    return Poll::Ready(Ok(this.answers.panicked(effect)));
+                    return Poll::Ready(Ok(finish.panicked(panic_message(&*panic), *this.answers)));
                 }
                 Poll::Ready(Ok(polled)) => match polled {
                     Ok(Ok(late)) if finish_expired(this.finish.as_ref()) => {
@@ -249,6 +251,9 @@ where
         // Drop the handler's future before reporting: its work is over.
         this.state.project_replace(State::Done);
         if let Some(finish) = this.finish.take() {
+            if let Ok(response) = &out {
+                finish.record_answer(response, this.answers.grpc);
+            }
             finish.done(close);
         }
         Poll::Ready(out)

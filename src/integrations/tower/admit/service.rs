@@ -337,7 +337,11 @@ where
     // shutdown as one that came after it (a unit of a closed server's cannot be had).
     let admitted = admitted.and_then(|(scope, admission)| match scope.handler_ticket() {
         Ok(handler) => Ok((scope, admission, handler)),
-        Err(_) => Err(AdmissionError::unavailable()),
+        Err(_) => {
+            let e = AdmissionError::unavailable();
+            crate::telemetry::rejected(e.telemetry_reason(), &e);
+            Err(e)
+        }
     });
     let (scope, admission, handler) = match admitted {
         Ok(a) => a,
@@ -355,6 +359,7 @@ where
     // panic there is the handler's: answered 500 / `INTERNAL`, not passed on to the
     // server (which would reset the connection).
     let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _in_span = finish.enter();
         finish.scope().sync_scope(|| inner.call(req))
     }));
     match called {
