@@ -1,9 +1,12 @@
 //! One outgoing call, prepared the same way by every client integration.
 
+use std::time::Duration;
+
 use http::HeaderMap;
 use tokio::time::Instant;
 
 use super::headers;
+use crate::telemetry;
 use crate::time::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Dispatched, Error, Scope, Ticket};
@@ -20,6 +23,39 @@ pub(crate) struct Prepared {
     pub(crate) dispatched: Dispatched,
     /// When the budget the callee was told runs out.
     pub(crate) announced: Option<Instant>,
+    /// Its span and metrics (see [`telemetry`](crate::telemetry)).
+    pub(crate) telemetry: telemetry::Call,
+}
+
+/// A call registered (its ticket comes beside it), its headers written.
+struct Cut {
+    call: Scope,
+    announced: Option<Instant>,
+    /// The budget the headers carry.
+    told: Option<Duration>,
+}
+
+impl Cut {
+    /// The call, dispatched as `dispatched`, counted for `dependency`.
+    fn prepared(
+        self,
+        dependency: &'static str,
+        parent: &Scope,
+        dispatched: Dispatched,
+    ) -> Prepared {
+        let telemetry = telemetry::Call::new(
+            dependency,
+            parent.remaining(),
+            self.call.remaining(),
+            self.told,
+        );
+        Prepared {
+            call: self.call,
+            dispatched,
+            announced: self.announced,
+            telemetry,
+        }
+    }
 }
 
 /// Cuts the call's scope from `parent` by `egress` (or the parent's operation's), registers
@@ -41,7 +77,7 @@ fn register(
     egress: Option<EgressPolicy>,
     spec: ChildSpec,
     headers: &mut HeaderMap,
-) -> Result<(Scope, Ticket, Option<Instant>), Error> {
+) -> Result<(Cut, Ticket), Error> {
     let egress = egress.unwrap_or_else(|| EgressPolicy::for_scope(parent));
     let bounded = parent.deadline().is_some() || within.is_some() || egress.cap_budget().is_some();
     let mut child = egress.call_child(parent);
@@ -59,28 +95,38 @@ fn register(
     headers::insert(headers, &out);
     // What the headers carry, not `remaining`: both truncate, and the callee (or a transport
     // enforcing `grpc-timeout`, as tonic's channel does) gives up at the shorter budget.
-    let announced = out.told().map(|r| deadline_after(Instant::now(), r));
-    Ok((call, ticket, announced))
+    let told = out.told();
+    let announced = told.map(|r| deadline_after(Instant::now(), r));
+    let cut = Cut {
+        call,
+        announced,
+        told,
+    };
+    Ok((cut, ticket))
 }
 
-/// Cuts, registers and writes the headers of the call as [`prepare`] does, and dispatches it:
-/// after `Ok` the request may be sent; after `Err` it must not be.
+/// Cuts, registers and writes the headers of the call as [`register`] does, and dispatches
+/// it: after `Ok` the request may be sent; after `Err` it must not be.
+///
+/// The call counts for `dependency` in telemetry: its budget, or why it was refused.
 pub(crate) fn prepare(
+    dependency: &'static str,
     parent: &Scope,
     within: Option<Instant>,
     egress: Option<EgressPolicy>,
     spec: ChildSpec,
     headers: &mut HeaderMap,
 ) -> Result<Prepared, Error> {
-    let (call, ticket, announced) = register(parent, within, egress, spec, headers)?;
-    // Last: the compare-and-swap that fails if the call's scope was cancelled since it was
-    // registered (invariant 2).
-    let dispatched = ticket.dispatch()?;
-    Ok(Prepared {
-        call,
-        dispatched,
-        announced,
-    })
+    let prepared = register(parent, within, egress, spec, headers).and_then(|(cut, ticket)| {
+        // Last: the compare-and-swap that fails if the call's scope was cancelled since it
+        // was registered (invariant 2).
+        let dispatched = ticket.dispatch()?;
+        Ok(cut.prepared(dependency, parent, dispatched))
+    });
+    if let Err(e) = &prepared {
+        telemetry::call_refused(dependency, telemetry::Refused::of(e));
+    }
+    prepared
 }
 
 /// [`prepare`], with `journal`'s intent written before the dispatch when the journal records
@@ -89,6 +135,7 @@ pub(crate) fn prepare(
 /// comes back with the call, to be resolved by its receipt.
 #[cfg(feature = "reqwest")]
 pub(crate) async fn prepare_journaled(
+    dependency: &'static str,
     parent: &Scope,
     within: Option<Instant>,
     egress: Option<EgressPolicy>,
@@ -96,23 +143,20 @@ pub(crate) async fn prepare_journaled(
     headers: &mut HeaderMap,
     journal: &Journal,
 ) -> Result<(Prepared, Option<PendingIntent>), CallError> {
-    let (call, ticket, announced) = register(parent, within, egress, spec, headers)?;
+    let refused = |e: Error| {
+        telemetry::call_refused(dependency, telemetry::Refused::of(&e));
+        CallError::from(e)
+    };
+    let (cut, ticket) = register(parent, within, egress, spec, headers).map_err(refused)?;
     let operation = parent.operation().map(crate::wire::Operation::id);
     let journaled =
         journal
             .dispatch(ticket, operation)
             .await
             .map_err(|e| match e.into_refusal() {
-                Ok(refused) => CallError::from(refused),
+                Ok(e) => refused(e),
                 Err(e) => CallError::intent_not_recorded(e),
             })?;
     let (dispatched, intent) = journaled.into_parts();
-    Ok((
-        Prepared {
-            call,
-            dispatched,
-            announced,
-        },
-        intent,
-    ))
+    Ok((cut.prepared(dependency, parent, dispatched), intent))
 }

@@ -170,7 +170,7 @@ impl Answer {
     fn describe(self) -> String {
         match self {
             Answer::Http(s) => format!("HTTP {}", s.as_u16()),
-            Answer::Grpc(code) => match GRPC_NAMES.get(code as usize) {
+            Answer::Grpc(code) => match crate::telemetry::GRPC_NAMES.get(code as usize) {
                 Some(name) => format!("gRPC {name}"),
                 None => format!("gRPC {code}"),
             },
@@ -178,26 +178,6 @@ impl Answer {
         }
     }
 }
-
-const GRPC_NAMES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
 
 /// How the exchange of a call ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

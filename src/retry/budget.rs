@@ -130,6 +130,9 @@ impl RetryBudget {
             .is_ok();
         let counter = if ok { &self.retries } else { &self.refused };
         counter.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            crate::telemetry::retry_budget_exhausted();
+        }
         ok
     }
 

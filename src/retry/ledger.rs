@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::stop::{AttemptEnd, Stop};
 use crate::quiesce::Report;
 use crate::spec::ChildSpec;
+use crate::telemetry::Attempt;
 
 /// One attempt in a [`Ledger`].
 ///
@@ -197,6 +198,13 @@ impl Ledger {
                 a.end = Some(end);
                 a.ended_at = Some(at);
                 self.in_flight -= 1;
+                crate::telemetry::attempt(match end {
+                    AttemptEnd::Succeeded => Attempt::Succeeded,
+                    AttemptEnd::Failed(_) => Attempt::Failed,
+                    AttemptEnd::TimedOut => Attempt::TimedOut,
+                    AttemptEnd::Stopped => Attempt::Stopped,
+                    AttemptEnd::Panicked => Attempt::Panicked,
+                });
             }
         }
     }

@@ -79,7 +79,8 @@
 //! fields on the server's own request span too, make that span with [`RequestSpan`] (a
 //! `MakeSpan` for tower-http's `TraceLayer`, or a function for tonic's `trace_fn`).
 
-#![cfg_attr(not(any(feature = "tracing", feature = "metrics")), allow(dead_code))]
+// Each feature uses its part of the labels and records.
+#![cfg_attr(not(all(feature = "tracing", feature = "metrics")), allow(dead_code))]
 
 #[cfg(feature = "metrics")]
 mod handles;
@@ -117,6 +118,28 @@ pub const RECEIPTS: &str = "cancel_scope.receipts";
 pub const RETRY_ATTEMPTS: &str = "cancel_scope.retry.attempts";
 /// `cancel_scope.retry.budget_exhausted`: counter.
 pub const RETRY_BUDGET_EXHAUSTED: &str = "cancel_scope.retry.budget_exhausted";
+
+/// The names of the gRPC status codes, by code (as OpenTelemetry's
+/// `rpc.response.status_code` and the crate's receipts say them).
+pub(crate) const GRPC_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
 
 /// The name of the span of an admitted request.
 pub const REQUEST_SPAN: &str = "cancel_scope.request";
@@ -493,7 +516,7 @@ impl Request {
     /// The request was answered with `status` (and, for gRPC, the status code in its head, if
     /// it had one); `stopped` when its own deadline stopped it.
     #[inline]
-    pub(crate) fn answered(&self, status: u16, grpc: Option<Option<i32>>, deadline: bool) {
+    pub(crate) fn answered(&self, status: u16, grpc: Option<Option<u32>>, deadline: bool) {
         #[cfg(feature = "tracing")]
         self.span.answered(status, grpc, deadline);
         let _ = (status, grpc, deadline);
@@ -518,10 +541,9 @@ impl Request {
     }
 }
 
-/// The telemetry of one outgoing call: its span and its dependency's name.
+/// The telemetry of one outgoing call: its span.
 #[derive(Debug)]
 pub(crate) struct Call {
-    dependency: &'static str,
     #[cfg(feature = "tracing")]
     span: tracing::Span,
 }
@@ -540,17 +562,11 @@ impl Call {
         if let Some(b) = budget {
             handles::call_budget(dependency, b);
         }
-        let _ = (budget_in, budget, told);
+        let _ = (dependency, budget_in, budget, told);
         Call {
-            dependency,
             #[cfg(feature = "tracing")]
             span: spans::call(dependency, budget_in, told),
         }
-    }
-
-    /// The dependency's name.
-    pub(crate) fn dependency(&self) -> &'static str {
-        self.dependency
     }
 
     /// Enters the call's span (for one poll of the call).
@@ -563,9 +579,18 @@ impl Call {
         }
     }
 
+    /// `fut`, in the call's span.
+    #[inline]
+    pub(crate) fn instrument<F: std::future::Future>(&self, fut: F) -> Instrumented<F> {
+        #[cfg(feature = "tracing")]
+        return tracing::Instrument::instrument(fut, self.span.clone());
+        #[cfg(not(feature = "tracing"))]
+        fut
+    }
+
     /// The callee answered with HTTP `status` (and, for gRPC, `grpc`: the status in the head).
     #[inline]
-    pub(crate) fn answered(&self, status: u16, grpc: Option<Option<i32>>) {
+    pub(crate) fn answered(&self, status: u16, grpc: Option<Option<u32>>) {
         #[cfg(feature = "tracing")]
         spans::answered(&self.span, status, grpc);
         let _ = (status, grpc);
@@ -587,6 +612,13 @@ impl Call {
         let _ = own;
     }
 }
+
+/// A future in a call's span.
+#[cfg(feature = "tracing")]
+pub(crate) type Instrumented<F> = tracing::instrument::Instrumented<F>;
+/// A future in a call's span.
+#[cfg(not(feature = "tracing"))]
+pub(crate) type Instrumented<F> = F;
 
 /// A span entered for the length of a poll.
 #[must_use = "the span is left when this is dropped"]

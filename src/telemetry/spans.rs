@@ -17,35 +17,16 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// The name of gRPC status `code` (as `rpc.response.status_code` says it).
-fn grpc_name(code: i32) -> &'static str {
-    const NAMES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
+fn grpc_name(code: u32) -> &'static str {
     usize::try_from(code)
         .ok()
-        .and_then(|i| NAMES.get(i).copied())
+        .and_then(|i| super::GRPC_NAMES.get(i).copied())
         .unwrap_or("UNKNOWN")
 }
 
 /// Records an answer on `span`: the HTTP status, or for gRPC the status in the head (nothing
 /// when the status comes in the trailers).
-pub(super) fn answered(span: &Span, status: u16, grpc: Option<Option<i32>>) {
+pub(super) fn answered(span: &Span, status: u16, grpc: Option<Option<u32>>) {
     match grpc {
         None => {
             span.record("http.response.status_code", status);
@@ -114,7 +95,7 @@ impl RequestSpans {
         }
     }
 
-    pub(super) fn answered(&self, status: u16, grpc: Option<Option<i32>>, stopped: bool) {
+    pub(super) fn answered(&self, status: u16, grpc: Option<Option<u32>>, stopped: bool) {
         answered(&self.own, status, grpc);
         if stopped {
             deadline(&self.own);

@@ -20,7 +20,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How a call is made, when its caller says: its egress policy (else the scope's
 /// operation's), its spec (else named `name`, or `"call"`, with the request's effect class).
-#[derive(Default)]
 pub(super) struct How {
     pub(super) egress: Option<EgressPolicy>,
     pub(super) spec: Option<ChildSpec>,
@@ -28,6 +27,8 @@ pub(super) struct How {
     /// Where the call's intent is written before its dispatch, if its effect class is one
     /// the journal records.
     pub(super) journal: Option<Journal>,
+    /// The service the call goes to, as telemetry labels it.
+    pub(super) dependency: &'static str,
 }
 
 /// Makes `req` a call in a child of `parent` and sends it with `send` (a client's `execute`,
@@ -66,10 +67,21 @@ where
     let (prepared, intent) = match &how.journal {
         Some(journal) => {
             let headers = req.headers_mut();
-            call::prepare_journaled(parent, within, how.egress, spec, headers, journal).await?
+            let dependency = how.dependency;
+            call::prepare_journaled(
+                dependency, parent, within, how.egress, spec, headers, journal,
+            )
+            .await?
         }
         None => (
-            call::prepare(parent, within, how.egress, spec, req.headers_mut())?,
+            call::prepare(
+                how.dependency,
+                parent,
+                within,
+                how.egress,
+                spec,
+                req.headers_mut(),
+            )?,
             None,
         ),
     };
@@ -78,13 +90,14 @@ where
     if let (Some(left), Some(timeout)) = (prepared.call.remaining(), req.timeout_mut()) {
         *timeout = (*timeout).min(left);
     }
+    let sent = prepared.telemetry.instrument(send(req));
     let mut state = Call::new(
         prepared.call,
         prepared.dispatched,
         prepared.announced,
         intent,
+        prepared.telemetry,
     );
-    let sent = send(req);
     let res = tokio::select! {
         biased;
         () = state.scope.cancelled() => return Err(state.stopped()),

@@ -110,6 +110,8 @@ impl Middleware for ScopedMiddleware {
             if self.unscoped {
                 return next.run(req, extensions).await;
             }
+            let dependency = crate::telemetry::UNNAMED_DEPENDENCY;
+            crate::telemetry::call_refused(dependency, crate::telemetry::Refused::NoScope);
             return Err(reqwest_middleware::Error::middleware(CallError::no_scope()));
         };
         let how = How {
@@ -117,6 +119,7 @@ impl Middleware for ScopedMiddleware {
             spec: extensions.get::<ChildSpec>().cloned(),
             name: extensions.get::<CallName>().map(|n| n.0.clone()),
             journal: extensions.get::<Journal>().cloned(),
+            dependency: crate::telemetry::UNNAMED_DEPENDENCY,
         };
         let send = |req| async move { next.run(req, extensions).await.map_err(unwrap) };
         let res = exchange::call(&parent, how, req, send).await;

@@ -220,25 +220,11 @@ pub trait RequestBuilderExt: sealed::Sealed + Sized {
 
 impl RequestBuilderExt for RequestBuilder {
     fn scoped(self) -> ScopedRequest {
-        ScopedRequest {
-            builder: self,
-            parent: Scope::try_current(),
-            egress: None,
-            spec: None,
-            name: None,
-            journal: None,
-        }
+        ScopedRequest::new(self, Scope::try_current())
     }
 
     fn scoped_in(self, scope: &Scope) -> ScopedRequest {
-        ScopedRequest {
-            builder: self,
-            parent: Some(scope.clone()),
-            egress: None,
-            spec: None,
-            name: None,
-            journal: None,
-        }
+        ScopedRequest::new(self, Some(scope.clone()))
     }
 }
 
@@ -269,9 +255,22 @@ pub struct ScopedRequest {
     spec: Option<ChildSpec>,
     name: Option<Arc<str>>,
     journal: Option<Journal>,
+    dependency: &'static str,
 }
 
 impl ScopedRequest {
+    fn new(builder: RequestBuilder, parent: Option<Scope>) -> Self {
+        ScopedRequest {
+            builder,
+            parent,
+            egress: None,
+            spec: None,
+            name: None,
+            journal: None,
+            dependency: crate::telemetry::UNNAMED_DEPENDENCY,
+        }
+    }
+
     /// Writes the call's intent to `journal` before it is dispatched, when the journal
     /// records the call's effect class ([`Journal::records`]: idempotent and side-effecting
     /// calls by default; read-only ones never), and resolves it by the call's receipt:
@@ -370,6 +369,25 @@ impl ScopedRequest {
         self
     }
 
+    /// Names the service this call goes to in telemetry: the `dependency` label of the call
+    /// metrics and the `cancel_scope.dependency` field of the call span (default
+    /// [`UNNAMED_DEPENDENCY`](crate::telemetry::UNNAMED_DEPENDENCY)). A static name, as a
+    /// label must be one of a bounded set: never a host or an address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::reqwest::RequestBuilderExt;
+    /// use cancel_scope::Scope;
+    /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
+    ///     .dependency("prices");
+    /// # let _ = req;
+    /// ```
+    pub fn dependency(mut self, name: &'static str) -> Self {
+        self.dependency = name;
+        self
+    }
+
     /// Sends the request and waits for the response head, within the call's budget.
     ///
     /// # Errors
@@ -403,7 +421,10 @@ impl ScopedRequest {
     /// # }
     /// ```
     pub async fn send(self) -> Result<ScopedResponse, CallError> {
-        let parent = self.parent.ok_or_else(CallError::no_scope)?;
+        let Some(parent) = self.parent else {
+            crate::telemetry::call_refused(self.dependency, crate::telemetry::Refused::NoScope);
+            return Err(CallError::no_scope());
+        };
         // Built before the call is prepared: a request that cannot be built is never
         // registered, and `prepare` sees the budget headers the caller set on the builder.
         let (client, req) = self.builder.build_split();
@@ -413,6 +434,7 @@ impl ScopedRequest {
             spec: self.spec,
             name: self.name,
             journal: self.journal,
+            dependency: self.dependency,
         };
         exchange::call(&parent, how, req, |req| client.execute(req)).await
     }

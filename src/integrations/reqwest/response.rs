@@ -32,6 +32,8 @@ pub(super) struct Call {
     server: Option<crate::wire::ServiceEffect>,
     /// The call's intent, if it was journaled: resolved by its receipt.
     intent: Option<PendingIntent>,
+    /// The call's span and metrics.
+    telemetry: crate::telemetry::Call,
 }
 
 impl Call {
@@ -40,8 +42,10 @@ impl Call {
         dispatched: Dispatched,
         announced: Option<Instant>,
         intent: Option<PendingIntent>,
+        telemetry: crate::telemetry::Call,
     ) -> Self {
         Call {
+            telemetry,
             scope,
             dispatched: Some(dispatched),
             announced,
@@ -93,6 +97,7 @@ impl Call {
             if let Some(intent) = self.intent.take() {
                 intent.resolve(resolution);
             }
+            self.telemetry.ended(self.scope.cause().as_ref());
         }
     }
 
@@ -141,6 +146,7 @@ impl ScopedResponse {
     /// The response `inner` of `call`, a request sent to `url`.
     pub(super) fn new(inner: Response, mut call: Call, url: &Url) -> Self {
         call.head = Some(Answer::Http(inner.status()));
+        call.telemetry.answered(inner.status().as_u16(), None);
         call.server = outcome::service_effect_in(inner.headers());
         if inner.url() != url {
             call.redirected_to = Some(target(inner.url()).as_str().into());

@@ -56,7 +56,7 @@ impl Finish {
             response
                 .headers()
                 .get("grpc-status")
-                .and_then(|v| v.to_str().ok()?.trim().parse::<i32>().ok())
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u32>().ok())
         });
         let deadline = self
             .scope

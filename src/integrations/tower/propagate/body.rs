@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::integrations::outcome::{self, Answer, End, GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED};
 use crate::integrations::tower::headers;
 use crate::integrations::CallError;
+use crate::telemetry;
 use crate::wire::ServiceEffect;
 use crate::{Cancelled, Dispatched, Scope};
 
@@ -34,6 +35,8 @@ pub(super) struct Tracking {
     head_by_deadline: bool,
     /// What the callee said of its effects (`service-effect`, head and trailers).
     server: Option<ServiceEffect>,
+    /// The call's span and metrics.
+    telemetry: telemetry::Call,
 }
 
 impl Tracking {
@@ -42,8 +45,10 @@ impl Tracking {
         dispatched: Dispatched,
         grpc: bool,
         announced: Option<Instant>,
+        telemetry: telemetry::Call,
     ) -> Self {
         Tracking {
+            telemetry,
             cancelled: call.cancelled(),
             _call: call,
             dispatched: Some(dispatched),
@@ -57,6 +62,11 @@ impl Tracking {
 
     pub(super) fn grpc(&self) -> bool {
         self.grpc
+    }
+
+    /// Enters the call's span, for one poll of the call.
+    pub(super) fn enter(&self) -> telemetry::Entered<'_> {
+        self.telemetry.enter()
     }
 
     /// Whether the budget the callee was told has run out.
@@ -74,6 +84,11 @@ impl Tracking {
     pub(super) fn at_head(&mut self, status: StatusCode, headers: &mut HeaderMap) {
         self.fix_status(headers);
         self.server = outcome::service_effect_in(headers);
+        let code = self.grpc.then(|| match Answer::grpc_in(headers) {
+            Some(Answer::Grpc(code)) => Some(code),
+            _ => None,
+        });
+        self.telemetry.answered(status.as_u16(), code);
         if !self.grpc {
             self.head = Some(Answer::Http(status));
             return;
@@ -118,6 +133,7 @@ impl Tracking {
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
             let _ = outcome::receipt(d, end, self.head, None, self.server);
+            self.telemetry.ended(self._call.cause().as_ref());
         }
     }
 

@@ -96,7 +96,11 @@ where
                     *tracking = None;
                     return Poll::Ready(stopped(&cause, grpc));
                 }
-                let res = match fut.poll(cx) {
+                let polled = {
+                    let _in_span = t.enter();
+                    fut.poll(cx)
+                };
+                let res = match polled {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(res) => res,
                 };

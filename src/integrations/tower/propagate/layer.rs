@@ -48,6 +48,8 @@ pub(super) struct Config {
     methods: HashMap<Box<str>, Class>,
     /// Calls outside any scope may pass, with at most this `grpc-timeout`.
     pub(super) unscoped: Option<Duration>,
+    /// The `dependency` label of the calls' telemetry.
+    pub(super) dependency: &'static str,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             name: Arc::from("call"),
             methods: HashMap::new(),
             unscoped: None,
+            dependency: crate::telemetry::UNNAMED_DEPENDENCY,
         }
     }
 }
@@ -157,6 +160,35 @@ impl PropagateLayer {
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.config.name = name.into();
         self
+    }
+
+    /// Names the service these calls go to in telemetry: the `dependency` label of the
+    /// call metrics and the `cancel_scope.dependency` field of the call span (default
+    /// [`UNNAMED_DEPENDENCY`](crate::telemetry::UNNAMED_DEPENDENCY)). A static name, as a
+    /// label must be one of a bounded set: never a host or an address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// let layer = PropagateLayer::new().dependency("inventory");
+    /// assert_eq!(layer.dependency_name(), "inventory");
+    /// ```
+    pub fn dependency(mut self, name: &'static str) -> Self {
+        self.config.dependency = name;
+        self
+    }
+
+    /// The name of the service these calls go to, in telemetry ([`dependency`](Self::dependency)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// assert_eq!(PropagateLayer::new().dependency_name(), "unnamed");
+    /// ```
+    pub fn dependency_name(&self) -> &'static str {
+        self.config.dependency
     }
 
     /// Declares a gRPC method (`"/pkg.Service/Method"`), or every method of a service

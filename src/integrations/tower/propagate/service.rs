@@ -123,7 +123,13 @@ where
                     budget_headers::unscoped(req.headers_mut(), cap);
                     ResponseFuture::passthrough(self.inner.call(req))
                 }
-                None => ResponseFuture::refused(CallError::no_scope(), grpc),
+                None => {
+                    crate::telemetry::call_refused(
+                        self.config.dependency,
+                        crate::telemetry::Refused::NoScope,
+                    );
+                    ResponseFuture::refused(CallError::no_scope(), grpc)
+                }
             };
         };
         let spec = match req.extensions().get::<ChildSpec>() {
@@ -131,11 +137,17 @@ where
             None => self.config.spec_for(&req),
         };
         let egress = self.config.egress;
-        match call::prepare(&parent, within, egress, spec, req.headers_mut()) {
-            Ok(p) => ResponseFuture::running(
-                self.inner.call(req),
-                Tracking::new(p.call, p.dispatched, grpc, p.announced),
-            ),
+        let dependency = self.config.dependency;
+        match call::prepare(dependency, &parent, within, egress, spec, req.headers_mut()) {
+            Ok(p) => {
+                let tracking = Tracking::new(p.call, p.dispatched, grpc, p.announced, p.telemetry);
+                let fut = {
+                    // The inner service's `call` may already do the call's work.
+                    let _in_span = tracking.enter();
+                    self.inner.call(req)
+                };
+                ResponseFuture::running(fut, tracking)
+            }
             Err(e) => ResponseFuture::refused(e.into(), grpc),
         }
     }
