@@ -1,0 +1,188 @@
+//! How admitted requests end, as the metrics and the report event say it: a deadline (DEBUG,
+//! `error.type`), a client gone, a quarantined child and an unknown effect (WARN).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use cancel_scope::telemetry;
+use cancel_scope::wire::EndpointPolicy;
+use cancel_scope::{ChildSpec, Scope};
+use http::{Request, Response};
+use tokio::time::advance;
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing::Level;
+
+use crate::capture::Telemetry;
+use crate::support::time::ms;
+use crate::support::tower::{next_report, reporting, Fn_};
+
+/// A handler that spawns 60 s of work in the request's scope and waits for it.
+async fn stuck(_: Request<()>) -> Result<Response<String>, Infallible> {
+    let work = Scope::current()
+        .spawn(tokio::time::sleep(Duration::from_secs(60)))
+        .unwrap();
+    let _ = work.await;
+    Ok(Response::new("finished".to_owned()))
+}
+
+fn budgeted(value: &str) -> Request<()> {
+    Request::builder()
+        .header("grpc-timeout", value)
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_counts_its_cause_and_marks_the_span_without_a_warning() {
+    let t = Telemetry::install();
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(stuck));
+    let res = svc.call(budgeted("250m")).await.unwrap();
+    assert_eq!(res.status(), 504);
+    drop(res);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.cancelled(), 2);
+
+    let m = t.metrics();
+    let cause = [("cause", "deadline_exceeded")];
+    assert_eq!(m.counter(telemetry::SCOPE_CANCELLED, &cause), 1);
+    assert_eq!(m.label_sets(telemetry::SCOPE_CANCELLED).len(), 1);
+    assert_eq!(m.counter(telemetry::RECEIPTS, &[("kind", "cancelled")]), 2);
+    // Everything stopped at the cancel itself.
+    assert_eq!(m.histogram(telemetry::SCOPE_CANCEL_TO_QUIET, &[]), [0.0]);
+
+    let span = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(span.field("http.response.status_code"), Some("504"));
+    assert_eq!(span.field("error.type"), Some("deadline_exceeded"));
+    let event = t.traces.event("request report");
+    assert_eq!(
+        event.level,
+        Level::DEBUG,
+        "a plain deadline is no operator's problem"
+    );
+    assert_eq!(event.field("cancel_scope.cause"), Some("deadline exceeded"));
+    assert_eq!(
+        event.field("cancel_scope.lifecycle"),
+        Some("CancelledStable")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_deadline_records_the_status_name() {
+    let t = Telemetry::install();
+    let mut svc = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)))
+        .0
+        .layer(Fn_(stuck));
+    let req = Request::builder()
+        .header("grpc-timeout", "100m")
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let res = svc.call(req).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "4");
+    let span = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(
+        span.field("rpc.response.status_code"),
+        Some("DEADLINE_EXCEEDED")
+    );
+    assert_eq!(span.field("http.response.status_code"), None);
+    assert_eq!(span.field("error.type"), Some("deadline_exceeded"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_gone_counts_as_its_cause() {
+    let t = Telemetry::install();
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let mut svc = layer.layer(Fn_(stuck));
+    let fut = svc.call(budgeted("1S"));
+    let polled = tokio::time::timeout(ms(100), fut).await;
+    assert!(
+        polled.is_err(),
+        "still running: the client gives up and drops it"
+    );
+    next_report(&mut reports).await;
+
+    let m = t.metrics();
+    assert_eq!(
+        m.counter(telemetry::SCOPE_CANCELLED, &[("cause", "client_gone")]),
+        1
+    );
+    assert_eq!(m.label_sets(telemetry::SCOPE_CANCELLED).len(), 1);
+    let span = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(span.field("error.type"), None);
+    assert_eq!(span.field("http.response.status_code"), None);
+    assert_eq!(t.traces.event("request report").level, Level::DEBUG);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quarantined_child_is_counted_and_reported_at_warn() {
+    let t = Telemetry::install();
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    // A child that never gets a receipt (work that ignores its cancel).
+    let mut svc = layer.layer(Fn_(|_: Request<()>| async {
+        let ticket = Scope::current()
+            .register(ChildSpec::read_only("ignores-cancel"))
+            .unwrap();
+        std::mem::forget(ticket.dispatch().unwrap());
+        std::future::pending::<()>().await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    }));
+    let res = svc.call(budgeted("100m")).await.unwrap();
+    assert_eq!(res.status(), 504);
+    drop(res);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.quarantined(), 1, "{report}");
+
+    let m = t.metrics();
+    assert_eq!(
+        m.counter(telemetry::RECEIPTS, &[("kind", "quarantined")]),
+        1
+    );
+    let to_quiet = m.histogram(telemetry::SCOPE_CANCEL_TO_QUIET, &[]);
+    assert_eq!(to_quiet.len(), 1);
+    assert!(
+        to_quiet[0] > 0.0,
+        "quiet only at the end of the grace period: {to_quiet:?}"
+    );
+    let event = t.traces.event("request report");
+    assert_eq!(event.level, Level::WARN);
+    assert_eq!(event.field("cancel_scope.receipts.quarantined"), Some("1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_effect_is_counted_and_reported_at_warn() {
+    let t = Telemetry::install();
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    // A payment sent and cut off by the deadline before it confirmed.
+    let mut svc = layer.layer(Fn_(|_: Request<()>| async {
+        let ticket = Scope::current()
+            .register(ChildSpec::side_effecting("pay", "payment-7"))
+            .unwrap();
+        let _sent = ticket.dispatch().unwrap();
+        std::future::pending::<()>().await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    }));
+    let res = svc.call(budgeted("100m")).await.unwrap();
+    assert_eq!(res.status(), 504);
+    drop(res);
+    advance(ms(1)).await;
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+
+    let m = t.metrics();
+    assert_eq!(
+        m.counter(telemetry::RECEIPTS, &[("kind", "effect_unknown")]),
+        1
+    );
+    let event = t.traces.event("request report");
+    assert_eq!(event.level, Level::WARN);
+    assert_eq!(
+        event.field("cancel_scope.lifecycle"),
+        Some("NeedsReconciliation")
+    );
+    assert_eq!(
+        event.field("cancel_scope.receipts.effect_unknown"),
+        Some("1")
+    );
+}
