@@ -350,6 +350,12 @@ impl fmt::Display for Report {
 }
 
 impl Scope {
+    /// The report, if this scope is quiet now (then nothing in it can change): what
+    /// `quiesce()` would return at once, without a waiter.
+    pub(crate) fn report_if_quiet(&self) -> Option<Report> {
+        self.node.state().is_quiet().then(|| self.report())
+    }
+
     /// Builds the report (meaningful once quiet: then nothing in it can change).
     pub(crate) fn report(&self) -> Report {
         let node = &self.node;

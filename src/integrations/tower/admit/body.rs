@@ -55,6 +55,7 @@ use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
 
 use super::answer::Answers;
+use super::finish::Reporter;
 use crate::guard::Tethered;
 use crate::panic::Caught;
 use crate::scope::with_current;
@@ -110,7 +111,9 @@ struct Held<B> {
     /// Keeps the request's scope from being quiet (and reported) until the body is done or
     /// cut. `None` from the start if the scope was cancelled or closed as the handler
     /// answered: the body is not waited for (and, cancelled, stops at once).
-    unit: Option<Tethered<()>>,
+    /// With the request's telemetry report, made once the unit is given back (see
+    /// `Reporter`).
+    unit: Option<Tethered<Option<Reporter>>>,
 }
 
 impl<B> BodyStop<B> {
@@ -185,7 +188,13 @@ impl<B> Wake for BodyStop<B> {
 
 impl<B: Body + Send + 'static> Streaming<B> {
     /// Tracks `body`, the handler's body of the request admitted into `scope`.
-    fn new(body: B, scope: &Scope, answers: Answers, left: Option<u64>) -> Streaming<B> {
+    fn new(
+        body: B,
+        scope: &Scope,
+        answers: Answers,
+        left: Option<u64>,
+        reporter: Option<Reporter>,
+    ) -> Streaming<B> {
         let hint = body.size_hint();
         let stop = std::sync::Arc::new(BodyStop {
             state: AtomicU8::new(0),
@@ -194,7 +203,7 @@ impl<B: Body + Send + 'static> Streaming<B> {
             task: Mutex::new(None),
             held: Mutex::new(Held {
                 body: Some(Box::pin(body)),
-                unit: scope.tether(()).ok(),
+                unit: scope.tether(reporter).ok(),
             }),
         });
         let mut cancelled = scope.cancelled();
@@ -259,10 +268,13 @@ impl<B: Body> Streaming<B> {
 /// Gives back a tracked body's `unit` of `scope`, closing the scope first: it stayed open
 /// while the body streamed (the handler's work for it could still start children), and the
 /// body's end is the request's (a panic of a `quiesce()` waker goes to `caught`).
-fn release(scope: &Scope, unit: Option<Tethered<()>>, caught: &mut Caught) {
+fn release(scope: &Scope, unit: Option<Tethered<Option<Reporter>>>, caught: &mut Caught) {
     if let Some(unit) = unit {
         caught.run(|| scope.close());
-        drop(unit);
+        // The unit first: then the request is quiet, if this was its last work, and the
+        // report is made at once.
+        let reporter = unit.into_inner();
+        caught.run(|| drop(reporter));
     }
 }
 
@@ -432,6 +444,7 @@ impl<B> ResponseBody<B> {
         answers: Answers,
         track: bool,
         length: Option<u64>,
+        reporter: &mut Option<Reporter>,
     ) -> Self
     where
         B: Body + Send + 'static,
@@ -439,7 +452,7 @@ impl<B> ResponseBody<B> {
         let left = body.size_hint().exact().or(length);
         let kind = if track && !body.is_end_stream() && left != Some(0) {
             Kind::Tracked {
-                streaming: Streaming::new(body, scope, answers, left),
+                streaming: Streaming::new(body, scope, answers, left, reporter.take()),
             }
         } else {
             Kind::Plain { body }

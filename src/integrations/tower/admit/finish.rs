@@ -25,6 +25,38 @@ pub(super) struct Finish {
     handler: Option<HandlerTicket>,
     /// The request's span (see [`telemetry`]).
     telemetry: telemetry::Request,
+    /// Records the request's report once it is quiet, where telemetry is on and no
+    /// `on_report` waits for the report anyway; handed to a tracked response body, whose end
+    /// is the request's.
+    reporter: Option<Reporter>,
+}
+
+/// Records a request's report in telemetry once the request is quiet: at once if it is quiet
+/// when this is dropped (a request whose last work just ended: no task, no waiter), else from
+/// a task that waits for it.
+pub(super) struct Reporter {
+    scope: Scope,
+    admission: Admission,
+    telemetry: telemetry::Request,
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if let Some(report) = self.scope.report_if_quiet() {
+            self.telemetry
+                .report(self.admission.operation_id(), &report);
+            return;
+        }
+        // Inside a server there is always a runtime; without one there is nobody to wait.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (scope, admission) = (self.scope.clone(), self.admission.clone());
+            let telemetry = self.telemetry.clone();
+            rt.spawn(async move {
+                let report = scope.quiesce().await;
+                telemetry.report(admission.operation_id(), &report);
+            });
+        }
+    }
 }
 
 impl Finish {
@@ -35,13 +67,25 @@ impl Finish {
         handler: HandlerTicket,
     ) -> Self {
         let telemetry = telemetry::Request::new(&admission.telemetry());
+        let reporter = (telemetry::REPORTS && on_report.is_none()).then(|| Reporter {
+            scope: scope.clone(),
+            admission: admission.clone(),
+            telemetry: telemetry.clone(),
+        });
         Finish {
             scope,
             admission,
             on_report,
             handler: Some(handler),
             telemetry,
+            reporter,
         }
+    }
+
+    /// Where the request's telemetry report goes when it is not made here: a tracked response
+    /// body takes it.
+    pub(super) fn reporter(&mut self) -> &mut Option<Reporter> {
+        &mut self.reporter
     }
 
     /// Enters the request's span, for the length of a call into the handler.
@@ -158,8 +202,9 @@ impl Finish {
         // release may make it quiet (and, under a closed server, add it to the server's
         // report before the server's unit goes: see `scope::request`).
         caught.run(|| drop(self.handler.take()));
-        let on_report = self.on_report.take();
-        if on_report.is_some() || telemetry::REPORTS {
+        // Made at once if the request is quiet now, else once it is (see `Reporter`).
+        caught.run(|| drop(self.reporter.take()));
+        if let Some(report) = self.on_report.take() {
             let (scope, admission) = (self.scope.clone(), self.admission.clone());
             let telemetry = self.telemetry.clone();
             // Inside a server there is always a runtime; without one there is nobody to wait.
@@ -167,9 +212,7 @@ impl Finish {
                 rt.spawn(async move {
                     let r = scope.quiesce().await;
                     telemetry.report(admission.operation_id(), &r);
-                    if let Some(report) = on_report {
-                        report(&admission, &r);
-                    }
+                    report(&admission, &r);
                 });
             }
         }

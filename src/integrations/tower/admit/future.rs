@@ -218,6 +218,8 @@ where
                                 let status = response.status();
                                 let track = *this.track_body && has_body(status);
                                 let length = content_length(response.headers());
+                                // A tracked body takes the report with it.
+                                let mut reporter = f.reporter().take();
                                 let response = response.map(|body| {
                                     ResponseBody::admitted(
                                         body,
@@ -225,8 +227,10 @@ where
                                         *this.answers,
                                         track,
                                         length,
+                                        &mut reporter,
                                     )
                                 });
+                                *f.reporter() = reporter;
                                 // After the body took its unit: the handler's may be the last.
                                 f.answered(status, response.headers(), this.answers.grpc);
                                 close = !response.body().is_tracked();
