@@ -7,6 +7,7 @@ use std::time::Duration;
 use cancel_scope::integrations::tower::{AdmitLayer, Ingress};
 use cancel_scope::telemetry;
 use cancel_scope::wire::{EndpointPolicy, OverCap, ServerScope};
+use cancel_scope::Scope;
 use http::{Request, Response};
 use tokio::time::{advance, Instant};
 use tower_layer::Layer;
@@ -186,4 +187,74 @@ async fn a_fallback_budget_counts_as_the_default_source() {
     let m = t.metrics();
     let labels = [("source", "default"), ("clamped", "false")];
     assert_eq!(m.histogram(telemetry::ADMISSION_BUDGET, &labels), [0.2]);
+}
+
+#[cfg(feature = "tower-http")]
+#[tokio::test(start_paused = true)]
+async fn tower_https_trace_layer_with_request_span_gets_the_requests_fields() {
+    use tower_http::trace::TraceLayer;
+
+    let t = Telemetry::install();
+    // tower-http's `Trace` takes requests with a body.
+    let handler =
+        Fn_(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("ok".to_owned())) });
+    let admit = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(handler);
+    let mut svc = TraceLayer::new_for_http()
+        .make_span_with(telemetry::RequestSpan::new())
+        .layer(admit);
+    let res = svc.call(budgeted_request("300m")).await.unwrap();
+    assert_eq!(res.status(), 200);
+
+    let theirs = t.traces.span("request");
+    assert_eq!(theirs.field("cancel_scope.budget_in_ms"), Some("300"));
+    assert_eq!(
+        theirs.field("cancel_scope.budget_source"),
+        Some("grpc_timeout")
+    );
+    let ours = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(ours.parent.as_deref(), Some("request"));
+}
+
+#[cfg(feature = "tower-http")]
+fn budgeted_request(value: &str) -> Request<String> {
+    Request::builder()
+        .header("grpc-timeout", value)
+        .body(String::new())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_on_report_the_report_is_recorded_at_the_end_of_the_body() {
+    let t = Telemetry::install();
+    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(Fn_(ok));
+    let res = svc.call(Request::new(())).await.unwrap();
+    // The body is the request's last work: not reported while it streams...
+    assert!(t.traces.events("request report").is_empty());
+    assert_eq!(text(res.into_body()).await, "ok");
+    // ...and reported as soon as it ended, with no task to wait for.
+    assert_eq!(t.traces.event("request report").level, Level::DEBUG);
+    let m = t.metrics();
+    assert_eq!(m.counter(telemetry::RECEIPTS, &[("kind", "succeeded")]), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_on_report_work_left_running_is_reported_when_it_ends() {
+    let t = Telemetry::install();
+    let handler = Fn_(|_: Request<()>| async {
+        let left = Scope::current().spawn(tokio::time::sleep(ms(50))).unwrap();
+        drop(left);
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(handler);
+    let res = svc.call(Request::new(())).await.unwrap();
+    assert_eq!(text(res.into_body()).await, "");
+    assert!(t.traces.events("request report").is_empty());
+    // The work ends at 50 ms; the task that waited for the request to be quiet was woken
+    // then, and runs before this one resumes (one thread, woken tasks in order).
+    tokio::time::sleep(ms(50)).await;
+    tokio::task::yield_now().await;
+    let event = t.traces.event("request report");
+    assert_eq!(event.field("cancel_scope.receipts.succeeded"), Some("2"));
+    let m = t.metrics();
+    assert_eq!(m.counter(telemetry::RECEIPTS, &[("kind", "succeeded")]), 2);
 }
