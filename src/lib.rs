@@ -156,6 +156,8 @@
 //! | | [`Reconciler`](reconcile::Reconciler), [`Reconciled`](reconcile::Reconciled) | lists pending intents and resolves each once |
 //! | | [`Intent`](reconcile::Intent), [`IntentRecord`](reconcile::IntentRecord), [`EffectClass`](reconcile::EffectClass), [`Resolution`](reconcile::Resolution), [`Resolved`](reconcile::Resolved) | an intent, as written and as stored, and how it ended |
 //! | | [`IntentError`](reconcile::IntentError), [`MAX_FIELD_LEN`](reconcile::MAX_FIELD_LEN), [`DEFAULT_JOURNAL_TIMEOUT`](reconcile::DEFAULT_JOURNAL_TIMEOUT) | a store fault; the bounds and defaults |
+//! | [`telemetry`] | [`ADMISSION_BUDGET`](telemetry::ADMISSION_BUDGET) … [`RETRY_BUDGET_EXHAUSTED`](telemetry::RETRY_BUDGET_EXHAUSTED) | the names of the crate's metrics (features `metrics`), listed with their labels in the module |
+//! | | [`REQUEST_SPAN`](telemetry::REQUEST_SPAN), [`CALL_SPAN`](telemetry::CALL_SPAN), [`UNNAMED_DEPENDENCY`](telemetry::UNNAMED_DEPENDENCY) | the names of the spans of a request and of a call (feature `tracing`); the `dependency` of a call given no name |
 //! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit), [`admit_in`](wire::EndpointPolicy::admit_in) under a `ServerScope`, and [`admit_joined`](wire::EndpointPolicy::admit_joined) with the operation registry's term |
 //! | | [`Trust`](wire::Trust) | presets for all the trust settings at once: untrusted, trusted |
 //! | | [`OnBadInput`](wire::OnBadInput) | what admission does with a budget header it cannot decode: refuse, or fall back |
@@ -261,6 +263,14 @@
 #![cfg_attr(
     feature = "testing",
     doc = "| [`testing`] | [`request_scope`](testing::request_scope), [`admitted_request`](testing::admitted_request), [`scope_of`](testing::scope_of) | a request's scope and an admitted request, for tests of your own handlers |"
+)]
+#![cfg_attr(
+    feature = "metrics",
+    doc = "| `telemetry` (feature `metrics`) | [`describe`](telemetry::describe) | describes every metric (unit, description) to the installed recorder |"
+)]
+#![cfg_attr(
+    all(feature = "tracing", feature = "tower"),
+    doc = "| `telemetry` (features `tracing`, `tower`) | [`RequestSpan`](telemetry::RequestSpan) | a server request span that declares the request's fields: tower-http's `MakeSpan` (feature `tower-http`), tonic's `trace_fn` |"
 )]
 #![cfg_attr(
     feature = "stream",
