@@ -43,10 +43,7 @@ async fn price(Path(item): Path<u32>) -> String {
 
 /// The edge: a quote for `item` from the downstream, within the request's budget. The call is
 /// named `prices` in telemetry (a static name: never a host).
-async fn quote(
-    State(prices): State<String>,
-    Path(item): Path<u32>,
-) -> Result<String, CallError> {
+async fn quote(State(prices): State<String>, Path(item): Path<u32>) -> Result<String, CallError> {
     let res = reqwest::Client::new()
         .get(format!("{prices}/price/{item}"))
         .scoped()

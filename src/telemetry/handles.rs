@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
 
-use super::{Attempt, Cancelled, Refused, Rejected, Source};
+use super::{Attempt, CancelCause, Refused, Rejected, Source};
 
 /// What the crate's metrics say of where they come from.
 static METADATA: Metadata<'static> =
@@ -168,9 +168,9 @@ pub(super) fn call_refused(dependency: &'static str, reason: Refused) {
     });
 }
 
-pub(super) fn cancelled(cause: Cancelled) {
+pub(super) fn cancelled(cause: CancelCause) {
     with(|h, r| {
-        let slot = &mut h.cancelled[index(&Cancelled::ALL, cause)];
+        let slot = &mut h.cancelled[index(&CancelCause::ALL, cause)];
         counter(slot, r, || {
             labelled(super::SCOPE_CANCELLED, &[("cause", cause.label())])
         })

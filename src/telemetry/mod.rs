@@ -338,36 +338,36 @@ impl Refused {
 
 /// The cause a scope was cancelled with (`cause`): the origin of a parent's cancel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cancelled {
+enum CancelCause {
     DeadlineExceeded,
     Cancelled,
     ClientGone,
     Shutdown,
 }
 
-impl Cancelled {
-    const ALL: [Cancelled; 4] = [
-        Cancelled::DeadlineExceeded,
-        Cancelled::Cancelled,
-        Cancelled::ClientGone,
-        Cancelled::Shutdown,
+impl CancelCause {
+    const ALL: [CancelCause; 4] = [
+        CancelCause::DeadlineExceeded,
+        CancelCause::Cancelled,
+        CancelCause::ClientGone,
+        CancelCause::Shutdown,
     ];
 
     fn of(cause: &Cause) -> Self {
         match cause.origin() {
-            Cause::DeadlineExceeded => Cancelled::DeadlineExceeded,
-            Cause::ClientGone => Cancelled::ClientGone,
-            Cause::Shutdown => Cancelled::Shutdown,
-            _ => Cancelled::Cancelled,
+            Cause::DeadlineExceeded => CancelCause::DeadlineExceeded,
+            Cause::ClientGone => CancelCause::ClientGone,
+            Cause::Shutdown => CancelCause::Shutdown,
+            _ => CancelCause::Cancelled,
         }
     }
 
     fn label(self) -> &'static str {
         match self {
-            Cancelled::DeadlineExceeded => "deadline_exceeded",
-            Cancelled::Cancelled => "cancelled",
-            Cancelled::ClientGone => "client_gone",
-            Cancelled::Shutdown => "shutdown",
+            CancelCause::DeadlineExceeded => "deadline_exceeded",
+            CancelCause::Cancelled => "cancelled",
+            CancelCause::ClientGone => "client_gone",
+            CancelCause::Shutdown => "shutdown",
         }
     }
 }
@@ -527,7 +527,7 @@ impl Request {
         #[cfg(feature = "metrics")]
         {
             if let Some(cause) = report.cause() {
-                handles::cancelled(Cancelled::of(cause));
+                handles::cancelled(CancelCause::of(cause));
             }
             handles::report(
                 receipt_counts(report),
@@ -603,7 +603,7 @@ impl Call {
         let own = cause.filter(|c| !matches!(c, Cause::ParentCancelled(_)));
         #[cfg(feature = "metrics")]
         if let Some(c) = own {
-            handles::cancelled(Cancelled::of(c));
+            handles::cancelled(CancelCause::of(c));
         }
         #[cfg(feature = "tracing")]
         if cause.is_some_and(|c| c.origin().is_deadline_exceeded()) {

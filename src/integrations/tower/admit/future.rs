@@ -179,11 +179,9 @@ where
             StateProj::Done | StateProj::Joining { .. } => {
                 panic!("ResponseFuture polled after completion")
             }
-            StateProj::Running { run } => match {
-                // The handler runs in the request's span.
-                let _in_span = this.finish.as_ref().map(Finish::enter);
+            StateProj::Running { run } => match in_span(this.finish.as_ref(), || {
                 poll_marked(this.polling, run, cx)
-            } {
+            }) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(panic)) => {
                     // The handler's future panicked: answered 500 / `INTERNAL`, its work
@@ -286,6 +284,12 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
         return None;
     }
     one.to_str().ok()?.trim().parse().ok()
+}
+
+/// Runs `f` (a poll of the handler) in the request's span, if the request is still running.
+fn in_span<T>(finish: Option<&Finish>, f: impl FnOnce() -> T) -> T {
+    let _in_span = finish.map(Finish::enter);
+    f()
 }
 
 /// Polls the handler's `run` with `polling` set for the length of the poll; a panic of the
