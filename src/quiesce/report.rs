@@ -352,6 +352,7 @@ impl fmt::Display for Report {
 impl Scope {
     /// The report, if this scope is quiet now (then nothing in it can change): what
     /// `quiesce()` would return at once, without a waiter.
+    #[cfg(feature = "tower")]
     pub(crate) fn report_if_quiet(&self) -> Option<Report> {
         self.node.state().is_quiet().then(|| self.report())
     }
