@@ -8,11 +8,6 @@
 // `criterion_group!` defines a `pub fn` without documentation.
 #![allow(missing_docs)]
 
-use std::convert::Infallible;
-use std::future::poll_fn;
-use std::hint::black_box;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use cancel_scope::integrations::tower::AdmitLayer;
@@ -23,41 +18,19 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
+#[path = "support/hello.rs"]
+mod hello;
 #[path = "support/paired.rs"]
 mod paired;
+use hello::{one, Hello};
 use paired::Paired;
 
-#[derive(Clone)]
-struct Hello;
-
-impl Service<Request<()>> for Hello {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        std::future::ready(Ok(Response::new("hello".to_owned())))
-    }
-}
-
-/// Calls `svc` once with a `grpc-timeout` and reads the response body to its end.
-async fn one<S, B>(svc: &mut S)
-where
-    S: Service<Request<()>, Response = Response<B>>,
-    S::Error: std::fmt::Debug,
-    B: Body + Unpin,
-{
-    let req = Request::builder()
+/// A request with a `grpc-timeout` header.
+fn request() -> Request<()> {
+    Request::builder()
         .header("grpc-timeout", "500m")
         .body(())
-        .unwrap();
-    let res = svc.call(req).await.unwrap();
-    let mut body = res.into_body();
-    while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        black_box(frame.is_ok());
-    }
+        .unwrap()
 }
 
 /// A current-thread runtime of one side's own: the report tasks its requests spawn run in
@@ -79,7 +52,7 @@ where
     rt.block_on(async {
         let t = Instant::now();
         for _ in 0..n {
-            one(svc).await;
+            one(svc, request()).await;
             // Lets the report task of the request run in this side's time.
             tokio::task::yield_now().await;
         }

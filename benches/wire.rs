@@ -19,6 +19,9 @@ use cancel_scope::Scope;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
+#[path = "support/hello.rs"]
+mod hello;
+
 const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 const SERVICE_BUDGET: HeaderName = HeaderName::from_static("service-budget");
 
@@ -143,44 +146,11 @@ fn per_request(c: &mut Criterion) {
 /// default budget), the handler run as the request scope's body, its response body read to
 /// its end, next to the same handler called bare.
 fn admit_layer(c: &mut Criterion) {
-    use std::convert::Infallible;
-    use std::future::poll_fn;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
     use cancel_scope::integrations::tower::AdmitLayer;
-    use http::{Request, Response};
-    use http_body::Body;
+    use http::Request;
     use tower_layer::Layer;
-    use tower_service::Service;
 
-    #[derive(Clone)]
-    struct Hello;
-    impl Service<Request<()>> for Hello {
-        type Response = Response<String>;
-        type Error = Infallible;
-        type Future = std::future::Ready<Result<Response<String>, Infallible>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, _: Request<()>) -> Self::Future {
-            std::future::ready(Ok(Response::new("hello".to_owned())))
-        }
-    }
-
-    /// Calls `svc` once and reads the response body to its end.
-    async fn one<S, B>(svc: &mut S)
-    where
-        S: Service<Request<()>, Response = Response<B>>,
-        S::Error: std::fmt::Debug,
-        B: Body + Unpin,
-    {
-        let res = svc.call(Request::new(())).await.unwrap();
-        let mut body = res.into_body();
-        while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-            black_box(frame.is_ok());
-        }
-    }
+    use hello::{one, Hello};
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -192,16 +162,16 @@ fn admit_layer(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     g.bench_function("anchor: the handler called bare", |b| {
         let mut svc = Hello;
-        b.iter(|| rt.block_on(one(&mut svc)))
+        b.iter(|| rt.block_on(one(&mut svc, Request::new(()))))
     });
     g.bench_function("Admit (root scope per request)", |b| {
         let mut svc = AdmitLayer::new(policy).layer(Hello);
-        b.iter(|| rt.block_on(one(&mut svc)))
+        b.iter(|| rt.block_on(one(&mut svc, Request::new(()))))
     });
     g.bench_function("Admit under a ServerScope (child per request)", |b| {
         let server = ServerScope::new();
         let mut svc = AdmitLayer::new(policy).server(&server).layer(Hello);
-        b.iter(|| rt.block_on(one(&mut svc)))
+        b.iter(|| rt.block_on(one(&mut svc, Request::new(()))))
     });
     g.finish();
 }

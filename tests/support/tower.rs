@@ -103,6 +103,15 @@ pub fn verdict(report: &Report) -> String {
     }
 }
 
+/// A handler that spawns 60 s of work in the request's scope and waits for it.
+pub async fn stuck(_: http::Request<()>) -> Result<Response<String>, Infallible> {
+    let work = Scope::current()
+        .spawn(tokio::time::sleep(Duration::from_secs(60)))
+        .unwrap();
+    let _ = work.await;
+    Ok(Response::new("finished".to_owned()))
+}
+
 /// A service from an async closure (always ready, never fails).
 #[derive(Clone)]
 pub struct Fn_<F>(pub F);

@@ -2,7 +2,6 @@
 //! `error.type`), a client gone, a quarantined child and an unknown effect (WARN).
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use cancel_scope::telemetry;
 use cancel_scope::wire::EndpointPolicy;
@@ -15,16 +14,7 @@ use tracing::Level;
 
 use crate::capture::Telemetry;
 use crate::support::time::ms;
-use crate::support::tower::{next_report, reporting, Fn_};
-
-/// A handler that spawns 60 s of work in the request's scope and waits for it.
-async fn stuck(_: Request<()>) -> Result<Response<String>, Infallible> {
-    let work = Scope::current()
-        .spawn(tokio::time::sleep(Duration::from_secs(60)))
-        .unwrap();
-    let _ = work.await;
-    Ok(Response::new("finished".to_owned()))
-}
+use crate::support::tower::{next_report, reporting, stuck, Fn_};
 
 fn budgeted(value: &str) -> Request<()> {
     Request::builder()

@@ -10,7 +10,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use cancel_scope::integrations::tower::AdmitLayer;
 use cancel_scope::wire::{Admission, EndpointPolicy};
@@ -22,16 +21,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::support::time::ms;
-use crate::support::tower::{next_frame, next_report, reporting, Fn_};
-
-/// A handler that spawns 60 s of work in the request's scope and waits for it.
-async fn stuck(_: Request<()>) -> Result<Response<String>, Infallible> {
-    let work = Scope::current()
-        .spawn(tokio::time::sleep(Duration::from_secs(60)))
-        .unwrap();
-    let _ = work.await;
-    Ok(Response::new("finished".to_owned()))
-}
+use crate::support::tower::{next_frame, next_report, reporting, stuck, Fn_};
 
 #[tokio::test(start_paused = true)]
 async fn admit_answers_504_exactly_at_the_deadline_and_reports() {
