@@ -52,8 +52,9 @@ fn with(f: impl FnOnce(&mut Handles, &dyn Recorder)) {
     metrics::with_recorder(|recorder| {
         // The data pointer: the same recorder has the same one, whatever its vtable.
         let address = std::ptr::from_ref(recorder).cast::<()>() as usize;
-        HANDLES.with(|handles| {
-            // A recorder's own code never records into ours: no borrow is held here then.
+        // Not during the thread's exit (a request's report made by a task dropped then), and
+        // not from a recorder's own code recording into ours: then nothing is recorded.
+        let _ = HANDLES.try_with(|handles| {
             let Ok(mut handles) = handles.try_borrow_mut() else {
                 return;
             };
