@@ -349,6 +349,26 @@ impl fmt::Display for Report {
     }
 }
 
+impl Report {
+    /// What telemetry records of this report (see [`telemetry`](crate::telemetry)).
+    #[cfg(feature = "tower")]
+    pub(crate) fn telemetry(&self) -> crate::telemetry::Reported<'_> {
+        crate::telemetry::Reported {
+            lifecycle: &self.state,
+            cause: self.cause.as_ref(),
+            receipts: [
+                self.succeeded(),
+                self.failed(),
+                self.cancelled(),
+                self.quarantined(),
+                self.effect_unknown(),
+            ],
+            cancel_to_quiet: self.cancel_to_quiet,
+            orphan_work: self.orphan_work,
+        }
+    }
+}
+
 impl Scope {
     /// The report, if this scope is quiet now (then nothing in it can change): what
     /// `quiesce()` would return at once, without a waiter.

@@ -91,7 +91,7 @@ mod spans;
 
 use std::time::Duration;
 
-use crate::{Cause, Report};
+use crate::Cause;
 
 #[cfg(all(feature = "tracing", feature = "tower"))]
 pub use make_span::RequestSpan;
@@ -381,14 +381,24 @@ const RECEIPT_KINDS: [&str; 5] = [
     "effect_unknown",
 ];
 
-fn receipt_counts(report: &Report) -> [u64; 5] {
-    [
-        report.succeeded(),
-        report.failed(),
-        report.cancelled(),
-        report.quarantined(),
-        report.effect_unknown(),
-    ]
+/// What a quiet request's report says, as telemetry records it (the layer that has the
+/// report fills it in: `Report::telemetry`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reported<'a> {
+    /// The final lifecycle, as its `Debug` says it.
+    pub(crate) lifecycle: &'a dyn std::fmt::Debug,
+    pub(crate) cause: Option<&'a Cause>,
+    /// The receipts, in the order of [`RECEIPT_KINDS`].
+    pub(crate) receipts: [u64; 5],
+    pub(crate) cancel_to_quiet: Option<Duration>,
+    pub(crate) orphan_work: Duration,
+}
+
+impl Reported<'_> {
+    /// A child was quarantined or an effect is unknown: an operator must reconcile.
+    fn must_act(&self) -> bool {
+        self.receipts[3] > 0 || self.receipts[4] > 0
+    }
 }
 
 /// How a retry or hedge attempt ended (`outcome`).
@@ -523,17 +533,13 @@ impl Request {
     }
 
     /// The request is quiet: its report (`operation_id` names it in the event).
-    pub(crate) fn report(&self, operation_id: &str, report: &Report) {
+    pub(crate) fn report(&self, operation_id: &str, report: &Reported<'_>) {
         #[cfg(feature = "metrics")]
         {
-            if let Some(cause) = report.cause() {
+            if let Some(cause) = report.cause {
                 handles::cancelled(CancelCause::of(cause));
             }
-            handles::report(
-                receipt_counts(report),
-                report.cancel_to_quiet(),
-                report.orphan_work(),
-            );
+            handles::report(report.receipts, report.cancel_to_quiet, report.orphan_work);
         }
         #[cfg(feature = "tracing")]
         self.span.report(operation_id, report);

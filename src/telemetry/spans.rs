@@ -5,8 +5,7 @@ use std::time::Duration;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
-use super::{Admitted, Refused, Rejected};
-use crate::Report;
+use super::{Admitted, Refused, Rejected, Reported};
 
 /// The target of every span and event of the crate.
 const TARGET: &str = "cancel_scope";
@@ -108,10 +107,10 @@ impl RequestSpans {
     /// The report event: WARN when an operator must act (a quarantined child, an unknown
     /// effect), DEBUG otherwise. Its parent is the request's span, or the server's when ours
     /// is not enabled.
-    pub(super) fn report(&self, operation_id: &str, report: &Report) {
+    pub(super) fn report(&self, operation_id: &str, report: &Reported<'_>) {
         let parent = self.own.id().or_else(|| self.outer.id());
-        let warn = report.quarantined() > 0 || report.effect_unknown() > 0;
-        let cause = report.cause().map(tracing::field::display);
+        let warn = report.must_act();
+        let cause = report.cause.map(tracing::field::display);
         macro_rules! report_event {
             ($level:expr) => {
                 tracing::event!(
@@ -119,15 +118,15 @@ impl RequestSpans {
                     parent: parent,
                     $level,
                     cancel_scope.operation_id = operation_id,
-                    cancel_scope.lifecycle = ?report.state(),
+                    cancel_scope.lifecycle = ?report.lifecycle,
                     cancel_scope.cause = cause,
-                    cancel_scope.receipts.succeeded = report.succeeded(),
-                    cancel_scope.receipts.failed = report.failed(),
-                    cancel_scope.receipts.cancelled = report.cancelled(),
-                    cancel_scope.receipts.quarantined = report.quarantined(),
-                    cancel_scope.receipts.effect_unknown = report.effect_unknown(),
-                    cancel_scope.cancel_to_quiet_ms = report.cancel_to_quiet().map(ms),
-                    cancel_scope.orphan_work_ms = ms(report.orphan_work()),
+                    cancel_scope.receipts.succeeded = report.receipts[0],
+                    cancel_scope.receipts.failed = report.receipts[1],
+                    cancel_scope.receipts.cancelled = report.receipts[2],
+                    cancel_scope.receipts.quarantined = report.receipts[3],
+                    cancel_scope.receipts.effect_unknown = report.receipts[4],
+                    cancel_scope.cancel_to_quiet_ms = report.cancel_to_quiet.map(ms),
+                    cancel_scope.orphan_work_ms = ms(report.orphan_work),
                     "request report"
                 )
             };

@@ -44,7 +44,7 @@ impl Drop for Reporter {
     fn drop(&mut self) {
         if let Some(report) = self.scope.report_if_quiet() {
             self.telemetry
-                .report(self.admission.operation_id(), &report);
+                .report(self.admission.operation_id(), &report.telemetry());
             return;
         }
         // Inside a server there is always a runtime; without one there is nobody to wait.
@@ -53,7 +53,7 @@ impl Drop for Reporter {
             let telemetry = self.telemetry.clone();
             rt.spawn(async move {
                 let report = scope.quiesce().await;
-                telemetry.report(admission.operation_id(), &report);
+                telemetry.report(admission.operation_id(), &report.telemetry());
             });
         }
     }
@@ -211,7 +211,7 @@ impl Finish {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     let r = scope.quiesce().await;
-                    telemetry.report(admission.operation_id(), &r);
+                    telemetry.report(admission.operation_id(), &r.telemetry());
                     report(&admission, &r);
                 });
             }
