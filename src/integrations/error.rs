@@ -285,7 +285,7 @@ impl CallError {
     ///
     /// # Examples
     ///
-    /// See [`ScopedRequest::journal`](crate::integrations::reqwest::ScopedRequest::journal).
+    /// See `integrations::reqwest::ScopedRequest::journal` (feature `reqwest`).
     pub fn is_intent_not_recorded(&self) -> bool {
         matches!(self.kind, Kind::Intent(_))
     }
@@ -294,7 +294,7 @@ impl CallError {
     ///
     /// # Examples
     ///
-    /// See [`ScopedRequest::journal`](crate::integrations::reqwest::ScopedRequest::journal).
+    /// See `integrations::reqwest::ScopedRequest::journal` (feature `reqwest`).
     pub fn intent_error(&self) -> Option<&crate::reconcile::IntentError> {
         match &self.kind {
             Kind::Intent(e) => Some(e),

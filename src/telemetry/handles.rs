@@ -32,7 +32,7 @@ struct Handles {
     recorder: usize,
     budget: [[Option<Histogram>; 2]; 4],
     queue_wait: Option<Histogram>,
-    rejected: [Option<Counter>; 4],
+    rejected: [Option<Counter>; 5],
     cancelled: [Option<Counter>; 4],
     cancel_to_quiet: Option<Histogram>,
     orphan_work: Option<Histogram>,

@@ -9,14 +9,14 @@
 //! # Metrics
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade, to whatever recorder is installed
-//! (Prometheus, StatsD, a test's `DebuggingRecorder`). Time is in seconds. Call [`describe`]
+//! (Prometheus, StatsD, a test's `DebuggingRecorder`). Time is in seconds. Call `describe`
 //! once, after installing the recorder, so that it knows the units and descriptions.
 //!
 //! | name | kind | labels |
 //! |---|---|---|
 //! | [`ADMISSION_BUDGET`] | histogram (s): the budget a request was admitted with | `source` (`grpc_timeout`, `service_budget`, `envoy`, `default`), `clamped` (`true`, `false`) |
 //! | [`ADMISSION_QUEUE_WAIT`] | histogram (s): the time a request waited before admission | |
-//! | [`ADMISSION_REJECTED`] | counter: requests refused at admission | `reason` (`invalid`, `exhausted`, `over_cap`, `shutdown`) |
+//! | [`ADMISSION_REJECTED`] | counter: requests refused at admission | `reason` (`invalid`, `exhausted`, `over_cap`, `shutdown`, `operation_cancelled`: a cancelled operation or an older generation, with the registry) |
 //! | [`CALL_BUDGET`] | histogram (s): the budget of an outgoing call's scope | `dependency` |
 //! | [`CALL_REFUSED`] | counter: outgoing calls refused before they were sent | `dependency`, `reason` (`cancelled`, `deadline`, `min_useful`, `no_scope`) |
 //! | [`SCOPE_CANCELLED`] | counter: admitted requests and calls that were cancelled | `cause` (`deadline_exceeded`, `cancelled`, `client_gone`, `shutdown`) |
@@ -30,8 +30,8 @@
 //! ([`BudgetSource::Fallback`](crate::wire::BudgetSource::Fallback)) counts as `default`: the
 //! label says who decided the budget, the caller's header or the service's own rules.
 //! `dependency` is the static name given on the client layer
-//! ([`PropagateLayer::dependency`](crate::integrations::tower::PropagateLayer::dependency)) or
-//! the call ([`ScopedRequest::dependency`](crate::integrations::reqwest::ScopedRequest::dependency)),
+//! (`integrations::tower::PropagateLayer::dependency`) or the call
+//! (`integrations::reqwest::ScopedRequest::dependency`),
 //! [`UNNAMED_DEPENDENCY`] where none is given: never a host or an address. Every label value is
 //! one of a bounded set.
 //!
@@ -76,7 +76,7 @@
 //!
 //! What is known only after the response (the report) is an event, not a span held open.
 //! `tracing` records only the fields a span declared when it was made: to have the request's
-//! fields on the server's own request span too, make that span with [`RequestSpan`] (a
+//! fields on the server's own request span too, make that span with `RequestSpan` (features `tracing`, `tower`) (a
 //! `MakeSpan` for tower-http's `TraceLayer`, or a function for tonic's `trace_fn`).
 
 // Each feature uses its part of the labels and records.
@@ -272,14 +272,16 @@ pub(crate) enum Rejected {
     Exhausted,
     OverCap,
     Shutdown,
+    OperationCancelled,
 }
 
 impl Rejected {
-    const ALL: [Rejected; 4] = [
+    const ALL: [Rejected; 5] = [
         Rejected::Invalid,
         Rejected::Exhausted,
         Rejected::OverCap,
         Rejected::Shutdown,
+        Rejected::OperationCancelled,
     ];
 
     fn label(self) -> &'static str {
@@ -288,6 +290,7 @@ impl Rejected {
             Rejected::Exhausted => "exhausted",
             Rejected::OverCap => "over_cap",
             Rejected::Shutdown => "shutdown",
+            Rejected::OperationCancelled => "operation_cancelled",
         }
     }
 

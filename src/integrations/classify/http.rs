@@ -14,7 +14,7 @@ use crate::retry::{Classify, Decision};
 /// effect, other 4xx never, connection failures on another endpoint.
 ///
 /// A [`Classify`] for [`CallError`] (a scoped reqwest call, with
-/// [`ScopedResponse::error_for_status`](crate::integrations::reqwest::ScopedResponse::error_for_status)
+/// `integrations::reqwest::ScopedResponse::error_for_status`
 /// to make an error status an error), for `reqwest::Error` (feature `reqwest`: its status, but
 /// no headers, so no `Retry-After`) and for `reqwest_middleware::Error` (feature
 /// `reqwest-middleware`). For an error type of your own, call [`answer`](Self::answer) with

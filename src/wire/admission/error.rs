@@ -121,6 +121,7 @@ impl AdmissionError {
             ErrorKind::OverCap { .. } => Rejected::OverCap,
             ErrorKind::Exhausted(_) => Rejected::Exhausted,
             ErrorKind::Unavailable => Rejected::Shutdown,
+            ErrorKind::Operation(_) => Rejected::OperationCancelled,
             _ => Rejected::Invalid,
         }
     }
