@@ -258,3 +258,45 @@ async fn without_on_report_work_left_running_is_reported_when_it_ends() {
     let m = t.metrics();
     assert_eq!(m.counter(telemetry::RECEIPTS, &[("kind", "succeeded")]), 2);
 }
+
+/// A request of a cancelled operation (admission with the registry) is counted under its own
+/// reason, `operation_cancelled`, at DEBUG: it is not hostile input.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_operations_refusal_has_its_own_reason() {
+    use std::sync::Arc;
+
+    use cancel_scope::registry::{InProcessRegistry, OperationId, Operations};
+    use cancel_scope::wire::Incoming;
+
+    let t = Telemetry::install();
+    let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    let policy = EndpointPolicy::new(ms(2_000), ms(2_000));
+    let (_scope, admission) = policy
+        .admit_joined(&ops, Incoming::new(), Instant::now())
+        .await
+        .unwrap();
+    let id = OperationId::new(admission.operation_id()).unwrap();
+    ops.cancel(&id).await.unwrap();
+    let header = format!("v=1, rem=500, op=\"{}\"", id.as_str());
+    let again = Incoming::new().service_budget(header.as_bytes());
+    let err = policy
+        .admit_joined(&ops, again, Instant::now())
+        .await
+        .unwrap_err();
+    assert!(err.is_operation_cancelled(), "{err}");
+
+    let m = t.metrics();
+    let reason = [("reason", "operation_cancelled")];
+    assert_eq!(m.counter(telemetry::ADMISSION_REJECTED, &reason), 1);
+    assert_eq!(
+        m.counter(telemetry::ADMISSION_REJECTED, &[("reason", "invalid")]),
+        0
+    );
+    let levels: Vec<(String, Level)> = t
+        .traces
+        .events("request refused at admission")
+        .into_iter()
+        .map(|e| (e.field("cancel_scope.reason").unwrap().to_owned(), e.level))
+        .collect();
+    assert_eq!(levels, [("operation_cancelled".to_owned(), Level::DEBUG)]);
+}
