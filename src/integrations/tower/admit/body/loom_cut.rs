@@ -27,7 +27,7 @@ fn stop_of(scope: &Scope, probe: Probe) -> std::sync::Arc<BodyStop<Probe>> {
         task: Mutex::new(None),
         held: Mutex::new(Held {
             body: Some(Box::pin(probe)),
-            unit: scope.tether(()).ok(),
+            unit: scope.tether(None).ok(),
         }),
     })
 }
