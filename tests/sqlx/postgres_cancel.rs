@@ -425,10 +425,10 @@ async fn an_unreachable_control_connection_is_reported_and_the_timeout_still_bou
         async move {
             wait_active(&mut watch, pid, "pg_sleep(30)").await;
             scope.cancel_with("client went away");
+            Instant::now()
         }
     });
     let postmaster = Stopped::stop(pg.postmaster_pid());
-    let cut_at = Instant::now();
     let err = conn
         .fetch_one(
             ChildSpec::read_only("sleep"),
@@ -437,7 +437,7 @@ async fn an_unreachable_control_connection_is_reported_and_the_timeout_still_bou
         .await
         .err()
         .expect("the call fails");
-    canceller.await.unwrap();
+    let cut_at = canceller.await.unwrap();
     assert!(err.is_cancelled() && !err.is_deadline_exceeded(), "{err:?}");
     drop(conn);
 
@@ -455,7 +455,7 @@ async fn an_unreachable_control_connection_is_reported_and_the_timeout_still_bou
     assert_eq!(report.cancelled(), 0, "{report}");
     assert!(
         cut_at.elapsed() < Duration::from_secs(2),
-        "the clean-up gave up within its budget"
+        "the clean-up (800 ms budget, 1 s grace) did not give up on its own after the cancel"
     );
 
     // Nothing stopped the statement but its timeout, which does (the backend then finds its
