@@ -1,17 +1,14 @@
 //! Real loopback servers for the tower tests: serving an axum app, the bounds of tests on the
-//! real clock, a tiny UTF-8 codec for hand-written tonic services, and a guard that tells
-//! when a server dropped what held it.
+//! real clock, and a guard that tells when a server dropped what held it (the UTF-8 codec of
+//! hand-written tonic services is in `grpc.rs`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use bytes::{Buf, BufMut};
 use cancel_scope::wire::Admission;
 use cancel_scope::Report;
 use tokio::sync::oneshot;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::Status;
 
 use super::tower::{next_report_within, Reports};
 
@@ -46,47 +43,5 @@ impl Drop for OnDrop {
         if let Some(tx) = self.0.take() {
             let _ = tx.send(());
         }
-    }
-}
-
-/// A tonic codec of UTF-8 strings, so that a service written by hand on
-/// `tonic::server::Grpc` / `tonic::client::Grpc` needs no protobuf compiler.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Utf8;
-
-impl Codec for Utf8 {
-    type Encode = String;
-    type Decode = String;
-    type Encoder = Utf8;
-    type Decoder = Utf8;
-
-    fn encoder(&mut self) -> Utf8 {
-        Utf8
-    }
-
-    fn decoder(&mut self) -> Utf8 {
-        Utf8
-    }
-}
-
-impl Encoder for Utf8 {
-    type Item = String;
-    type Error = Status;
-
-    fn encode(&mut self, item: String, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(item.as_bytes());
-        Ok(())
-    }
-}
-
-impl Decoder for Utf8 {
-    type Item = String;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<String>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        String::from_utf8(bytes.to_vec())
-            .map(Some)
-            .map_err(|_| Status::invalid_argument("not UTF-8"))
     }
 }

@@ -39,7 +39,8 @@ use tonic::{Code, Status};
 use tower::{Layer, Service, ServiceExt as _};
 
 use crate::support::alloc;
-use crate::support::servers::{next_report, serve, OnDrop, Utf8, CUT_AFTER, PATIENCE};
+use crate::support::grpc::Utf8;
+use crate::support::servers::{next_report, serve, OnDrop, CUT_AFTER, PATIENCE};
 use crate::support::time::ms;
 use crate::support::tower::{
     assert_no_more_reports, next_frame, reporting, scope_of, Fn_, Reports,

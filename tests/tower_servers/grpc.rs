@@ -24,7 +24,8 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tower::{Layer, ServiceBuilder};
 
-use crate::support::servers::{next_report, Utf8, PATIENCE};
+use crate::support::grpc::Utf8;
+use crate::support::servers::{next_report, PATIENCE};
 use crate::support::time::ms;
 use crate::support::tower::{reporting, verdict, Reports};
 

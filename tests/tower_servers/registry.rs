@@ -190,8 +190,7 @@ async fn a_grpc_request_of_a_cancelled_operation_is_aborted() {
         async move {
             grpc.ready().await.unwrap();
             let path = http::uri::PathAndQuery::from_static("/test.Registry/Echo");
-            grpc.unary(request, path, crate::support::servers::Utf8)
-                .await
+            grpc.unary(request, path, crate::support::grpc::Utf8).await
         }
     };
     // The trusted caller begins the operation; its cancel then refuses its calls.
@@ -242,7 +241,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Probe {
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(crate::support::servers::Utf8);
+            let mut grpc = tonic::server::Grpc::new(crate::support::grpc::Utf8);
             Ok(grpc.unary(Echo, req).await)
         })
     }
