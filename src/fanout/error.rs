@@ -111,6 +111,45 @@ impl FanOutError {
         }
     }
 
+    /// Whether a branch was not started because too little budget was left for it to be
+    /// useful (the fan-out's [`min_useful`](super::FanOut::min_useful)). Also
+    /// [`is_deadline_exceeded`](Self::is_deadline_exceeded), which counts every way the
+    /// fan-out ran out of time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{fanout::FanOut, Scope};
+    /// let scope = Scope::with_timeout(Duration::from_millis(100));
+    /// let mut fan = FanOut::new(&scope).min_useful(Duration::from_millis(300));
+    /// fan.required("price", |_| async { Ok::<_, std::io::Error>(()) });
+    /// assert!(fan.join().await.unwrap_err().is_budget_exhausted());
+    /// # }
+    /// ```
+    pub fn is_budget_exhausted(&self) -> bool {
+        matches!(&self.kind, Kind::NotStarted(e) if e.is_budget_exhausted())
+    }
+
+    /// Whether the client the scope served went away (the scope's cancel, or a branch's).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use cancel_scope::{fanout::FanOut, Cause, Scope};
+    /// let scope = Scope::new();
+    /// scope.cancel_because(Cause::ClientGone);
+    /// let mut fan = FanOut::new(&scope);
+    /// fan.required("a", |_| async { Ok::<_, std::io::Error>(()) });
+    /// assert!(fan.join().await.unwrap_err().is_client_gone());
+    /// # }
+    /// ```
+    pub fn is_client_gone(&self) -> bool {
+        self.cause().is_some_and(Cause::is_client_gone)
+    }
+
     /// Whether the scope the fan-out ran in was cancelled.
     ///
     /// # Examples

@@ -125,7 +125,7 @@ pub(crate) fn of_admission(e: &crate::wire::AdmissionError) -> Said {
         Said::Unavailable
     } else if e.is_operation_cancelled() {
         Said::OperationCancelled
-    } else if e.is_exhausted() {
+    } else if e.is_budget_exhausted() {
         Said::BudgetExhausted
     } else {
         Said::Invalid(e.public_message())
@@ -137,7 +137,7 @@ pub(crate) fn of_retry<E>(e: &crate::retry::RetryError<E>) -> Said {
     use crate::retry::Stop;
     match e.stop() {
         Stop::EffectUnknown => Said::EffectUnknown,
-        _ if e.is_out_of_time() => Said::DeadlineExceeded,
+        _ if e.is_deadline_exceeded() || e.is_budget_exhausted() => Said::DeadlineExceeded,
         _ if e.is_cancelled() => match e.cause() {
             Some(c) if c.is_client_gone() => Said::ClientGone,
             Some(c) if c.is_deadline_exceeded() => Said::DeadlineExceeded,

@@ -112,8 +112,29 @@ impl<E> RetryError<E> {
         matches!(self.stop, Stop::Cancelled(_))
     }
 
-    /// Whether the call ran out of time: the scope's deadline, the reserve line, the minimum
-    /// useful budget, a retry hint or a backoff delay past the last start.
+    /// Whether the scope's deadline (or an ancestor's) passed: the attempt in flight was
+    /// stopped and no other starts. Also [`is_cancelled`](Self::is_cancelled).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// # use std::time::Duration;
+    /// # use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::with_timeout(Duration::from_millis(100));
+    /// let err = Retry::new(|_: &()| Decision::Backoff)
+    ///     .run(&scope, ChildSpec::read_only("x"), |_| std::future::pending::<Result<(), ()>>())
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_deadline_exceeded() && err.is_cancelled());
+    /// # }
+    /// ```
+    pub fn is_deadline_exceeded(&self) -> bool {
+        self.stop.is_deadline_exceeded()
+    }
+
+    /// Whether too little budget was left for another attempt to be useful: the reserve line,
+    /// the minimum useful budget, a retry hint or a backoff delay past the last start.
     ///
     /// # Examples
     ///
@@ -127,11 +148,61 @@ impl<E> RetryError<E> {
     ///     .run(&scope, ChildSpec::read_only("x"), |_| async { Ok::<_, ()>(()) })
     ///     .await
     ///     .unwrap_err();
+    /// assert!(err.is_budget_exhausted());
+    /// # }
+    /// ```
+    pub fn is_budget_exhausted(&self) -> bool {
+        self.stop.is_budget_exhausted()
+    }
+
+    /// Whether the client the scope served went away. Also
+    /// [`is_cancelled`](Self::is_cancelled).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use cancel_scope::{retry::{Decision, Retry}, Cause, ChildSpec, Scope};
+    /// let scope = Scope::new();
+    /// scope.cancel_because(Cause::ClientGone);
+    /// let err = Retry::new(|_: &()| Decision::Backoff)
+    ///     .run(&scope, ChildSpec::read_only("x"), |_| async { Ok::<_, ()>(()) })
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.is_client_gone());
+    /// # }
+    /// ```
+    pub fn is_client_gone(&self) -> bool {
+        self.cause().is_some_and(Cause::is_client_gone)
+    }
+
+    /// Whether the call ran out of time: [`is_deadline_exceeded`] or [`is_budget_exhausted`].
+    ///
+    /// [`is_deadline_exceeded`]: Self::is_deadline_exceeded
+    /// [`is_budget_exhausted`]: Self::is_budget_exhausted
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// # use std::time::Duration;
+    /// # use cancel_scope::{retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let scope = Scope::with_timeout(Duration::from_millis(100));
+    /// let err = Retry::new(|_: &()| Decision::Backoff)
+    ///     .min_useful(Duration::from_millis(300))
+    ///     .run(&scope, ChildSpec::read_only("x"), |_| async { Ok::<_, ()>(()) })
+    ///     .await
+    ///     .unwrap_err();
     /// assert!(err.is_out_of_time());
     /// # }
     /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "the predicates of every error type: use `is_deadline_exceeded() || is_budget_exhausted()`"
+    )]
     pub fn is_out_of_time(&self) -> bool {
-        self.stop.is_out_of_time()
+        self.is_deadline_exceeded() || self.is_budget_exhausted()
     }
 
     /// The cancel cause, when [`is_cancelled`](Self::is_cancelled).

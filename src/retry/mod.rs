@@ -67,7 +67,7 @@
 //!     .unwrap_err();
 //! let budgets: Vec<_> = err.ledger().attempts().iter().map(|a| a.budget().unwrap()).collect();
 //! assert_eq!(budgets, [ms(266), ms(267), ms(267)]);
-//! assert!(err.is_out_of_time());
+//! assert!(err.is_deadline_exceeded()); // the last attempt ran to the request's deadline
 //! # }
 //! ```
 
@@ -263,7 +263,7 @@ impl<C, B> Retry<C, B> {
     ///
     /// # Examples
     ///
-    /// See [`RetryError::is_out_of_time`].
+    /// See [`RetryError::is_budget_exhausted`].
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
         self.limits.min_useful = self.limits.min_useful.max(min_useful);
         self

@@ -13,9 +13,9 @@ use crate::cause::Cause;
 ///
 /// ```
 /// use cancel_scope::retry::Stop;
-/// assert!(Stop::ReserveReached.is_out_of_time());
-/// assert!(!Stop::NotRetryable.is_out_of_time());
-/// assert!(!Stop::Dropped.is_out_of_time());
+/// assert!(Stop::ReserveReached.is_budget_exhausted());
+/// assert!(!Stop::NotRetryable.is_budget_exhausted());
+/// assert!(!Stop::Dropped.is_deadline_exceeded());
 /// ```
 ///
 /// A call dropped by a `timeout` around it still leaves its ledger in the scope's report:
@@ -88,25 +88,62 @@ pub enum Stop {
 }
 
 impl Stop {
-    /// Whether the call stopped because the budget ran out (its deadline, the reserve line, the
-    /// minimum useful budget, a too-late retry hint or a backoff delay that does not fit).
+    /// Whether the scope's deadline (or an ancestor's) passed: a cancel whose cause is
+    /// [`Cause::DeadlineExceeded`].
     ///
     /// # Examples
     ///
     /// ```
     /// use cancel_scope::{retry::Stop, Cause};
+    /// assert!(Stop::Cancelled(Cause::DeadlineExceeded).is_deadline_exceeded());
+    /// assert!(!Stop::BelowMinUseful.is_deadline_exceeded());
+    /// ```
+    pub fn is_deadline_exceeded(&self) -> bool {
+        matches!(self, Stop::Cancelled(c) if c.is_deadline_exceeded())
+    }
+
+    /// Whether too little budget was left for another attempt to be useful: the reserve line,
+    /// the minimum useful budget, a retry hint or a backoff delay past the last start.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::retry::Stop;
+    /// assert!(Stop::ReserveReached.is_budget_exhausted());
+    /// assert!(Stop::BackoffTooLong(Duration::from_secs(1)).is_budget_exhausted());
+    /// assert!(!Stop::AttemptsExhausted.is_budget_exhausted());
+    /// ```
+    pub fn is_budget_exhausted(&self) -> bool {
+        matches!(
+            self,
+            Stop::ReserveReached
+                | Stop::BelowMinUseful
+                | Stop::RetryAfterTooLong(_)
+                | Stop::BackoffTooLong(_)
+        )
+    }
+
+    /// Whether the call stopped because the budget ran out: [`is_deadline_exceeded`] or
+    /// [`is_budget_exhausted`].
+    ///
+    /// [`is_deadline_exceeded`]: Self::is_deadline_exceeded
+    /// [`is_budget_exhausted`]: Self::is_budget_exhausted
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// use cancel_scope::{retry::Stop, Cause};
     /// assert!(Stop::Cancelled(Cause::DeadlineExceeded).is_out_of_time());
     /// assert!(!Stop::Cancelled(Cause::ClientGone).is_out_of_time());
     /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "the predicates of every error type: use `is_deadline_exceeded() || is_budget_exhausted()`"
+    )]
     pub fn is_out_of_time(&self) -> bool {
-        match self {
-            Stop::Cancelled(c) => c.is_deadline_exceeded(),
-            Stop::ReserveReached
-            | Stop::BelowMinUseful
-            | Stop::RetryAfterTooLong(_)
-            | Stop::BackoffTooLong(_) => true,
-            _ => false,
-        }
+        self.is_deadline_exceeded() || self.is_budget_exhausted()
     }
 }
 

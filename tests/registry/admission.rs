@@ -186,7 +186,7 @@ async fn a_budget_the_registry_shortens_below_the_minimum_useful_is_exhausted() 
         .admit_joined(&ops, budget(1000, a.operation_id(), None), Instant::now())
         .await
         .unwrap_err();
-    assert!(err.is_exhausted(), "{err}");
+    assert!(err.is_budget_exhausted(), "{err}");
 }
 
 /// A registry that never answers: a hung store.
@@ -280,7 +280,7 @@ async fn a_hung_registry_admits_on_the_endpoints_cap_within_its_bound_counted_an
         .await
         .unwrap_err();
     assert_eq!(start.elapsed(), ms(5));
-    assert!(err.is_exhausted(), "{err}");
+    assert!(err.is_budget_exhausted(), "{err}");
 }
 
 #[tokio::test(start_paused = true)]

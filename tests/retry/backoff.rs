@@ -94,7 +94,7 @@ async fn a_delay_past_the_last_start_is_not_slept() {
         .await
         .unwrap_err();
     assert_eq!(err.stop(), &Stop::BackoffTooLong(ms(400)));
-    assert!(err.is_out_of_time());
+    assert!(err.is_budget_exhausted() && !err.is_deadline_exceeded());
     assert!(
         err.to_string()
             .contains("the next backoff (400ms) ends past the last start"),

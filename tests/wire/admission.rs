@@ -69,7 +69,7 @@ async fn over_cap_can_be_rejected() {
         .admit(Incoming::new().grpc_timeout(b"3S"), Instant::now())
         .unwrap_err();
     assert!(err.is_invalid());
-    assert!(!err.is_exhausted());
+    assert!(!err.is_budget_exhausted());
     assert_eq!(err.header(), None);
     // At the cap exactly is fine.
     assert!(p
@@ -188,7 +188,7 @@ async fn too_little_budget_on_arrival_is_refused() {
     let err = p
         .admit(Incoming::new().grpc_timeout(b"140m"), Instant::now())
         .unwrap_err();
-    assert!(err.is_exhausted());
+    assert!(err.is_budget_exhausted());
     assert_eq!(err.budget().unwrap().available(), ms(90));
     assert_eq!(err.budget().unwrap().needed(), ms(100));
 
@@ -198,12 +198,12 @@ async fn too_little_budget_on_arrival_is_refused() {
     let err = policy()
         .admit(Incoming::new().grpc_timeout(b"400m"), ingress)
         .unwrap_err();
-    assert!(err.is_exhausted());
+    assert!(err.is_budget_exhausted());
     // A zero grpc-timeout is a budget that is already spent.
     assert!(policy()
         .admit(Incoming::new().grpc_timeout(b"0n"), Instant::now())
         .unwrap_err()
-        .is_exhausted());
+        .is_budget_exhausted());
 }
 
 #[tokio::test(start_paused = true)]
@@ -1000,7 +1000,7 @@ mod header_maps {
                     .saturating_sub(ms(reserve_ms));
                 if expected.is_zero() {
                     let err = admitted.map(|_| ()).unwrap_err();
-                    prop_assert!(err.is_exhausted(), "{}", err);
+                    prop_assert!(err.is_budget_exhausted(), "{}", err);
                     continue;
                 }
                 let (scope, a) = match admitted {

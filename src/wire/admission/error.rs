@@ -196,11 +196,35 @@ impl AdmissionError {
     /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
     ///     .min_useful(Duration::from_millis(50));
     /// let short = Incoming::new().grpc_timeout(b"10m");
+    /// assert!(p.admit(short, tokio::time::Instant::now()).unwrap_err().is_budget_exhausted());
+    /// # }
+    /// ```
+    pub fn is_budget_exhausted(&self) -> bool {
+        matches!(self.kind, ErrorKind::Exhausted(_))
+    }
+
+    /// Less than the minimum useful budget was left on arrival: the former name of
+    /// [`is_budget_exhausted`](Self::is_budget_exhausted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(50));
+    /// let short = Incoming::new().grpc_timeout(b"10m");
     /// assert!(p.admit(short, tokio::time::Instant::now()).unwrap_err().is_exhausted());
     /// # }
     /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `is_budget_exhausted`, as on every error type"
+    )]
     pub fn is_exhausted(&self) -> bool {
-        matches!(self.kind, ErrorKind::Exhausted(_))
+        self.is_budget_exhausted()
     }
 
     /// The budget declared was over the maximum and the policy rejects that

@@ -73,7 +73,7 @@ impl Answers {
             }
             return res;
         }
-        match (self.grpc, e.is_exhausted()) {
+        match (self.grpc, e.is_budget_exhausted()) {
             (true, true) => grpc(GrpcCode::DeadlineExceeded, &text),
             (true, false) => grpc(GrpcCode::InvalidArgument, &text),
             (false, true) => http(StatusCode::GATEWAY_TIMEOUT, text),
