@@ -59,11 +59,7 @@ fn child_with_deadline(c: &mut Criterion) {
     g.bench_function("cancel_scope", |b| {
         b.iter(|| {
             drop(black_box(
-                scope
-                    .child()
-                    .timeout(Duration::from_secs(30))
-                    .build()
-                    .unwrap(),
+                scope.child().cap(Duration::from_secs(30)).build().unwrap(),
             ))
         })
     });

@@ -112,7 +112,7 @@ async fn main() {
     let slow = request
         .child()
         .name("slow")
-        .timeout(Duration::from_millis(300))
+        .cap(Duration::from_millis(300))
         .build()
         .unwrap();
     let res = http

@@ -133,7 +133,7 @@ async fn main() {
     let short = request
         .child()
         .name("short")
-        .timeout(100 * MS)
+        .cap(100 * MS)
         .build()
         .unwrap();
     let err = Retry::boxed(HttpClassifier::new())

@@ -32,7 +32,7 @@ use crate::tree;
 /// let ms = Duration::from_millis;
 ///
 /// let parent = Scope::with_timeout(ms(1000));
-/// let child = parent.child().reserve(ms(100)).timeout(ms(5000)).build().unwrap();
+/// let child = parent.child().reserve(ms(100)).cap(ms(5000)).build().unwrap();
 /// assert_eq!(child.remaining(), Some(ms(900))); // asking for more gives nothing more
 ///
 /// let err = parent.child().min_useful(ms(2000)).build().unwrap_err();
@@ -70,12 +70,13 @@ impl<'a> ChildBuilder<'a> {
         }
     }
 
-    /// The child's own timeout from now (the tighter of this, the cap and the parent wins).
-    /// Another name for [`cap`](Self::cap): set twice, or with `cap`, the smaller one holds.
+    /// The child's own timeout from now: the former name of [`cap`](Self::cap) (set twice, or
+    /// with `cap`, the smaller one holds).
     ///
     /// # Examples
     ///
     /// ```
+    /// # #![allow(deprecated)]
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::Scope;
@@ -83,13 +84,14 @@ impl<'a> ChildBuilder<'a> {
     /// assert_eq!(c.remaining(), Some(Duration::from_millis(20)));
     /// # }
     /// ```
+    #[deprecated(since = "0.1.0", note = "one name for one rule: use `cap`")]
     #[inline]
     pub fn timeout(self, timeout: Duration) -> Self {
         self.cap(timeout)
     }
 
     /// The dependency's cap: it never gets more than this, however much the parent has. Set
-    /// twice (or with [`timeout`](Self::timeout)), the smaller cap holds.
+    /// twice, the smaller cap holds.
     ///
     /// # Examples
     ///

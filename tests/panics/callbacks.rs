@@ -42,19 +42,11 @@ async fn a_panicking_on_cancel_callback_does_not_stop_the_cancel_walk() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_callback_on_the_timer_does_not_kill_later_deadlines() {
     let root = Scope::with_timeout(Duration::from_secs(100));
-    let a = root
-        .child()
-        .timeout(Duration::from_millis(10))
-        .build()
-        .unwrap();
+    let a = root.child().cap(Duration::from_millis(10)).build().unwrap();
     let _g = a.on_cancel(|_| panic!("user bug"));
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(a.is_cancelled());
-    let b = root
-        .child()
-        .timeout(Duration::from_millis(10))
-        .build()
-        .unwrap();
+    let b = root.child().cap(Duration::from_millis(10)).build().unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         b.is_cancelled(),

@@ -89,7 +89,7 @@ fn child_with_stuck_work(
 ) -> (Scope, Dispatched) {
     let mut builder = parent.child().grace(Duration::from_millis(grace_ms));
     if let Some(t) = timeout_ms {
-        builder = builder.timeout(Duration::from_millis(t));
+        builder = builder.cap(Duration::from_millis(t));
     }
     let child = builder.build().unwrap();
     let stuck = child.register(spec).unwrap().dispatch().unwrap();

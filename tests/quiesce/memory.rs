@@ -190,7 +190,7 @@ async fn a_watched_scope_cancelled_by_its_own_cancel_keeps_its_grace() {
 fn one_cancelled_request(server: &Scope, timeout: Option<Duration>) -> impl Fn() -> bool {
     let mut b = server.child();
     if let Some(t) = timeout {
-        b = b.timeout(t);
+        b = b.cap(t);
     }
     let req = b.build().unwrap();
     let call = stuck(&req, "call");
@@ -316,7 +316,7 @@ fn nested_deadlines(top: &Scope, n: u64) -> (Vec<Scope>, Dispatched) {
     let mut chain: Vec<Scope> = Vec::new();
     for i in 0..n {
         let parent = chain.last().unwrap_or(top);
-        let s = parent.child().timeout(ms(10 + n - i)).build().unwrap();
+        let s = parent.child().cap(ms(10 + n - i)).build().unwrap();
         chain.push(s);
     }
     let work = stuck(chain.last().unwrap(), "deepest call");
@@ -433,7 +433,7 @@ async fn held_after_bottom_up_chain(n: u64, one_batch: bool) -> isize {
         let parent = chain.last().unwrap_or(&top);
         let s = parent
             .child()
-            .timeout(ms(10 + n - i))
+            .cap(ms(10 + n - i))
             .grace(secs(3600) - ms(i + 1))
             .build()
             .unwrap();

@@ -227,12 +227,7 @@ async fn a_supervisor_awaiting_the_cancel_then_quiesce_keeps_the_childs_shorter_
 #[tokio::test(start_paused = true)]
 async fn a_quiesce_below_a_deadline_cancel_keeps_the_shorter_grace_below_it() {
     let top = Scope::new();
-    let req = top
-        .child()
-        .timeout(ms(100))
-        .grace(secs(3600))
-        .build()
-        .unwrap();
+    let req = top.child().cap(ms(100)).grace(secs(3600)).build().unwrap();
     let mid = req.child().build().unwrap();
     let db = mid.child().grace(ms(10)).build().unwrap();
     let _work = stuck(&db, "db");

@@ -56,7 +56,7 @@ async fn child_keeps_inherited_deadline_after_parent_handle_dropped() {
 async fn grandchild_keeps_deadline_of_dropped_middle_scope() {
     let ms = Duration::from_millis;
     let root = Scope::new();
-    let middle = root.child().timeout(ms(50)).build().unwrap(); // tightens: its own timer
+    let middle = root.child().cap(ms(50)).build().unwrap(); // tightens: its own timer
     let leaf = middle.child().build().unwrap();
     drop(middle);
 

@@ -29,11 +29,7 @@ fn a_million_short_lived_children_leave_no_node_behind() {
 async fn children_with_deadlines_and_tickets_leave_nothing_behind() {
     let root = Scope::with_timeout(Duration::from_secs(3600));
     for _ in 0..100_000u32 {
-        let child = root
-            .child()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap();
+        let child = root.child().cap(Duration::from_secs(60)).build().unwrap();
         child
             .register(ChildSpec::read_only("q"))
             .unwrap()

@@ -14,7 +14,7 @@ use crate::support::time::{ms, paused_runtime};
 
 /// A child of `parent` with its own `timeout`.
 fn child_within(parent: &Scope, timeout: Duration) -> Scope {
-    parent.child().timeout(timeout).build().unwrap()
+    parent.child().cap(timeout).build().unwrap()
 }
 
 #[tokio::test(start_paused = true)]
