@@ -101,8 +101,7 @@
 //! | | [`EffectRecord`] | an effect whose outcome is unknown: id, payload digest, provider handle, status |
 //! | | [`JoinHandle`] | waits for a task of [`Scope::spawn`], [`Scope::spawn_fallible`], [`Scope::spawn_blocking`] or [`Scope::shield`] |
 //! | | [`Failure`] | a child that ended with an error, as the report lists it |
-//! | | [`Permit`] | a semaphore permit counted against a scope ([`Scope::acquire`]) |
-//! | | [`Tethered`] | any resource counted against a scope while it lives ([`Scope::tether`]) |
+//! | | [`Tethered`] | any resource counted against a scope while it lives ([`Scope::tether`]; a semaphore permit: [`Scope::acquire`]) |
 //! | | [`Quiesce`] | resolves to the scope's [`Report`] once it is quiet ([`Scope::quiesce`]) |
 //! | | [`Report`] | what a scope did, as of the moment it became quiet: state, receipts, pending effects |
 //! | | [`Lifecycle`] | where a scope is in its life, and its final state |
@@ -393,7 +392,9 @@ pub use cause::Cause;
 pub use child::OwnTicket as __OwnTicket;
 pub use child::{Dispatched, Failure, JoinHandle, Receipt, Ticket};
 pub use error::Error;
-pub use guard::{Permit, Tethered};
+#[allow(deprecated)]
+pub use guard::Permit;
+pub use guard::Tethered;
 pub use quiesce::{Lifecycle, Quiesce, Report};
 pub use scope::{
     Cancelled, Carried, CarryScope, ChildBuilder, OnCancel, Run, Scope, DEFAULT_CLEANUP_BUDGET,

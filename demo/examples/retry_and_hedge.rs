@@ -130,12 +130,7 @@ async fn main() {
     let write_stop = err.stop().clone();
 
     // A backoff longer than what is left is not slept, and the error says it was the backoff.
-    let short = request
-        .child()
-        .name("short")
-        .cap(100 * MS)
-        .build()
-        .unwrap();
+    let short = request.child().name("short").cap(100 * MS).build().unwrap();
     let err = Retry::boxed(HttpClassifier::new())
         .backoff(vec![500 * MS])
         .run(&short, ChildSpec::read_only("order-status"), |a| {

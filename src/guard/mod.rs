@@ -30,9 +30,58 @@ impl Drop for Unit {
     }
 }
 
-/// A semaphore permit counted against a scope. Dropping it returns the permit.
+/// A semaphore permit counted against a scope: the former name of the
+/// `Tethered<OwnedSemaphorePermit>` that [`Scope::acquire`] returns.
 ///
-/// Made by [`Scope::acquire`].
+/// # Examples
+///
+/// ```
+/// # #![allow(deprecated)]
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::sync::Arc;
+/// use tokio::sync::Semaphore;
+/// use cancel_scope::{Permit, Scope};
+///
+/// let pool = Arc::new(Semaphore::new(1));
+/// let permit: Permit = Scope::new().acquire(&pool).await.unwrap();
+/// drop(permit);
+/// assert_eq!(pool.available_permits(), 1);
+/// # }
+/// ```
+#[deprecated(
+    since = "0.1.0",
+    note = "one guard type: `Scope::acquire` returns a `Tethered<OwnedSemaphorePermit>`"
+)]
+pub type Permit = Tethered<OwnedSemaphorePermit>;
+
+impl Tethered<OwnedSemaphorePermit> {
+    /// The underlying tokio permit (a `Tethered` dereferences to it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # use std::sync::Arc;
+    /// # use tokio::sync::Semaphore;
+    /// # use cancel_scope::Scope;
+    /// let pool = Arc::new(Semaphore::new(3));
+    /// let p = Scope::new().acquire(&pool).await.unwrap();
+    /// assert_eq!(p.permit().num_permits(), p.num_permits());
+    /// # }
+    /// ```
+    #[deprecated(since = "0.1.0", note = "a `Tethered` dereferences to its permit")]
+    pub fn permit(&self) -> &OwnedSemaphorePermit {
+        &self.value
+    }
+}
+
+/// Any resource (a connection, a file, a lease, a semaphore permit) counted against a scope
+/// while it lives; dropping it releases the resource and the count.
+///
+/// Made by [`Scope::tether`], and by [`Scope::acquire`] for a semaphore's permit.
+/// Dereferences to the resource; [`Tethered::into_inner`] releases the count and hands the
+/// resource back.
 ///
 /// # Examples
 ///
@@ -42,61 +91,17 @@ impl Drop for Unit {
 /// use tokio::sync::Semaphore;
 /// use cancel_scope::Scope;
 ///
-/// let pool = Arc::new(Semaphore::new(1));
-/// let s = Scope::new();
-/// let permit = s.acquire(&pool).await.unwrap();
-/// assert_eq!(pool.available_permits(), 0);
-/// drop(permit);
-/// assert_eq!(pool.available_permits(), 1);
-/// # }
-/// ```
-#[must_use = "the permit is released when dropped"]
-pub struct Permit {
-    permit: OwnedSemaphorePermit,
-    _unit: Unit,
-}
-
-impl Permit {
-    /// The underlying tokio permit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// # use std::sync::Arc;
-    /// # use tokio::sync::Semaphore;
-    /// # use cancel_scope::Scope;
-    /// let pool = Arc::new(Semaphore::new(3));
-    /// let p = Scope::new().acquire(&pool).await.unwrap();
-    /// assert_eq!(p.permit().num_permits(), 1);
-    /// # }
-    /// ```
-    pub fn permit(&self) -> &OwnedSemaphorePermit {
-        &self.permit
-    }
-}
-
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("scope", &self._unit.0)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Any resource (a connection, a file, a lease) counted against a scope while it lives.
-///
-/// Made by [`Scope::tether`]. Dereferences to the resource; [`Tethered::into_inner`] releases
-/// the count and hands the resource back.
-///
-/// # Examples
-///
-/// ```
-/// use cancel_scope::Scope;
 /// let s = Scope::new();
 /// let conn = s.tether(String::from("conn-1")).unwrap();
 /// assert_eq!(conn.len(), 6);
 /// assert_eq!(conn.into_inner(), "conn-1");
+///
+/// let pool = Arc::new(Semaphore::new(1));
+/// let permit = s.acquire(&pool).await.unwrap();
+/// assert_eq!((pool.available_permits(), permit.num_permits()), (0, 1));
+/// drop(permit);
+/// assert_eq!(pool.available_permits(), 1);
+/// # }
 /// ```
 #[must_use = "the resource is released when dropped"]
 pub struct Tethered<T> {
@@ -169,7 +174,10 @@ impl Scope {
     /// assert!(err.is_deadline_exceeded());
     /// # }
     /// ```
-    pub async fn acquire(&self, semaphore: &std::sync::Arc<Semaphore>) -> Result<Permit, Error> {
+    pub async fn acquire(
+        &self,
+        semaphore: &std::sync::Arc<Semaphore>,
+    ) -> Result<Tethered<OwnedSemaphorePermit>, Error> {
         // A passed deadline is made the cancel now: it refuses the unit below.
         self.expire_if_passed();
         let unit = Unit::take(self)?;
@@ -183,8 +191,8 @@ impl Scope {
         if self.expire_if_passed() {
             return Err(Error::cancelled(self.cause_or_cancelled()));
         }
-        Ok(Permit {
-            permit,
+        Ok(Tethered {
+            value: permit,
             _unit: unit,
         })
     }

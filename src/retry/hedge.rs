@@ -254,18 +254,25 @@ pub struct Hedge<C, B> {
 }
 
 impl<C, B> Hedge<C, B> {
-    /// Hedging with `retry`'s limits, classification and budget, a hedge every `delay`.
+    pub(super) fn with(retry: Retry<C, B>, delay: HedgeDelay) -> Self {
+        Hedge { retry, delay }
+    }
+
+    /// Hedging with `retry`'s limits, classification and budget, a hedge every `delay`: the
+    /// former spelling of [`Retry::hedge`].
     ///
     /// # Examples
     ///
     /// ```
+    /// # #![allow(deprecated)]
     /// use std::time::Duration;
     /// use cancel_scope::retry::{Decision, Hedge, HedgeDelay, Retry};
     /// let h = Hedge::new(Retry::new(|_: &()| Decision::Backoff), HedgeDelay::Fixed(Duration::from_millis(20)));
     /// # let _ = h;
     /// ```
+    #[deprecated(since = "0.1.0", note = "one way to say it: use `retry.hedge(delay)`")]
     pub fn new(retry: Retry<C, B>, delay: HedgeDelay) -> Self {
-        Hedge { retry, delay }
+        retry.hedge(delay)
     }
 
     /// Runs `op` hedged in `scope`; see [`Hedge`].

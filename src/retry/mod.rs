@@ -348,7 +348,7 @@ impl<C, B> Retry<C, B> {
     /// # let _ = hedge;
     /// ```
     pub fn hedge(self, delay: HedgeDelay) -> Hedge<C, B> {
-        Hedge::new(self, delay)
+        Hedge::with(self, delay)
     }
 }
 

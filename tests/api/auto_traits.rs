@@ -21,7 +21,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<Effect>();
     send_sync::<EffectRecord>();
     send_sync::<Receipt>();
-    send_sync::<Permit>();
+    send_sync::<Tethered<tokio::sync::OwnedSemaphorePermit>>();
     send_sync::<Tethered<u8>>();
     send_sync::<Report>();
     send_sync::<Lifecycle>();

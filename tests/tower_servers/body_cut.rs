@@ -295,7 +295,7 @@ async fn into_inner_after_the_cut_gives_no_body_to_poll_after_the_report() {
 async fn a_body_holding_resources_of_the_scope_lets_them_go_at_the_cut() {
     struct Holding {
         _conn: cancel_scope::Tethered<()>,
-        _permit: cancel_scope::Permit,
+        _permit: cancel_scope::Tethered<tokio::sync::OwnedSemaphorePermit>,
     }
     impl Body for Holding {
         type Data = &'static [u8];

@@ -346,7 +346,7 @@ pin_project! {
     /// that stops reading (so that the server cannot send, and does not poll) keeps neither
     /// the handler's body nor the request. At the cancel the handler's body is dropped, on
     /// the thread that cancels (the deadline's timer, a `cancel()`), so that what it holds —
-    /// a pool's connection, a [`Permit`](crate::Permit), a [`Tethered`] resource of the
+    /// a pool's connection, a semaphore permit, a [`Tethered`] resource of the
     /// scope — goes back then, and the report comes as soon as the rest of the request's work
     /// is done. The report gives the scope's cause (`DeadlineExceeded` at the deadline), not
     /// `ClientGone`: a server cannot tell a slow client from a gone one, and the connection
