@@ -145,3 +145,63 @@ async fn a_commit_cut_off_after_it_was_sent_is_an_unknown_effect() {
         "the server cancel stopped the commit"
     );
 }
+
+/// A statement of the transaction fails, so the block is aborted; PostgreSQL answers the
+/// `COMMIT` of an aborted block with `ROLLBACK`. The commit is an error
+/// ([`is_rolled_back`](cancel_scope::integrations::sqlx::Error::is_rolled_back)), its receipt
+/// `Failed` (nothing committed, nothing to reconcile), and the connection is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commit_of_an_aborted_transaction_is_reported_rolled_back() {
+    let Some(pg) = PgCluster::start("pg_tx_commit_aborted") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+
+    let mut tx = db
+        .begin(&scope, ChildSpec::idempotent("place-order", "order-1"))
+        .await
+        .unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
+        .await
+        .unwrap();
+    let err = tx
+        .fetch_one("typo", sqlx::query_scalar::<_, i32>("SELECT 1 / 0"))
+        .await
+        .unwrap_err();
+    assert!(err.is_database(), "{err:?}");
+    let err = tx.commit().await.unwrap_err();
+    assert!(err.is_rolled_back(), "{err:?}");
+    assert!(!err.is_effect_unknown() && !err.is_database(), "{err:?}");
+    assert_eq!(count_orders(&db).await, 0);
+    clean_for_the_next_user(&db).await;
+
+    // The same for a raw `COMMIT` run through a connection.
+    let mut conn = db.acquire(&scope).await.unwrap();
+    conn.execute("begin", sqlx::raw_sql("BEGIN")).await.unwrap();
+    conn.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))
+        .await
+        .unwrap();
+    conn.execute("dup", sqlx::query("CREATE TABLE orders (id text)"))
+        .await
+        .unwrap_err();
+    let err = conn
+        .execute("commit", sqlx::raw_sql("COMMIT"))
+        .await
+        .unwrap_err();
+    assert!(err.is_rolled_back(), "{err:?}");
+    conn.release().await;
+    assert_eq!(count_orders(&db).await, 0);
+    clean_for_the_next_user(&db).await;
+
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    assert_eq!(
+        (report.succeeded(), report.failed()),
+        (4, 4),
+        "each BEGIN and INSERT succeeded; the failed statements and each COMMIT failed: {report}"
+    );
+    assert!(report.pending_effects().is_empty(), "{report}");
+}

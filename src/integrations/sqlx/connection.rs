@@ -7,6 +7,7 @@ use ::sqlx::pool::PoolConnection;
 use ::sqlx::Execute;
 
 use super::pool::{cancelled, check_budget, Shared};
+use super::statement::is_commit;
 use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release, StatementSpec, TypedQuery};
 use crate::ChildSpec;
 use crate::{Dispatched, Receipt, Scope, Tethered};
@@ -262,6 +263,9 @@ impl<DB: Backend> GuardedConnection<DB> {
     ///   [`Error::is_deadline_exceeded`]), [`Error::is_closed`]: the scope refused or stopped
     ///   the statement;
     /// * [`Error::is_database`]: the database answered with an error;
+    /// * [`Error::is_rolled_back`]: the statement is a `COMMIT` (or `END`) that PostgreSQL
+    ///   answered by rolling back, since a statement of the block had failed (its receipt is
+    ///   `Failed`: nothing was committed);
     /// * [`Error::is_abandoned`]: an earlier call on this connection was cut off.
     ///
     /// # Cancel safety
@@ -464,6 +468,7 @@ impl<DB: Backend> GuardedConnection<DB> {
         O: Op<DB>,
     {
         let dispatched = self.start(spec, query.sql())?;
+        let commit = is_commit(query.sql());
         let scope = self.scope.clone();
         let mut flight = InFlight {
             conn: self,
@@ -494,6 +499,12 @@ impl<DB: Backend> GuardedConnection<DB> {
             }
         };
         match outcome {
+            // PostgreSQL ends an aborted block's `COMMIT` with the tag `ROLLBACK`, not an
+            // error: nothing was committed, and the caller must hear it.
+            Outcome::Done(Ok(_)) if commit && flight.conn.block_aborted() => {
+                flight.land().fail();
+                Err(Error::rolled_back())
+            }
             Outcome::Done(Ok(out)) => {
                 flight.land().succeed();
                 Ok(out)
@@ -525,6 +536,13 @@ impl<DB: Backend> GuardedConnection<DB> {
         // Invariant 2 of the crate: after this CAS succeeds a cancel reaches us through the
         // scope; if the scope was cancelled first it fails and nothing is sent.
         Ok(ticket.dispatch()?)
+    }
+
+    /// Whether the last statement's arming found the transaction block aborted.
+    fn block_aborted(&self) -> bool {
+        self.held
+            .as_ref()
+            .is_some_and(|h| DB::block_aborted(&h.state))
     }
 
     /// The connection and its per-acquisition state, while held.

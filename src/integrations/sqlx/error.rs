@@ -45,6 +45,7 @@ enum Kind {
     Database(::sqlx::Error),
     Abandoned,
     NoScope,
+    RolledBack,
 }
 
 impl Error {
@@ -65,6 +66,13 @@ impl Error {
     pub(super) fn abandoned() -> Self {
         Error {
             kind: Kind::Abandoned,
+            effect_unknown: false,
+        }
+    }
+
+    pub(super) fn rolled_back() -> Self {
+        Error {
+            kind: Kind::RolledBack,
             effect_unknown: false,
         }
     }
@@ -266,6 +274,32 @@ impl Error {
         matches!(self.kind, Kind::Abandoned)
     }
 
+    /// The database rolled the transaction back instead of committing it: PostgreSQL answers
+    /// the `COMMIT` of a transaction block in which a statement failed (an aborted block)
+    /// with `ROLLBACK`, not with an error. Nothing of the transaction took effect; the
+    /// `COMMIT`'s receipt is [`Failed`](crate::Receipt::Failed), with nothing to reconcile.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::Scope;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let mut tx = db.begin(&Scope::new(), "t").await.unwrap();
+    /// tx.execute("ddl", sqlx::query("CREATE TABLE t (v)")).await.unwrap();
+    /// match tx.commit().await {
+    ///     Err(e) if e.is_rolled_back() => eprintln!("nothing was committed; retry the transaction"),
+    ///     other => other.unwrap(),
+    /// }
+    /// # }
+    /// # }
+    /// ```
+    pub fn is_rolled_back(&self) -> bool {
+        matches!(self.kind, Kind::RolledBack)
+    }
+
     /// The scope's error, if the scope refused or stopped the call.
     ///
     /// # Examples
@@ -331,6 +365,7 @@ impl fmt::Debug for Error {
             Kind::Database(e) => f.debug_tuple("Database").field(e).finish(),
             Kind::Abandoned => f.write_str("Abandoned"),
             Kind::NoScope => f.write_str("NoScope"),
+            Kind::RolledBack => f.write_str("RolledBack"),
         }?;
         if self.effect_unknown {
             f.write_str(" (effect unknown)")?;
@@ -349,6 +384,9 @@ impl fmt::Display for Error {
                  connection went to clean-up",
             ),
             Kind::NoScope => f.write_str("no scope given and none is current"),
+            Kind::RolledBack => f.write_str(
+                "the transaction was rolled back, not committed: a statement in it had failed",
+            ),
         }?;
         if self.effect_unknown {
             f.write_str("; the statement may have taken effect")?;
@@ -362,7 +400,7 @@ impl std::error::Error for Error {
         match &self.kind {
             Kind::Scope(e) => Some(e),
             Kind::Database(e) => Some(e),
-            Kind::Abandoned | Kind::NoScope => None,
+            Kind::Abandoned | Kind::NoScope | Kind::RolledBack => None,
         }
     }
 }

@@ -57,6 +57,12 @@
 //!   that the scope's statements left open (a raw `BEGIN` whose `COMMIT` never ran) is rolled
 //!   back on release: the pool's next user must not commit it.
 //!
+//!   A `COMMIT` (or `END`) of a block in which a statement failed is answered by PostgreSQL
+//!   with the command tag `ROLLBACK`, not an error; sqlx passes that on as a success. Here
+//!   the call fails with [`Error::is_rolled_back`] and the `COMMIT`'s receipt is `Failed`:
+//!   nothing was committed, and nothing is listed for reconciliation. (The guard knows the
+//!   block is aborted from the arming right before the `COMMIT`, which the block refuses.)
+//!
 //!   Why a session-level setting per statement, and not `SET LOCAL` in a transaction?
 //!   `SET LOCAL` only lasts inside a transaction block, so every statement would have to be
 //!   wrapped in `BEGIN … COMMIT` (three round trips instead of two), statements that cannot
@@ -269,6 +275,14 @@ pub trait Backend: Database + sealed::Sealed {
     /// none is (SQLite refuses a bare `ROLLBACK` outside one: a `SAVEPOINT` first opens one).
     #[doc(hidden)]
     const ROLLBACK: &'static str = "ROLLBACK";
+
+    /// Whether the last arming found the session's transaction block aborted (PostgreSQL: a
+    /// statement in it failed; the block then runs nothing but its end, and answers a
+    /// `COMMIT` by rolling back, with no error).
+    #[doc(hidden)]
+    fn block_aborted(_state: &Self::ConnState) -> bool {
+        false
+    }
 
     /// Asks a running statement to stop, synchronously (SQLite: sets the interrupt flag).
     #[doc(hidden)]

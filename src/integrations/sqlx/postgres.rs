@@ -198,6 +198,8 @@ pub struct PgConnState {
     timeout_ms: Option<i64>,
     /// Whether `statement_timeout` was set in this session (then it is restored on release).
     armed: bool,
+    /// The last arming was refused because the transaction block is aborted.
+    aborted: bool,
 }
 
 impl PgConnState {
@@ -437,6 +439,7 @@ impl Backend for Postgres {
             ceiling: None,
             timeout_ms: None,
             armed: false,
+            aborted: false,
         }))
     }
 
@@ -447,6 +450,7 @@ impl Backend for Postgres {
     ) -> Result<(), ::sqlx::Error> {
         let ms = budget.map(timeout_ms);
         state.armed = true;
+        state.aborted = false;
         match conn
             .fetch_one(::sqlx::query(ARM).bind(ms).bind(state.ceiling))
             .await
@@ -463,9 +467,17 @@ impl Backend for Postgres {
             // A failed transaction block refuses every statement but its end (`ROLLBACK`,
             // `COMMIT`, `ROLLBACK TO SAVEPOINT`), which it runs at once: send the statement
             // unarmed, or the caller could never end the block.
-            Err(e) if in_failed_block(&e) => Ok(()),
+            Err(e) if in_failed_block(&e) => {
+                state.aborted = true;
+                Ok(())
+            }
             Err(e) => Err(e),
         }
+    }
+
+    fn block_aborted(state: &PgConnState) -> bool {
+        // Nothing runs between the arming and the statement it armed.
+        state.aborted
     }
 
     fn interrupt(_state: &PgConnState) {

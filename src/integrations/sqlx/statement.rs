@@ -202,6 +202,19 @@ impl From<Arc<str>> for StatementSpec {
     }
 }
 
+/// Whether `sql` is one statement that ends a transaction block by committing it (`COMMIT`,
+/// `END`; not `COMMIT PREPARED`, which ends no block of the session's).
+pub(super) fn is_commit(sql: &str) -> bool {
+    let words = words(sql);
+    let mut statements = words.split(|w| w == ";").filter(|s| !s.is_empty());
+    match (statements.next(), statements.next()) {
+        (Some([first, rest @ ..]), None) => {
+            matches!(first.as_str(), "COMMIT" | "END") && !rest.iter().any(|w| w == "PREPARED")
+        }
+        _ => false,
+    }
+}
+
 /// Whether every statement of `sql` is known to change nothing (see [`StatementSpec`]).
 fn read_only(sql: &str) -> bool {
     let words = words(sql);
@@ -301,7 +314,28 @@ fn words(sql: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::read_only;
+    use super::{is_commit, read_only};
+
+    #[test]
+    fn a_commit_is_one_statement_that_commits_the_block() {
+        for sql in [
+            "COMMIT",
+            " commit work; ",
+            "END TRANSACTION",
+            "COMMIT AND CHAIN",
+        ] {
+            assert!(is_commit(sql), "{sql}");
+        }
+        for sql in [
+            "ROLLBACK",
+            "COMMIT PREPARED 'x'",
+            "SELECT 1; COMMIT",
+            "",
+            "-- COMMIT",
+        ] {
+            assert!(!is_commit(sql), "{sql}");
+        }
+    }
 
     #[test]
     fn reads_are_recognised_and_everything_else_may_have_an_effect() {

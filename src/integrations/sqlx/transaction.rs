@@ -385,8 +385,10 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
     ///
     /// As [`GuardedConnection::execute`]. [`Error::is_effect_unknown`]: the `COMMIT` was cut
     /// off (by the scope's cancel, or with its session) after it was sent, and may have
-    /// committed (its receipt is `EffectUnknown`); otherwise nothing was committed, and the
-    /// transaction is rolled back as if dropped.
+    /// committed (its receipt is `EffectUnknown`); [`Error::is_rolled_back`]: the database
+    /// rolled the transaction back instead (PostgreSQL, after a statement of the
+    /// transaction failed: its receipt is `Failed`); otherwise nothing was committed, and
+    /// the transaction is rolled back as if dropped.
     ///
     /// # Cancel safety
     ///
@@ -412,7 +414,16 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
     /// ```
     pub async fn commit(mut self) -> Result<(), Error> {
         let spec = self.commit.clone();
-        self.conn().execute(spec, ::sqlx::raw_sql("COMMIT")).await?;
+        match self.conn().execute(spec, ::sqlx::raw_sql("COMMIT")).await {
+            Ok(_) => {}
+            // The block ended all the same, by the server's rollback.
+            Err(e) if e.is_rolled_back() => {
+                self.open = false;
+                self.hand_back().await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
         self.open = false;
         self.hand_back().await;
         Ok(())
