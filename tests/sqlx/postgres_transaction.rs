@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::support::postgres::*;
 use crate::support::sqlx::{
     assert_one_unknown_effect, cancel_after, commit_cut_off, drop_two_open_transactions,
+    nested_statement_cut_off, nested_transactions,
 };
 use cancel_scope::integrations::sqlx::GuardedPool;
 use cancel_scope::{ChildSpec, Lifecycle, Scope};
@@ -204,4 +205,86 @@ async fn the_commit_of_an_aborted_transaction_is_reported_rolled_back() {
         "each BEGIN and INSERT succeeded; the failed statements and each COMMIT failed: {report}"
     );
     assert!(report.pending_effects().is_empty(), "{report}");
+}
+
+async fn order_ids(db: &GuardedPool<Postgres>) -> Vec<String> {
+    sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_transactions_are_savepoints_committed_only_with_the_outermost() {
+    let Some(pg) = PgCluster::start("pg_tx_nested") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+    let report = nested_transactions(&db).await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    assert_eq!(report.succeeded(), 20, "{report}");
+    assert!(report.pending_effects().is_empty(), "{report}");
+    assert_eq!(order_ids(&db).await, ["o-1", "o-4", "o-6"]);
+    clean_for_the_next_user(&db).await;
+}
+
+/// A statement of a nested transaction fails, aborting the block; the nested transaction,
+/// dropped, is rolled back to its savepoint, which ends the aborted state: the outer one goes
+/// on and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_nested_transaction_dropped_leaves_the_outer_one_able_to_commit() {
+    let Some(pg) = PgCluster::start("pg_tx_nested_failed") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+    let mut tx = db
+        .begin(&scope, ChildSpec::idempotent("order", "order-1"))
+        .await
+        .unwrap();
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
+        .await
+        .unwrap();
+    let mut coupon = tx.begin("coupon").await.unwrap();
+    coupon
+        .execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))
+        .await
+        .unwrap();
+    let err = coupon
+        .fetch_one("bad", sqlx::query_scalar::<_, i32>("SELECT 1 / 0"))
+        .await
+        .unwrap_err();
+    assert!(err.is_database(), "{err:?}");
+    drop(coupon);
+    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-3')"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(order_ids(&db).await, ["o-1", "o-3"]);
+    clean_for_the_next_user(&db).await;
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!((report.succeeded(), report.failed()), (7, 1), "{report}");
+    assert!(report.pending_effects().is_empty(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_statement_cut_off_is_cancelled_and_nothing_commits() {
+    let Some(pg) = PgCluster::start("pg_tx_nested_cut") else {
+        return;
+    };
+    let db = guarded(&pg, 1).await;
+    create_orders(&db).await;
+    let report = nested_statement_cut_off(
+        &db,
+        "INSERT INTO orders SELECT 'o-2' FROM pg_catalog.pg_sleep(30)",
+    )
+    .await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert!(report.pending_effects().is_empty(), "{report}");
+    assert!(report.undelivered_cancels().is_empty(), "{report}");
+    clean_for_the_next_user(&db).await;
+    assert_eq!(count_orders(&db).await, 0);
 }

@@ -12,7 +12,8 @@ use sqlx::Sqlite;
 
 use crate::support::sqlx::{
     assert_one_unknown_effect, cancel_after, commit_cut_off, count_orders,
-    drop_two_open_transactions, file_database, one_connection,
+    drop_two_open_transactions, file_database, nested_statement_cut_off, nested_transactions,
+    one_connection,
 };
 
 /// The pool's only connection is not left in a transaction block: `BEGIN` works on it
@@ -173,4 +174,34 @@ async fn transactions_are_send_and_can_run_in_a_spawned_task() {
     });
     task.await.unwrap().unwrap();
     assert_eq!(count_orders(&db).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_transactions_are_savepoints_committed_only_with_the_outermost() {
+    let db = one_connection().await;
+    let report = nested_transactions(&db).await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    assert_eq!(report.succeeded(), 20, "{report}");
+    assert!(report.pending_effects().is_empty(), "{report}");
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
+        .fetch_all(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(ids, ["o-1", "o-4", "o-6"]);
+    no_block_left(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_statement_cut_off_is_cancelled_and_nothing_commits() {
+    let db = one_connection().await;
+    let report = nested_statement_cut_off(
+        &db,
+        "INSERT INTO orders WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 \
+         FROM c WHERE x < 2000000000) SELECT 'o-2' FROM c",
+    )
+    .await;
+    assert_eq!(report.state(), Lifecycle::CancelledStable, "{report}");
+    assert!(report.pending_effects().is_empty(), "{report}");
+    assert_eq!(count_orders(&db).await, 0);
+    no_block_left(&db).await;
 }

@@ -178,3 +178,87 @@ pub fn assert_one_unknown_effect(report: &Report, effect: &str) {
     assert_eq!(report.effect_unknown(), 1, "{report}");
     assert_eq!(report.pending_effects()[0].effect_id(), effect);
 }
+
+/// Inserts order `id` through `tx` (any transaction, nested or not).
+async fn insert<DB: Backend>(
+    tx: &mut cancel_scope::integrations::sqlx::GuardedTransaction<'_, DB>,
+    id: &str,
+) where
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let sql = format!("INSERT INTO orders VALUES ('{id}')");
+    tx.execute("insert", sqlx::query::<DB>(&sql)).await.unwrap();
+}
+
+/// Nested transactions (savepoints) ended every way, on one scope, whose report is returned
+/// once it is quiet. Leaves exactly orders o-1, o-4 and o-6 committed:
+/// * o-2 and o-3: two nested levels dropped open (the inner one first), rolled back to the
+///   outer savepoint before o-4 is inserted;
+/// * o-5: a nested transaction rolled back;
+/// * o-6: a nested transaction committed, then its outer one;
+/// * o-7: a nested transaction committed (released), then its outer one rolled back — a
+///   released savepoint commits nothing.
+///
+/// 20 statements, each `Succeeded`.
+pub async fn nested_transactions<DB: Backend>(db: &GuardedPool<DB>) -> Report
+where
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let scope = Scope::new();
+    let mut tx = db
+        .begin(&scope, ChildSpec::idempotent("order", "order-1"))
+        .await
+        .unwrap();
+    insert(&mut tx, "o-1").await;
+    let mut lines = tx.begin("lines").await.unwrap();
+    insert(&mut lines, "o-2").await;
+    let mut coupon = lines.begin("coupon").await.unwrap();
+    insert(&mut coupon, "o-3").await;
+    drop(coupon);
+    drop(lines);
+    insert(&mut tx, "o-4").await; // after the rollback to the savepoint of `lines`
+    let mut gift = tx.begin("gift").await.unwrap();
+    insert(&mut gift, "o-5").await;
+    gift.rollback().await.unwrap();
+    let mut note = tx.begin("note").await.unwrap();
+    insert(&mut note, "o-6").await;
+    note.commit().await.unwrap();
+    tx.commit().await.unwrap();
+
+    let mut tx = db.begin(&scope, "second").await.unwrap();
+    let mut inner = tx.begin("inner").await.unwrap();
+    insert(&mut inner, "o-7").await;
+    inner.commit().await.unwrap();
+    tx.rollback().await.unwrap();
+
+    scope.close();
+    scope.quiesce().await
+}
+
+/// A statement of a nested transaction (`slow`, inserting order o-2) cut off by the scope's
+/// cancel, after order o-1 was inserted in the outer one: the call is cancelled, not an
+/// unknown effect (nothing commits before the outermost `COMMIT`, which can never be sent
+/// now), and nothing more is sent. Returns the scope's report once it is quiet.
+pub async fn nested_statement_cut_off<DB: Backend>(db: &GuardedPool<DB>, slow: &str) -> Report
+where
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let scope = Scope::new();
+    let mut tx = db
+        .begin(&scope, ChildSpec::idempotent("order", "order-1"))
+        .await
+        .unwrap();
+    insert(&mut tx, "o-1").await;
+    let mut lines = tx.begin("lines").await.unwrap();
+    let canceller = cancel_after(&scope, std::time::Duration::from_millis(200));
+    let err = lines
+        .execute("slow", sqlx::query::<DB>(slow))
+        .await
+        .err()
+        .expect("the call fails");
+    canceller.await.unwrap();
+    assert!(err.is_cancelled() && !err.is_effect_unknown(), "{err:?}");
+    assert!(lines.commit().await.is_err(), "nothing more is sent");
+    assert!(tx.commit().await.is_err(), "nothing more is sent");
+    scope.quiesce().await
+}

@@ -8,6 +8,7 @@ use ::sqlx::Execute;
 
 use super::pool::{cancelled, check_budget, Shared};
 use super::statement::is_commit;
+use super::transaction::rollback_to_savepoint;
 use super::{effect_unknown, Backend, BoxFuture, Cut, Error, Release, StatementSpec, TypedQuery};
 use crate::ChildSpec;
 use crate::{Dispatched, Receipt, Scope, Tethered};
@@ -54,8 +55,9 @@ pub struct GuardedConnection<DB: Backend> {
     /// `Some` until the connection leaves the guard (release, drop, or an abandoned statement).
     held: Option<Held<DB>>,
     /// A [`GuardedTransaction`](super::GuardedTransaction) on it was dropped open: the next
-    /// statement first rolls it back (the release does, if none comes).
-    rollback_due: bool,
+    /// statement first rolls it back (the release does, if none comes). Its depth: 0 for the
+    /// transaction block, `n` for the savepoint of a transaction nested `n` deep.
+    rollback_due: Option<usize>,
 }
 
 struct Held<DB: Backend> {
@@ -176,7 +178,7 @@ impl<DB: Backend> GuardedConnection<DB> {
             shared,
             scope,
             held: Some(Held { conn, state, unit }),
-            rollback_due: false,
+            rollback_due: None,
         }
     }
 
@@ -439,22 +441,47 @@ impl<DB: Backend> GuardedConnection<DB> {
         self.run_guarded::<E, O>(spec, query).await
     }
 
-    /// A transaction dropped open on this connection is rolled back later: before its next
-    /// statement, or by its release.
-    pub(super) fn roll_back_later(&mut self) {
-        self.rollback_due = true;
+    /// A transaction dropped open on this connection (`depth` 0: the block; `n`: nested `n`
+    /// deep, in a savepoint) is rolled back later: before its next statement, or by its
+    /// release. Of several, the outermost decides (it undoes the inner ones too).
+    pub(super) fn roll_back_later(&mut self, depth: usize) {
+        self.rollback_due = Some(self.rollback_due.map_or(depth, |due| due.min(depth)));
+    }
+
+    /// A rollback due at `depth` or deeper is undone by the transaction at `depth` ending
+    /// now: it need not be sent.
+    pub(super) fn forget_rollbacks_from(&mut self, depth: usize) {
+        if self.rollback_due.is_some_and(|due| due >= depth) {
+            self.rollback_due = None;
+        }
     }
 
     /// Rolls back a transaction dropped open on this connection (see
     /// [`roll_back_later`](Self::roll_back_later)), as a read-only child of the scope. If that
-    /// fails, the statement that was to follow is not sent.
+    /// fails, the statement that was to follow is not sent. A savepoint's rollback that
+    /// failed stays due: nothing more of its outer transaction runs (the outer one's drop
+    /// rolls the block back); a failed rollback of the block is left to the release.
     pub(super) async fn roll_back_if_due(&mut self) -> Result<(), Error> {
-        if std::mem::take(&mut self.rollback_due) {
-            let spec = ChildSpec::read_only("rollback of a dropped transaction");
-            self.run_guarded::<_, ExecuteOp>(spec.into(), ::sqlx::raw_sql(DB::ROLLBACK))
-                .await?;
+        match self.rollback_due.take() {
+            None => Ok(()),
+            Some(0) => {
+                let spec = ChildSpec::read_only("rollback of a dropped transaction");
+                self.run_guarded::<_, ExecuteOp>(spec.into(), ::sqlx::raw_sql(DB::ROLLBACK))
+                    .await
+                    .map(drop)
+            }
+            Some(depth) => {
+                let spec = ChildSpec::read_only("rollback of a dropped nested transaction");
+                let sql = rollback_to_savepoint(depth);
+                let out = self
+                    .run_guarded::<_, ExecuteOp>(spec.into(), ::sqlx::raw_sql(&sql))
+                    .await;
+                if out.is_err() {
+                    self.roll_back_later(depth);
+                }
+                out.map(drop)
+            }
         }
-        Ok(())
     }
 
     /// [`guarded`](Self::guarded), without the rollback that may be due before.

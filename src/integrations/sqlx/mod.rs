@@ -13,7 +13,7 @@
 //! Here a database call is a child of its scope like any other, written as with sqlx itself:
 //! `sqlx::query_as` and `sqlx::query_scalar` give typed rows ([`TypedQuery`]), `fetch`
 //! streams them ([`RowStream`]), `begin` starts a transaction ([`GuardedTransaction`]:
-//! `commit`, `rollback`, rolled back on drop), the current scope ([`Scope::try_current`]) is
+//! `commit`, `rollback`, rolled back on drop; `begin` on it nests one in a savepoint), the current scope ([`Scope::try_current`]) is
 //! used when none is passed, and a statement given only a name gets its effect class from its
 //! SQL ([`StatementSpec`]).
 //!

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use ::sqlx::Execute;
 
@@ -32,7 +33,8 @@ use crate::{ChildSpec, Scope};
 /// connection by that connection's release, one on a borrowed connection before that
 /// connection's next statement (or by its release, if none comes).
 ///
-/// Nested transactions (savepoints) are not offered: run `SAVEPOINT` statements through it.
+/// Nested transactions are savepoints ([`begin`](Self::begin) on a transaction): rolled back
+/// to their savepoint when dropped open, and committed only by the outermost `COMMIT`.
 ///
 /// # Examples
 ///
@@ -70,6 +72,8 @@ pub struct GuardedTransaction<'c, DB: Backend> {
     commit: ChildSpec,
     /// Begun and not ended (by `commit` or `rollback`) yet.
     open: bool,
+    /// 0: the transaction block (`BEGIN` … `COMMIT`); `n`: nested `n` deep, a savepoint.
+    depth: usize,
 }
 
 enum Conn<'c, DB: Backend> {
@@ -119,7 +123,7 @@ impl<DB: Backend> GuardedConnection<DB> {
         &mut self,
         commit: impl Into<StatementSpec>,
     ) -> Result<GuardedTransaction<'_, DB>, Error> {
-        GuardedTransaction::begin(Conn::Borrowed(self), commit.into()).await
+        GuardedTransaction::open_on(Conn::Borrowed(self), commit.into()).await
     }
 }
 
@@ -159,12 +163,12 @@ impl<DB: Backend> GuardedPool<DB> {
         commit: impl Into<StatementSpec>,
     ) -> Result<GuardedTransaction<'static, DB>, Error> {
         let conn = self.acquire(scope).await?;
-        GuardedTransaction::begin(Conn::Owned(conn), commit.into()).await
+        GuardedTransaction::open_on(Conn::Owned(conn), commit.into()).await
     }
 }
 
 impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
-    async fn begin(mut conn: Conn<'c, DB>, commit: StatementSpec) -> Result<Self, Error> {
+    async fn open_on(mut conn: Conn<'c, DB>, commit: StatementSpec) -> Result<Self, Error> {
         let commit = commit.resolve("COMMIT");
         let begin = ChildSpec::read_only(format!("{}: BEGIN", commit.name()));
         conn.get().execute(begin, ::sqlx::raw_sql("BEGIN")).await?;
@@ -172,6 +176,70 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
             conn: Some(conn),
             commit,
             open: true,
+            depth: 0,
+        })
+    }
+
+    /// Begins a transaction nested in this one, as sqlx's own nested `begin`: `SAVEPOINT`,
+    /// ended by [`commit`](Self::commit) (`RELEASE SAVEPOINT`) or
+    /// [`rollback`](Self::rollback) (`ROLLBACK TO SAVEPOINT`), rolled back to its savepoint
+    /// if dropped open — so that this transaction goes on without what the nested one did
+    /// (on PostgreSQL, also after a statement of the nested one failed: the rollback to the
+    /// savepoint ends the aborted state). `name` names its statements' children.
+    ///
+    /// Its statements are children of the scope as this transaction's are. A nested commit
+    /// commits nothing: only the outermost transaction's `COMMIT` does, and only it carries
+    /// an effect, so `SAVEPOINT`, `RELEASE` and `ROLLBACK TO` are read-only children (cut off,
+    /// `Cancelled`: the connection's clean-up then rolls the whole block back). After the
+    /// scope's cancel nothing more is sent, and the whole transaction is rolled back.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute) for the `SAVEPOINT`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`execute`](Self::execute).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use cancel_scope::integrations::sqlx::GuardedPool;
+    /// use cancel_scope::Scope;
+    /// let db = GuardedPool::new(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap());
+    /// let scope = Scope::new();
+    /// let mut tx = db.begin(&scope, "order").await.unwrap();
+    /// tx.execute("ddl", sqlx::query("CREATE TABLE lines (v)")).await.unwrap();
+    /// tx.execute("line", sqlx::query("INSERT INTO lines VALUES (1)")).await.unwrap();
+    ///
+    /// let mut coupon = tx.begin("coupon").await.unwrap();
+    /// coupon.execute("line", sqlx::query("INSERT INTO lines VALUES (-1)")).await.unwrap();
+    /// drop(coupon); // rolled back to its savepoint
+    ///
+    /// let n: i64 = tx.fetch_one("count", sqlx::query_scalar("SELECT count(*) FROM lines"))
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(n, 1);
+    /// tx.commit().await.unwrap();
+    /// # }
+    /// # }
+    /// ```
+    pub async fn begin(
+        &mut self,
+        name: impl Into<Arc<str>>,
+    ) -> Result<GuardedTransaction<'_, DB>, Error> {
+        let name = name.into();
+        let depth = self.depth + 1;
+        let spec = ChildSpec::read_only(format!("{name}: SAVEPOINT"));
+        let sql = format!("SAVEPOINT {}", savepoint(depth));
+        self.conn().execute(spec, ::sqlx::raw_sql(&sql)).await?;
+        Ok(GuardedTransaction {
+            conn: Some(Conn::Borrowed(self.conn())),
+            commit: ChildSpec::read_only(name),
+            open: true,
+            depth,
         })
     }
 
@@ -379,7 +447,9 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
 
     /// Commits the transaction: `COMMIT`, registered with the spec given to `begin`. A
     /// transaction that owns its connection then releases it
-    /// ([`GuardedConnection::release`]).
+    /// ([`GuardedConnection::release`]). A nested transaction ([`begin`](Self::begin) on a
+    /// transaction) is released into its outer one instead (`RELEASE SAVEPOINT`, a
+    /// read-only child): nothing is committed before the outermost `COMMIT`.
     ///
     /// # Errors
     ///
@@ -414,7 +484,11 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
     /// ```
     pub async fn commit(mut self) -> Result<(), Error> {
         let spec = self.commit.clone();
-        match self.conn().execute(spec, ::sqlx::raw_sql("COMMIT")).await {
+        let sql = match self.depth {
+            0 => "COMMIT".to_owned(),
+            depth => format!("RELEASE SAVEPOINT {}", savepoint(depth)),
+        };
+        match self.conn().execute(spec, ::sqlx::raw_sql(&sql)).await {
             Ok(_) => {}
             // The block ended all the same, by the server's rollback.
             Err(e) if e.is_rolled_back() => {
@@ -430,7 +504,8 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
     }
 
     /// Rolls the transaction back (`ROLLBACK`, a read-only child of the scope). A transaction
-    /// that owns its connection then releases it.
+    /// that owns its connection then releases it. A nested transaction is rolled back to its
+    /// savepoint (`ROLLBACK TO SAVEPOINT`), and its outer one goes on.
     ///
     /// After the scope's cancel (or whenever the scope refuses the `ROLLBACK`, or cuts it
     /// off) nothing more can be sent through it, and none is needed: the transaction can
@@ -464,11 +539,15 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
     /// # }
     /// ```
     pub async fn rollback(mut self) -> Result<(), Error> {
-        let spec = ChildSpec::read_only(format!("{}: ROLLBACK", self.commit.name()));
-        let out = self
-            .conn()
-            .execute(spec, ::sqlx::raw_sql(DB::ROLLBACK))
-            .await;
+        let depth = self.depth;
+        // It undoes what nested transactions dropped open did: their rollbacks need not run.
+        self.conn().forget_rollbacks_from(depth);
+        let (what, sql) = match depth {
+            0 => ("ROLLBACK", DB::ROLLBACK.to_owned()),
+            depth => ("ROLLBACK TO SAVEPOINT", rollback_to_savepoint(depth)),
+        };
+        let spec = ChildSpec::read_only(format!("{}: {what}", self.commit.name()));
+        let out = self.conn().execute(spec, ::sqlx::raw_sql(&sql)).await;
         match out {
             Ok(_) => self.open = false,
             // Still open, perhaps: rolled back later, as if dropped.
@@ -483,7 +562,8 @@ impl<'c, DB: Backend> GuardedTransaction<'c, DB> {
     /// open, if the transaction is still open).
     async fn hand_back(&mut self) {
         if self.open {
-            self.conn().roll_back_later();
+            let depth = self.depth;
+            self.conn().roll_back_later(depth);
             self.open = false;
         }
         if let Some(Conn::Owned(conn)) = self.conn.take() {
@@ -511,7 +591,7 @@ impl<DB: Backend> Drop for GuardedTransaction<'_, DB> {
             // Rolled back before the connection's next statement; an owned connection,
             // dropped now, by its release.
             if let Some(conn) = self.conn.as_mut() {
-                conn.get().roll_back_later();
+                conn.get().roll_back_later(self.depth);
             }
         }
     }
@@ -522,10 +602,23 @@ impl<DB: Backend> fmt::Debug for GuardedTransaction<'_, DB> {
         f.debug_struct("GuardedTransaction")
             .field("commit", &self.commit)
             .field("open", &self.open)
+            .field("depth", &self.depth)
             .field(
                 "owns_connection",
                 &matches!(self.conn, Some(Conn::Owned(_))),
             )
             .finish_non_exhaustive()
     }
+}
+
+/// The savepoint of a transaction nested `depth` deep.
+fn savepoint(depth: usize) -> String {
+    format!("cancel_scope_savepoint_{depth}")
+}
+
+/// Rolls back to the savepoint of a transaction nested `depth` deep and ends it, as if it had
+/// never been (`ROLLBACK TO` alone keeps the savepoint).
+pub(super) fn rollback_to_savepoint(depth: usize) -> String {
+    let name = savepoint(depth);
+    format!("ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
 }
