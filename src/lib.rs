@@ -175,6 +175,7 @@
 //! | | [`ServerScope`](wire::ServerScope) | a server's scope, the parent of every admitted request: [`shutdown`](wire::ServerScope::shutdown) stops admitting, drains, cancels the rest with `Cause::Shutdown`; [`draining`](wire::ServerScope::draining) for axum's and tonic's graceful shutdown |
 //! | | [`ShutdownReport`](wire::ShutdownReport) | what a shutdown found: in flight, finished, cancelled, quarantined, pending effects |
 //! | [`wire::service_effect`] | [`ServiceEffect`](wire::service_effect::ServiceEffect), [`HEADER`](wire::service_effect::HEADER) | the `service-effect` header of a stopped request's answer: `none`, or `unknown` after a possibly-effectful dispatch |
+//! | [`wire::service_operation`] | [`encode`](wire::service_operation::encode), [`parse`](wire::service_operation::parse), [`HEADER`](wire::service_operation::HEADER) | the `service-operation` header of an admitted request's answer: the operation id, for a retry under the same operation |
 //! | [`wire::grpc_timeout`] | [`encode`](wire::grpc_timeout::encode) | a remaining budget as a `grpc-timeout` value: the finest unit that fits, truncated |
 //! | | [`encode_into`](wire::grpc_timeout::encode_into) | the same, written into a `fmt::Write` without allocating |
 //! | | [`decode`](wire::grpc_timeout::decode) | a `grpc-timeout` value, decoded strictly |

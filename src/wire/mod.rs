@@ -13,6 +13,7 @@
 //! | `service-budget` | [`service_budget`] | this crate's own RFC 8941 dictionary, version 1 |
 //! | `x-envoy-expected-rq-timeout-ms` | [`envoy`] | Envoy's decimal milliseconds, read only |
 //! | `service-effect` (responses) | [`service_effect`] | `none` / `unknown`: whether a request the server stopped may have had an effect |
+//! | `service-operation` (responses) | [`service_operation`] | an RFC 8941 String: the operation an admitted request ran under, for the client's retry |
 //!
 //! # Remaining time, never absolute deadlines
 //!
@@ -103,6 +104,7 @@ mod policy;
 mod server;
 pub mod service_budget;
 pub mod service_effect;
+pub mod service_operation;
 
 pub use admission::{
     Admission, AdmissionError, BudgetSource, Incoming, OperationSource, PrioritySource,

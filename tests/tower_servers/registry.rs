@@ -14,7 +14,7 @@ use axum::{Extension, Router};
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::integrations::tower::AdmitLayer;
 use cancel_scope::registry::{InProcessRegistry, OperationId, Operations};
-use cancel_scope::wire::{Admission, EndpointPolicy, RegistryTerm, Trust};
+use cancel_scope::wire::{service_operation, Admission, EndpointPolicy, RegistryTerm, Trust};
 use cancel_scope::Scope;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -276,4 +276,100 @@ async fn the_axum_and_tonic_conversions_answer_a_cancelled_operation_409_and_abo
     let res = refused().await.into_response();
     assert_eq!(res.status(), 409);
     assert_eq!(res.headers()["service-effect"], "none");
+}
+
+/// The operation an answer names (`service-operation`), read as a client reads it.
+fn named_operation(res: &reqwest::Response) -> Option<String> {
+    let value = res.headers().get(service_operation::HEADER)?;
+    let id = service_operation::parse(value.as_bytes()).expect("a valid service-operation");
+    Some(id.as_str().to_owned())
+}
+
+#[tokio::test]
+async fn the_edge_names_the_operation_it_issued_and_a_retry_under_it_continues_it() {
+    let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    let edge = EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10));
+    let (url, _, mut arrived) = server(edge, &ops, None).await;
+    let client = reqwest::Client::new();
+
+    // No operation sent: the edge issues one, and says which.
+    let first = client.get(format!("{url}/seen")).send().await.unwrap();
+    let value = first.headers()[service_operation::HEADER].clone();
+    let id = named_operation(&first).unwrap();
+    let answer = first.text().await.unwrap();
+    assert_eq!(field(&answer, "op"), id);
+    assert_eq!(
+        field(&answer, "term"),
+        format!("{:?}", RegistryTerm::Created)
+    );
+    assert_eq!(id.len(), 32, "128 random bits: {id}");
+
+    // The retry puts the value in its `op` as it came: it continues that operation, with no
+    // more than the operation has left, and is told the same id.
+    let budget = format!("v=1, rem=60000, op={}", value.to_str().unwrap());
+    let retry = client
+        .get(format!("{url}/seen"))
+        .header("service-budget", budget)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(named_operation(&retry).as_deref(), Some(id.as_str()));
+    let again = retry.text().await.unwrap();
+    assert_eq!(field(&again, "op"), id);
+    assert_eq!(field(&again, "term"), format!("{:?}", RegistryTerm::Joined));
+    let (first_ms, retry_ms): (u64, u64) = (
+        field(&answer, "rem_ms").parse().unwrap(),
+        field(&again, "rem_ms").parse().unwrap(),
+    );
+    assert!(retry_ms <= first_ms, "{answer} then {again}");
+
+    // An id this untrusted caller made up is never repeated: it is told the one issued.
+    let made_up = client
+        .get(format!("{url}/seen"))
+        .header("service-budget", claim("victim-op"))
+        .send()
+        .await
+        .unwrap();
+    let issued = named_operation(&made_up).unwrap();
+    assert_ne!(issued, "victim-op");
+    assert_eq!(field(&made_up.text().await.unwrap(), "op"), issued);
+
+    // The layer's own answer for a request it stopped names the operation too.
+    let in_flight = tokio::spawn(client.get(format!("{url}/wait")).send());
+    let waiting = timeout(PATIENCE, arrived.recv()).await.unwrap().unwrap();
+    ops.cancel(&OperationId::new(&waiting).unwrap())
+        .await
+        .unwrap();
+    let stopped = timeout(PATIENCE, in_flight)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(stopped.status(), 503);
+    assert_eq!(named_operation(&stopped), Some(waiting.clone()));
+
+    // A request refused at admission has no operation to name.
+    let refused = client
+        .get(format!("{url}/seen"))
+        .header("service-budget", claim(&waiting))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    assert_eq!(named_operation(&refused), None);
+}
+
+#[tokio::test]
+async fn a_trusted_callers_operation_is_named_back() {
+    let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    let inner =
+        EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10)).trust(Trust::Trusted);
+    let (url, _, _) = server(inner, &ops, None).await;
+    let res = reqwest::Client::new()
+        .get(format!("{url}/seen"))
+        .header("service-budget", claim(r#"checkout \"7f3a\""#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(named_operation(&res).as_deref(), Some("checkout \"7f3a\""));
 }

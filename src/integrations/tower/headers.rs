@@ -3,12 +3,22 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
+use crate::registry::OperationId;
 use crate::wire::service_effect::{self, ServiceEffect};
+use crate::wire::service_operation;
 use crate::Cause;
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 pub(crate) const SERVICE_EFFECT: HeaderName = HeaderName::from_static(service_effect::HEADER);
+pub(crate) const SERVICE_OPERATION: HeaderName = HeaderName::from_static(service_operation::HEADER);
+
+/// The `service-operation` value of an admitted request's operation id (validated at
+/// admission; `None` only for an id that is not one, which admission never makes).
+pub(crate) fn operation_value(id: &str) -> Option<HeaderValue> {
+    let id = OperationId::new(id).ok()?;
+    HeaderValue::try_from(service_operation::encode(&id)).ok()
+}
 
 /// gRPC status codes used here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,12 +5,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::{Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use pin_project_lite::pin_project;
 
 use super::answer::Answers;
 use super::body::ResponseBody;
 use super::finish::{panic_message, Finish, HANDLER_PANICKED};
+use crate::integrations::tower::headers::SERVICE_OPERATION;
 use crate::wire::{Admission, AdmissionError, ServiceEffect};
 use crate::Cause;
 use crate::Run;
@@ -60,6 +61,8 @@ pin_project! {
         // Set while the handler's future is polled: dropped with it set, that poll unwound
         // (the handler panicked), which is not the client going away.
         polling: bool,
+        // The `service-operation` value put on the answer of an admitted request.
+        operation: Option<HeaderValue>,
     }
 
     impl<F: Future, B> PinnedDrop for ResponseFuture<F, B> {
@@ -90,6 +93,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
             answers,
             track_body: false,
             polling: false,
+            operation: None,
         }
     }
 
@@ -98,6 +102,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
         finish: Finish,
         answers: Answers,
         payload: &(dyn std::any::Any + Send),
+        operation: Option<HeaderValue>,
     ) -> Self {
         ResponseFuture {
             state: State::Answer {
@@ -107,6 +112,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
             answers,
             track_body: false,
             polling: false,
+            operation,
         }
     }
 
@@ -126,6 +132,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
             },
             track_body: false,
             polling: false,
+            operation: None,
         }
     }
 
@@ -134,6 +141,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
         finish: Finish,
         answers: Answers,
         track_body: bool,
+        operation: Option<HeaderValue>,
     ) -> Self {
         ResponseFuture {
             state: State::Running { run },
@@ -141,6 +149,7 @@ impl<F: Future, B> ResponseFuture<F, B> {
             answers,
             track_body,
             polling: false,
+            operation,
         }
     }
 }
@@ -171,7 +180,7 @@ where
         // Whether the scope closes now (`false`: the response body streams, and closes it at
         // its end, so that the handler can still start work for it).
         let mut close = true;
-        let out = match this.state.as_mut().project() {
+        let mut out = match this.state.as_mut().project() {
             StateProj::Answer { response } => match response.take() {
                 Some(r) => Ok(r),
                 None => panic!("ResponseFuture polled after completion"),
@@ -179,77 +188,82 @@ where
             StateProj::Done | StateProj::Joining { .. } => {
                 panic!("ResponseFuture polled after completion")
             }
-            StateProj::Running { run } => match in_span(this.finish.as_ref(), || {
-                poll_marked(this.polling, run, cx)
-            }) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(panic)) => {
-                    // The handler's future panicked: answered 500 / `INTERNAL`, its work
-                    // (dropped below) and the rest of the request cancelled.
-                    this.state.project_replace(State::Done);
-                    let Some(finish) = this.finish.take() else {
-                        unreachable!("a running request is finished once");
-                    };
-                    return Poll::Ready(Ok(finish.panicked(panic_message(&*panic), *this.answers)));
+            StateProj::Running { run } => {
+                match in_span(this.finish.as_ref(), || poll_marked(this.polling, run, cx)) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(panic)) => {
+                        // The handler's future panicked: answered 500 / `INTERNAL`, its work
+                        // (dropped below) and the rest of the request cancelled.
+                        this.state.project_replace(State::Done);
+                        let Some(finish) = this.finish.take() else {
+                            unreachable!("a running request is finished once");
+                        };
+                        let mut response = finish.panicked(panic_message(&*panic), *this.answers);
+                        name_operation(&mut response, this.operation.take());
+                        return Poll::Ready(Ok(response));
+                    }
+                    Poll::Ready(Ok(polled)) => match polled {
+                        Ok(Ok(late)) if finish_expired(this.finish.as_ref()) => {
+                            // Answered at or after the deadline, before its timer ran (the handler
+                            // held the thread past it): the deadline's answer, as for a handler still
+                            // running then; the late answer is dropped (its drop is the handler's).
+                            *this.polling = true;
+                            drop(late);
+                            *this.polling = false;
+                            let (cause, effect) = this.finish.as_ref().map_or(
+                                (Cause::DeadlineExceeded, ServiceEffect::Unknown),
+                                Finish::stopped,
+                            );
+                            Ok(this.answers.stopped(&cause, effect))
+                        }
+                        Ok(out) => {
+                            // Reading the handler's body (its size hint, its end) runs the handler's
+                            // code: a panic there is the handler's, not the client's going away.
+                            *this.polling = true;
+                            let out = out.map(|response| match this.finish.as_mut() {
+                                // The body is tracked from before the handler's unit goes (below).
+                                Some(f) => {
+                                    let status = response.status();
+                                    let track = *this.track_body && has_body(status);
+                                    let length = content_length(response.headers());
+                                    // A tracked body takes the report with it.
+                                    let mut reporter = f.reporter().take();
+                                    let response = response.map(|body| {
+                                        ResponseBody::admitted(
+                                            body,
+                                            f.scope(),
+                                            *this.answers,
+                                            track,
+                                            length,
+                                            &mut reporter,
+                                        )
+                                    });
+                                    *f.reporter() = reporter;
+                                    // After the body took its unit: the handler's may be the last.
+                                    f.answered(status, response.headers(), this.answers.grpc);
+                                    close = !response.body().is_tracked();
+                                    response
+                                }
+                                None => unreachable!("a running request is finished once"),
+                            });
+                            *this.polling = false;
+                            out
+                        }
+                        Err(stopped) => {
+                            let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
+                            let effect = this
+                                .finish
+                                .as_ref()
+                                .map_or(ServiceEffect::Unknown, |f| f.stopped().1);
+                            Ok(this.answers.stopped(&cause, effect))
+                        }
+                    },
                 }
-                Poll::Ready(Ok(polled)) => match polled {
-                    Ok(Ok(late)) if finish_expired(this.finish.as_ref()) => {
-                        // Answered at or after the deadline, before its timer ran (the handler
-                        // held the thread past it): the deadline's answer, as for a handler still
-                        // running then; the late answer is dropped (its drop is the handler's).
-                        *this.polling = true;
-                        drop(late);
-                        *this.polling = false;
-                        let (cause, effect) = this.finish.as_ref().map_or(
-                            (Cause::DeadlineExceeded, ServiceEffect::Unknown),
-                            Finish::stopped,
-                        );
-                        Ok(this.answers.stopped(&cause, effect))
-                    }
-                    Ok(out) => {
-                        // Reading the handler's body (its size hint, its end) runs the handler's
-                        // code: a panic there is the handler's, not the client's going away.
-                        *this.polling = true;
-                        let out = out.map(|response| match this.finish.as_mut() {
-                            // The body is tracked from before the handler's unit goes (below).
-                            Some(f) => {
-                                let status = response.status();
-                                let track = *this.track_body && has_body(status);
-                                let length = content_length(response.headers());
-                                // A tracked body takes the report with it.
-                                let mut reporter = f.reporter().take();
-                                let response = response.map(|body| {
-                                    ResponseBody::admitted(
-                                        body,
-                                        f.scope(),
-                                        *this.answers,
-                                        track,
-                                        length,
-                                        &mut reporter,
-                                    )
-                                });
-                                *f.reporter() = reporter;
-                                // After the body took its unit: the handler's may be the last.
-                                f.answered(status, response.headers(), this.answers.grpc);
-                                close = !response.body().is_tracked();
-                                response
-                            }
-                            None => unreachable!("a running request is finished once"),
-                        });
-                        *this.polling = false;
-                        out
-                    }
-                    Err(stopped) => {
-                        let cause = stopped.cause().cloned().unwrap_or(Cause::DeadlineExceeded);
-                        let effect = this
-                            .finish
-                            .as_ref()
-                            .map_or(ServiceEffect::Unknown, |f| f.stopped().1);
-                        Ok(this.answers.stopped(&cause, effect))
-                    }
-                },
-            },
+            }
         };
+        if let Ok(response) = &mut out {
+            name_operation(response, this.operation.take());
+        }
         // Drop the handler's future before reporting: its work is over.
         this.state.project_replace(State::Done);
         if let Some(finish) = this.finish.take() {
@@ -259,6 +273,14 @@ where
             finish.done(close);
         }
         Poll::Ready(out)
+    }
+}
+
+/// Names the operation of an admitted request on its answer (`service-operation`), in place
+/// of any the handler set: the client may retry under it.
+fn name_operation<B>(response: &mut Response<B>, operation: Option<HeaderValue>) {
+    if let Some(value) = operation {
+        response.headers_mut().insert(SERVICE_OPERATION, value);
     }
 }
 

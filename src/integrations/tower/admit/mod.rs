@@ -77,7 +77,10 @@
 //! the operation's remaining time as a third term, `min(header, cap, operation remaining)`
 //! ([`EndpointPolicy::admit_joined`](crate::wire::EndpointPolicy::admit_joined)): a
 //! client's retry under the operation id the edge issued, at this server or another one
-//! sharing the registry, gets what the operation has left. Only a caller the policy trusts
+//! sharing the registry, gets what the operation has left. Every answer to an admitted
+//! request names its operation in a `service-operation` header
+//! ([`wire::service_operation`](crate::wire::service_operation)): the id issued here, or one
+//! the policy trusts or the registry holds, never a claim that was not believed. Only a caller the policy trusts
 //! with its operation id creates an operation; an untrusted caller's id only continues one
 //! the registry holds, and an unknown one is replaced by a fresh edge-issued id. The request's
 //! scope is attached to its operation, so the operation's cancel — also one made in another

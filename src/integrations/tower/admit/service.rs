@@ -353,6 +353,9 @@ where
         }
     };
     req.extensions_mut().insert(scope.clone());
+    // Said on the answer: an id this server issued, or one it trusts or its registry holds
+    // (admission never keeps a claim it did not believe), for the client's retry.
+    let operation = headers::operation_value(admission.operation_id());
     req.extensions_mut().insert(admission.clone());
     let finish = Finish::new(scope, admission, hooks.on_report.clone(), handler);
     // `call` itself may already run handler code: make the scope current for it too. A
@@ -365,9 +368,9 @@ where
     match called {
         Ok(fut) => {
             let run = finish.scope().run(fut);
-            ResponseFuture::admitted(run, finish, answers, track_body)
+            ResponseFuture::admitted(run, finish, answers, track_body, operation)
         }
-        Err(panic) => ResponseFuture::panicked(finish, answers, &*panic),
+        Err(panic) => ResponseFuture::panicked(finish, answers, &*panic, operation),
     }
 }
 
