@@ -1,5 +1,6 @@
 //! Making scope handles and their deadlines: roots, the handle of a new child, arming a
-//! scope's deadline timer, and expiring a deadline that has passed before its timer fired.
+//! scope's deadline timer, expiring a deadline that has passed before its timer fired, and
+//! the cancel of a scope of its own (counted in telemetry for the application's roots).
 
 use std::time::Duration;
 
@@ -61,7 +62,7 @@ impl Scope {
             return;
         };
         if deadline <= now {
-            tree::cancel(&self.node, Cause::DeadlineExceeded, stamp_of(now));
+            cancel_node(&self.node, Cause::DeadlineExceeded, stamp_of(now));
             return;
         }
         Timers::insert(timers, deadline, &self.node);
@@ -99,7 +100,7 @@ impl Scope {
         for n in tree::ancestors(&self.node) {
             let parent = n.parent();
             if parent.is_none_or(|p| ScopeExt::tightens(&p.ext, n.ext.deadline)) {
-                tree::cancel(n, Cause::DeadlineExceeded, stamp);
+                cancel_node(n, Cause::DeadlineExceeded, stamp);
             }
             match parent {
                 Some(p) if p.ext.deadline.is_some_and(|d| d <= now) => {}
@@ -121,4 +122,23 @@ impl Scope {
         }
         s
     }
+}
+
+/// Cancels `node` with `cause` ([`tree::cancel`]), returning whether this cancel won: every
+/// cancel of a scope for a cause of its own in this layer goes through here. A root the
+/// application made that this cancel reached is counted in telemetry; an admitted request's
+/// scope and a shield's clean-up (the roots that carry a request's effect flag) are counted
+/// at the request's report, and the server's scope cancels with `cancel_uncounted`.
+pub(crate) fn cancel_node(node: &Arc<Core>, cause: Cause, stamp: u64) -> bool {
+    let counted =
+        crate::telemetry::COUNTS && node.parent().is_none() && node.ext.shared().effect.is_none();
+    if !counted {
+        return tree::cancel(node, cause, stamp);
+    }
+    let label = cause.clone();
+    let won = tree::cancel(node, cause, stamp);
+    if won {
+        crate::telemetry::root_cancelled(&label);
+    }
+    won
 }

@@ -317,7 +317,7 @@ impl Scope {
     /// assert_eq!(s.cause(), Some(Cause::ClientGone));
     /// ```
     pub fn cancel_because(&self, cause: Cause) -> bool {
-        tree::cancel(&self.node, cause, now_stamp())
+        deadline::cancel_node(&self.node, cause, now_stamp())
     }
 
     /// Whether the scope is cancelled: one atomic load.

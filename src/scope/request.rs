@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Context, EffectFlag, Scope, ScopeExt, Shared, Timers};
+use crate::cause::Cause;
 use crate::error::Error;
 use crate::sync::{Arc, AtomicU8, LazyBox};
 use crate::time::deadline_after;
@@ -118,6 +119,13 @@ impl Scope {
 }
 
 impl Scope {
+    /// Cancels a server's scope with `cause`, as [`cancel_because`](Self::cancel_because)
+    /// does, but not counted as a root of the application's in telemetry: its requests are
+    /// counted, each with its own cause, when they end.
+    pub(crate) fn cancel_uncounted(&self, cause: Cause) -> bool {
+        tree::cancel(&self.node, cause, crate::time::now_stamp())
+    }
+
     /// A root for a server named `name`, whose requests (its boundary children, see
     /// [`request_child_after`](Self::request_child_after)) get `grace` after its cancel before
     /// what has not stopped is quarantined.

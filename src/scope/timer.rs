@@ -51,7 +51,6 @@ use crate::cause::Cause;
 use crate::panic::contain_panic;
 use crate::sync::{downgrade, Arc, AtomicUsize, Mutex, Ordering, Weak};
 use crate::time::{deadline_after, stamp_of, FAR};
-use crate::tree;
 
 /// The fewest gone scopes that start a compaction: the compaction frees their nodes'
 /// allocations at once, and up to this many fit the allocator's per-thread cache (glibc's
@@ -497,7 +496,7 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
             // the second payload leaked, not dropped, or the driver would end with the scopes
             // still in `fired`, and the rest of its heap, never cancelled.
             contain_panic(|| {
-                tree::cancel(&node, Cause::DeadlineExceeded, stamp);
+                super::deadline::cancel_node(&node, Cause::DeadlineExceeded, stamp);
             });
         }
         let Some(next) = next else {

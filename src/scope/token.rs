@@ -241,7 +241,7 @@ impl Link {
             // the `Unlink`, which finds the wait gone).
             drop(fired);
             if let Some(node) = self.scope.upgrade() {
-                tree::cancel(&node, self.cause.clone(), now_stamp());
+                super::deadline::cancel_node(&node, self.cause.clone(), now_stamp());
             }
         }
     }

@@ -19,7 +19,7 @@
 //! | [`ADMISSION_REJECTED`] | counter: requests refused at admission | `reason` (`invalid`, `exhausted`, `over_cap`, `shutdown`, `operation_cancelled`: a cancelled operation or an older generation, with the registry) |
 //! | [`CALL_BUDGET`] | histogram (s): the budget of an outgoing call's scope | `dependency` |
 //! | [`CALL_REFUSED`] | counter: outgoing calls refused before they were sent | `dependency`, `reason` (`cancelled`, `deadline`, `min_useful`, `no_scope`) |
-//! | [`SCOPE_CANCELLED`] | counter: admitted requests and calls that were cancelled | `cause` (`deadline_exceeded`, `cancelled`, `client_gone`, `shutdown`) |
+//! | [`SCOPE_CANCELLED`] | counter: admitted requests, calls and the application's root scopes that were cancelled | `cause` (`deadline_exceeded`, `cancelled`, `client_gone`, `shutdown`) |
 //! | [`SCOPE_CANCEL_TO_QUIET`] | histogram (s): from an admitted request's cancel to its quiescence | |
 //! | [`SCOPE_ORPHAN_WORK`] | histogram (s): the work of an admitted request that ran on after its cancel | |
 //! | [`RECEIPTS`] | counter: the receipts in admitted requests' reports | `kind` (`succeeded`, `failed`, `cancelled`, `quarantined`, `effect_unknown`) |
@@ -37,9 +37,11 @@
 //!
 //! `cancel_scope.scope.cancelled` counts each admitted request and each call once, at its
 //! end, by the cause it was itself cancelled with (a call cancelled because its request was
-//! is not counted again): not once per descendant inside a cancel walk. The scopes that an
-//! application makes itself (`Scope::new`) are not counted; their reports are the
-//! application's.
+//! is not counted again), and each root scope the application makes (`Scope::new`,
+//! `with_timeout`, `with_deadline`, `detach`) once, when it is cancelled — explicitly, by its
+//! deadline, by a token: not once per descendant inside a cancel walk. The crate's own roots
+//! are not counted apart: a shield's clean-up is part of its request, and a `ServerScope`'s
+//! shutdown is counted in the requests it cancels.
 //!
 //! **Handles.** The hot path does no registry lookup: each thread keeps the handles it
 //! registered, per label set, with the recorder they came from (by its address). `metrics`
@@ -487,12 +489,24 @@ pub(crate) fn attempt(outcome: Attempt) {
     let _ = outcome;
 }
 
+/// A root scope the application made was cancelled by a cause of its own (see
+/// `Scope::cancel_node`): counted in [`SCOPE_CANCELLED`].
+#[inline]
+pub(crate) fn root_cancelled(cause: &Cause) {
+    #[cfg(feature = "metrics")]
+    handles::cancelled(CancelCause::of(cause));
+    let _ = cause;
+}
+
 /// A retry budget refused a retry or a hedge.
 #[inline]
 pub(crate) fn retry_budget_exhausted() {
     #[cfg(feature = "metrics")]
     handles::retry_budget_exhausted();
 }
+
+/// Whether metrics are recorded (feature `metrics`): a counted cancel keeps its cause's label.
+pub(crate) const COUNTS: bool = cfg!(feature = "metrics");
 
 /// Whether anything is recorded at report time (so whether a request's report is waited for
 /// when nobody else asked for it).

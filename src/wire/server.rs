@@ -279,7 +279,7 @@ impl ServerScope {
         let report = match quiet {
             Ok(report) => report,
             Err(_) => {
-                inner.scope.cancel_because(Cause::Shutdown);
+                inner.scope.cancel_uncounted(Cause::Shutdown);
                 inner.scope.quiesce().await
             }
         };

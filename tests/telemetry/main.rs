@@ -1,6 +1,6 @@
 //! Telemetry: the metrics (names, labels, values) and the spans and events (names, fields,
 //! levels) of admitted and refused requests, deadlines, clients gone, quarantines, unknown
-//! effects, outgoing calls and retries. A debugging recorder and a capturing subscriber are
+//! effects, outgoing calls, retries and the application's own root scopes. A debugging recorder and a capturing subscriber are
 //! installed on each test's thread (`capture`); time is virtual.
 
 #[path = "../support"]
@@ -16,3 +16,4 @@ mod capture;
 mod outcomes;
 mod recorder;
 mod retry;
+mod scopes;
