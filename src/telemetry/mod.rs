@@ -67,7 +67,9 @@
 //! * a DEBUG span [`CALL_SPAN`] per outgoing call (a child of the current span: the request's,
 //!   when the call is made from its handler), entered while the call is polled, with
 //!   `cancel_scope.dependency`, `cancel_scope.budget_in_ms` (the caller's budget),
-//!   `cancel_scope.budget_out_ms` (what the callee is told), the answer's status and
+//!   `cancel_scope.budget_out_ms` (what the callee is told), the answer's status (for gRPC
+//!   the status name, from the head of a trailers-only answer or, where a call's own status
+//!   is, the trailers) and
 //!   `error.type = "deadline_exceeded"` when the call's deadline stopped it;
 //! * an event at report time, once the request is quiet: its lifecycle, cause, receipt counts,
 //!   `cancel_scope.cancel_to_quiet_ms` and `cancel_scope.orphan_work_ms`; at WARN when a child
@@ -617,6 +619,14 @@ impl Call {
         #[cfg(feature = "tracing")]
         spans::answered(&self.span, status, grpc);
         let _ = (status, grpc);
+    }
+
+    /// The callee's gRPC status `code` came in the trailers (where a call's own status is).
+    #[inline]
+    pub(crate) fn grpc_status(&self, code: u32) {
+        #[cfg(feature = "tracing")]
+        spans::grpc_status(&self.span, code);
+        let _ = code;
     }
 
     /// The call ended; `cause` is its scope's cause, if it was cancelled. Counted in

@@ -37,6 +37,11 @@ pub(super) fn answered(span: &Span, status: u16, grpc: Option<Option<u32>>) {
     }
 }
 
+/// Records on `span` the gRPC status `code` that came in the trailers.
+pub(super) fn grpc_status(span: &Span, code: u32) {
+    span.record("rpc.response.status_code", grpc_name(code));
+}
+
 /// Records on `span` that a deadline of ours stopped its work.
 pub(super) fn deadline(span: &Span) {
     span.record("error.type", "deadline_exceeded");

@@ -1,6 +1,7 @@
 //! Outgoing calls through `Propagate`: the call's budget and span by dependency, refusals by
-//! reason, and a call's own deadline counted once.
+//! reason, a call's own deadline counted once, and a gRPC call's status from its trailers.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -8,13 +9,14 @@ use cancel_scope::integrations::tower::{AdmitLayer, PropagateLayer};
 use cancel_scope::telemetry;
 use cancel_scope::wire::{grpc_timeout, EgressPolicy, EndpointPolicy};
 use cancel_scope::Scope;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
+use http_body::Frame;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::capture::{text, Telemetry};
 use crate::support::time::ms;
-use crate::support::tower::Fn_;
+use crate::support::tower::{next_frame, Fn_, Frames};
 
 /// A downstream that answers after 10 ms with the `grpc-timeout` it was told, in ms.
 async fn downstream(req: Request<()>) -> Result<Response<String>, Infallible> {
@@ -153,4 +155,35 @@ async fn a_call_without_a_name_is_unnamed() {
     let m = t.metrics();
     let labels = [("dependency", telemetry::UNNAMED_DEPENDENCY)];
     assert_eq!(m.histogram(telemetry::CALL_BUDGET, &labels), [1.0]);
+}
+
+/// A gRPC downstream whose call's own status comes, as gRPC's does, in the trailers.
+async fn not_found(_: Request<()>) -> Result<Response<Frames<false>>, Infallible> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", "5".parse().unwrap());
+    let frames = VecDeque::from([Frame::data(&b"\0\0\0\0\0"[..]), Frame::trailers(trailers)]);
+    let mut res = Response::new(Frames::<false>(frames));
+    res.headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    Ok(res)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_status_in_the_trailers_is_the_calls_status() {
+    let t = Telemetry::install();
+    let mut users = PropagateLayer::new()
+        .dependency("users")
+        .layer(Fn_(not_found));
+    let mut req = Request::builder()
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    req.extensions_mut().insert(Scope::with_timeout(ms(1_000)));
+    let res = users.call(req).await.unwrap();
+    let mut body = Box::pin(res.into_body());
+    while next_frame(&mut body).await.is_some() {}
+
+    let span = t.traces.span(telemetry::CALL_SPAN);
+    assert_eq!(span.field("rpc.response.status_code"), Some("NOT_FOUND"));
+    assert_eq!(span.field("http.response.status_code"), None);
 }

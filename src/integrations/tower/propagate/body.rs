@@ -121,6 +121,10 @@ impl Tracking {
             self.server = outcome::said_effect(self.server, outcome::service_effect_in(t));
             Answer::grpc_in(t)
         });
+        if let Some(Answer::Grpc(code)) = status {
+            // The call's own status (as the caller sees it, a late `CANCELLED` rewritten).
+            self.telemetry.grpc_status(code);
+        }
         let end = match status {
             Some(a) if self.by_deadline(a) => End::Stopped,
             Some(a) => End::Answered(a),
