@@ -300,3 +300,57 @@ async fn a_cancelled_operations_refusal_has_its_own_reason() {
         .collect();
     assert_eq!(levels, [("operation_cancelled".to_owned(), Level::DEBUG)]);
 }
+
+/// Through the server layer: a client's retry under an operation that was cancelled is
+/// answered 409 and counted under `operation_cancelled` alone (not `invalid`, not twice), at
+/// DEBUG; the first request, admitted, is not a refusal.
+#[tokio::test(start_paused = true)]
+async fn the_layers_409_for_a_cancelled_operation_counts_under_its_own_reason() {
+    use std::sync::Arc;
+
+    use cancel_scope::registry::{InProcessRegistry, OperationId, Operations};
+    use cancel_scope::wire::service_operation;
+
+    let t = Telemetry::install();
+    let ops = Operations::new(Arc::new(InProcessRegistry::new()));
+    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(2_000)))
+        .operations(&ops)
+        .layer(Fn_(ok));
+    let first = svc.call(Request::new(())).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let value = first.headers()[service_operation::HEADER].clone();
+    let id: OperationId = service_operation::parse(value.as_bytes()).unwrap();
+    ops.cancel(&id).await.unwrap();
+    let retry = Request::builder()
+        .header(
+            "service-budget",
+            format!("v=1, rem=500, op={}", value.to_str().unwrap()),
+        )
+        .body(())
+        .unwrap();
+    let refused = svc.call(retry).await.unwrap();
+    assert_eq!(refused.status(), 409);
+
+    let m = t.metrics();
+    assert_eq!(
+        m.label_sets(telemetry::ADMISSION_REJECTED),
+        [vec![(
+            "reason".to_owned(),
+            "operation_cancelled".to_owned()
+        )]]
+    );
+    assert_eq!(
+        m.counter(
+            telemetry::ADMISSION_REJECTED,
+            &[("reason", "operation_cancelled")]
+        ),
+        1
+    );
+    let levels: Vec<(String, Level)> = t
+        .traces
+        .events("request refused at admission")
+        .into_iter()
+        .map(|e| (e.field("cancel_scope.reason").unwrap().to_owned(), e.level))
+        .collect();
+    assert_eq!(levels, [("operation_cancelled".to_owned(), Level::DEBUG)]);
+}
