@@ -10,7 +10,7 @@ use crate::telemetry;
 use crate::time::deadline_after;
 use crate::wire::EgressPolicy;
 use crate::{ChildSpec, Dispatched, Error, Scope, Ticket};
-#[cfg(feature = "reqwest")]
+#[cfg(any(feature = "reqwest", feature = "tower"))]
 use {
     super::CallError,
     crate::reconcile::{Journal, PendingIntent},
@@ -133,7 +133,7 @@ pub(crate) fn prepare(
 /// the call's effect class ([`Journal::records`]): a call whose intent could not be written
 /// is refused before anything is sent ([`CallError::is_intent_not_recorded`]). The intent
 /// comes back with the call, to be resolved by its receipt.
-#[cfg(feature = "reqwest")]
+#[cfg(any(feature = "reqwest", feature = "tower"))]
 pub(crate) async fn prepare_journaled(
     dependency: &'static str,
     parent: &Scope,

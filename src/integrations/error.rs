@@ -48,7 +48,7 @@ enum Kind {
     #[cfg_attr(not(feature = "json"), allow(dead_code))]
     Decode(Box<Answered>, BoxError),
     /// The intent of the call could not be written: it was not sent.
-    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
     Intent(crate::reconcile::IntentError),
 }
 
@@ -72,7 +72,7 @@ impl CallError {
         }
     }
 
-    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
     pub(crate) fn intent_not_recorded(e: crate::reconcile::IntentError) -> Self {
         CallError {
             kind: Kind::Intent(e),

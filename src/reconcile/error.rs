@@ -53,7 +53,7 @@ impl IntentError {
     }
 
     /// The scope's refusal, if this is one; else the error itself.
-    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
     pub(crate) fn into_refusal(self) -> Result<crate::Error, IntentError> {
         match self.kind {
             Kind::Refused(e) => Ok(e),

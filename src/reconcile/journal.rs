@@ -318,13 +318,13 @@ pub struct Journaled {
 
 /// The intent of a journaled call whose receipt a client integration gives: resolved by
 /// that receipt, off the call's path.
-#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
 pub(crate) struct PendingIntent {
     effect_id: Arc<str>,
     journal: Journal,
 }
 
-#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
 impl PendingIntent {
     /// Resolves the intent as `resolution` says (`None`: the effect is unknown, and the
     /// intent stays pending for the [`Reconciler`](super::Reconciler)). The store is written
@@ -348,7 +348,7 @@ impl PendingIntent {
 impl Journaled {
     /// The dispatched call, and its intent if one was written (for the client integrations,
     /// which give the receipt themselves).
-    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
     pub(crate) fn into_parts(self) -> (Dispatched, Option<PendingIntent>) {
         let Journaled {
             dispatched,

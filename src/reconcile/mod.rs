@@ -71,7 +71,7 @@ pub use error::IntentError;
 #[cfg(feature = "sqlx-postgres")]
 pub(crate) use intent::check_len;
 pub use intent::{EffectClass, Intent, IntentRecord, Resolution, Resolved, MAX_FIELD_LEN};
-#[cfg(feature = "reqwest")]
+#[cfg(any(feature = "reqwest", feature = "tower"))]
 pub(crate) use journal::PendingIntent;
 pub use journal::{Journal, Journaled, DEFAULT_JOURNAL_TIMEOUT};
 pub use memory::InMemoryIntents;

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
+use bytes::Buf;
 use cancel_scope::wire::Admission;
 use cancel_scope::Report;
 use tokio::sync::oneshot;
@@ -44,4 +45,25 @@ impl Drop for OnDrop {
             let _ = tx.send(());
         }
     }
+}
+
+/// Reads a response body to its end (its receipt is recorded there).
+pub async fn read_body<B>(body: B) -> Result<Vec<u8>, B::Error>
+where
+    B: http_body::Body,
+    B::Data: Buf,
+{
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        if let Ok(mut data) = frame?.into_data() {
+            while data.has_remaining() {
+                let chunk = data.chunk();
+                out.extend_from_slice(chunk);
+                let n = chunk.len();
+                data.advance(n);
+            }
+        }
+    }
+    Ok(out)
 }

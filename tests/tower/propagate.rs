@@ -759,3 +759,60 @@ async fn propagate_keeps_a_shorter_preset_budget_header() {
     assert_eq!(Instant::now() - start, ms(50));
     assert!(!scope.is_cancelled());
 }
+
+/// A journaled gRPC call: its intent is written before the transport is called, and left
+/// pending by the trailers' `UNAVAILABLE` (the effect is unknown); with that intent the store
+/// is full, so the next call is answered with a trailers-only `UNAVAILABLE` (nothing was
+/// sent: safe to retry) and the transport is never called for it.
+#[tokio::test(start_paused = true)]
+async fn propagate_journals_a_grpc_call_and_refuses_one_the_store_cannot_take() {
+    use cancel_scope::reconcile::{InMemoryIntents, IntentStore, Journal};
+
+    let store = Arc::new(InMemoryIntents::new().max(1));
+    let journal = Journal::new(store.clone());
+    let sent = Arc::new(AtomicUsize::new(0));
+    let transport = Fn_({
+        let (sent, store) = (sent.clone(), store.clone());
+        move |_: Request<()>| {
+            let (sent, store) = (sent.clone(), store.clone());
+            async move {
+                sent.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(
+                    store.len(),
+                    1,
+                    "the intent is written before the call is sent"
+                );
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", "14".parse().unwrap());
+                let frames = VecDeque::from([Frame::trailers(trailers)]);
+                let mut res = Response::new(Frames::<false>(frames));
+                res.headers_mut()
+                    .insert("content-type", "application/grpc".parse().unwrap());
+                Ok::<_, Infallible>(res)
+            }
+        }
+    });
+    let journaled = |effect: &str| {
+        PropagateLayer::new()
+            .spec(ChildSpec::side_effecting("pay", effect))
+            .journal(&journal)
+    };
+
+    let scope = Scope::with_timeout(ms(1_000));
+    let mut client = journaled("p-1").layer(transport.clone());
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    let mut body = Box::pin(res.into_body());
+    while next_frame(&mut body).await.is_some() {}
+    let record = store.get("p-1").await.unwrap().unwrap();
+    assert!(record.is_pending());
+
+    let mut client = journaled("p-2").layer(transport);
+    let res = call_in(&scope, &mut client, grpc_request()).await;
+    assert_eq!(res.headers()["grpc-status"], "14");
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "nothing more was sent");
+    assert!(store.get("p-2").await.unwrap().is_none());
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.effect_unknown(), 1, "{report}");
+    assert_eq!(report.pending_effects()[0].effect_id(), "p-1");
+}

@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 use tower::{Layer as _, ServiceExt as _};
 
-use crate::support::servers::{next_report, OnDrop, CUT_AFTER, PATIENCE};
+use crate::support::servers::{next_report, read_body, OnDrop, CUT_AFTER, PATIENCE};
 use crate::support::time::ms;
 use crate::support::tower::{reporting as admit, verdict, Reports};
 
@@ -984,28 +984,6 @@ fn propagated_hyper(layer: PropagateLayer) -> Propagate<HyperClient> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
     layer.layer(client)
-}
-
-/// Reads a response body to its end (its receipt is recorded there).
-async fn read_body<B>(body: B) -> Result<Vec<u8>, B::Error>
-where
-    B: http_body::Body,
-    B::Data: bytes::Buf,
-{
-    use bytes::Buf as _;
-    let mut body = std::pin::pin!(body);
-    let mut out = Vec::new();
-    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-        if let Ok(mut data) = frame?.into_data() {
-            while data.has_remaining() {
-                let chunk = data.chunk();
-                out.extend_from_slice(chunk);
-                let n = chunk.len();
-                data.advance(n);
-            }
-        }
-    }
-    Ok(out)
 }
 
 fn http_request(method: &str, url: &str) -> http::Request<String> {

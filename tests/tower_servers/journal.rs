@@ -1,7 +1,8 @@
-//! Durable intents on the reqwest call path (`ScopedRequest::journal`) against a real
-//! loopback axum server: the intent is in the store before the server sees the request, it is
-//! resolved by the call's receipt, a read-only call writes none, and a store that fails
-//! refuses the call before anything is sent.
+//! Durable intents on the call path — reqwest's (`ScopedRequest::journal`) and `Propagate`'s
+//! (`PropagateLayer::journal`, around a hyper client) — against a real loopback axum server:
+//! the intent is in the store before the server sees the request, it is resolved by the
+//! call's receipt, a read-only call writes none, and a store that fails refuses the call
+//! before anything is sent.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,14 +13,17 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
+use cancel_scope::integrations::tower::{Propagate, PropagateLayer};
+use cancel_scope::integrations::CallError;
 use cancel_scope::reconcile::{
     InMemoryIntents, Intent, IntentError, IntentRecord, IntentStore, Journal, Resolution, Resolved,
 };
 use cancel_scope::registry::BoxFuture;
 use cancel_scope::{Lifecycle, Scope};
 use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
 
-use crate::support::servers::{serve, PATIENCE};
+use crate::support::servers::{read_body, serve, PATIENCE};
 use crate::support::time::ms;
 
 #[derive(Clone)]
@@ -193,4 +197,101 @@ async fn a_store_that_does_not_answer_refuses_the_call_before_it_is_sent() {
     scope.close();
     let report = scope.quiesce().await;
     assert_eq!(report.effect_unknown(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same through `PropagateLayer::journal`, around a plain hyper client.
+
+type HyperClient =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, String>;
+
+fn journaled_hyper(journal: &Journal) -> Propagate<HyperClient, Journal> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    PropagateLayer::new()
+        .dependency("shop")
+        .journal(journal)
+        .layer(client)
+}
+
+/// A `method` request to `url` in `scope`.
+fn in_scope(method: &str, url: &str, scope: &Scope) -> http::Request<String> {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .body(String::new())
+        .unwrap();
+    req.extensions_mut().insert(scope.clone());
+    req
+}
+
+/// The status and text of a call through `client`, its body read to its end.
+async fn send(
+    client: Propagate<HyperClient, Journal>,
+    req: http::Request<String>,
+) -> Result<(u16, String), CallError> {
+    let res = client.oneshot(req).await?;
+    let status = res.status().as_u16();
+    let body = read_body(res.into_body()).await.unwrap();
+    Ok((status, String::from_utf8(body).unwrap()))
+}
+
+#[tokio::test]
+async fn propagate_journals_a_write_before_it_is_sent_and_its_receipt_resolves_it() {
+    for (status, resolution) in [
+        (201, Some(Resolution::Applied)),
+        (409, Some(Resolution::NotApplied)),
+        (503, None),
+    ] {
+        let (url, shop) = shop().await;
+        let journal = Journal::new(shop.store.clone());
+        let scope = Scope::with_timeout(Duration::from_secs(10));
+        let req = in_scope("POST", &format!("{url}/orders/{status}"), &scope);
+        let (answered, answer) = send(journaled_hyper(&journal), req).await.unwrap();
+        assert_eq!(answered, status);
+        // The server saw the intent in the store when the request reached it.
+        assert!(answer.starts_with("pending=1 id=POST http://"), "{answer}");
+        let record = match resolution {
+            Some(_) => resolved(&shop.store, &answer).await,
+            // 5xx: the effect is unknown, left to reconcile (nothing is written after the
+            // receipt, which came with the body's end).
+            None => {
+                let id = answer.split_once(" id=").unwrap().1;
+                shop.store.get(id).await.unwrap().unwrap()
+            }
+        };
+        assert_eq!(record.resolution(), resolution, "{status}");
+        assert_eq!(
+            record.intent().effect_id(),
+            answer.split_once(" id=").unwrap().1
+        );
+    }
+}
+
+#[tokio::test]
+async fn propagate_writes_no_intent_for_a_read() {
+    let (url, shop) = shop().await;
+    let journal = Journal::new(shop.store.clone());
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+    let req = in_scope("GET", &format!("{url}/stock"), &scope);
+    let (status, answer) = send(journaled_hyper(&journal), req).await.unwrap();
+    assert_eq!((status, answer.as_str()), (200, "12"));
+    assert!(shop.store.is_empty());
+}
+
+#[tokio::test]
+async fn propagate_refuses_a_write_whose_intent_the_store_does_not_take() {
+    let (url, shop) = shop().await;
+    let journal = Journal::new(Arc::new(Hung)).timeout(ms(50));
+    let scope = Scope::with_timeout(Duration::from_secs(10));
+    let start = Instant::now();
+    let req = in_scope("POST", &format!("{url}/orders/201"), &scope);
+    let err = send(journaled_hyper(&journal), req).await.unwrap_err();
+    assert!(start.elapsed() >= ms(50));
+    assert!(err.is_intent_not_recorded(), "{err:?}");
+    assert!(err.intent_error().unwrap().is_timeout());
+    assert_eq!(shop.calls.load(Ordering::SeqCst), 0, "nothing was sent");
+    scope.close();
+    let report = scope.quiesce().await;
+    assert_eq!(report.effect_unknown(), 0, "{report}");
 }

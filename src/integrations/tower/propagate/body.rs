@@ -7,9 +7,11 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::integrations::call::Prepared;
 use crate::integrations::outcome::{self, Answer, End, GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED};
 use crate::integrations::tower::headers;
 use crate::integrations::CallError;
+use crate::reconcile::PendingIntent;
 use crate::telemetry;
 use crate::wire::ServiceEffect;
 use crate::{Cancelled, Dispatched, Scope};
@@ -37,16 +39,20 @@ pub(super) struct Tracking {
     server: Option<ServiceEffect>,
     /// The call's span and metrics.
     telemetry: telemetry::Call,
+    /// The call's intent, if it was journaled: resolved by its receipt.
+    intent: Option<PendingIntent>,
 }
 
 impl Tracking {
-    pub(super) fn new(
-        call: Scope,
-        dispatched: Dispatched,
-        grpc: bool,
-        announced: Option<Instant>,
-        telemetry: telemetry::Call,
-    ) -> Self {
+    /// The tracking of the `prepared` call (`grpc`: a gRPC call), whose `intent` (if it was
+    /// journaled) its receipt resolves.
+    pub(super) fn new(prepared: Prepared, grpc: bool, intent: Option<PendingIntent>) -> Self {
+        let Prepared {
+            call,
+            dispatched,
+            announced,
+            telemetry,
+        } = prepared;
         Tracking {
             telemetry,
             cancelled: call.cancelled(),
@@ -57,6 +63,7 @@ impl Tracking {
             head: None,
             head_by_deadline: false,
             server: None,
+            intent,
         }
     }
 
@@ -136,7 +143,10 @@ impl Tracking {
 
     fn end(&mut self, end: End) {
         if let Some(d) = self.dispatched.take() {
-            let _ = outcome::receipt(d, end, self.head, None, self.server);
+            let resolution = outcome::receipt(d, end, self.head, None, self.server);
+            if let Some(intent) = self.intent.take() {
+                intent.resolve(resolution);
+            }
             self.telemetry.ended(self._call.cause().as_ref());
         }
     }

@@ -15,11 +15,17 @@ use crate::Cause;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A journaled call until it is sent: its intent written, then dispatched and handed to the
+/// inner service (or refused).
+pub(super) type Journaling<F> =
+    Pin<Box<dyn Future<Output = Result<(F, Tracking), CallError>> + Send>>;
+
 pin_project! {
     #[project = KindProj]
     enum Kind<F> {
         Passthrough { #[pin] fut: F },
         Refused { error: Option<CallError>, grpc: bool },
+        Journaling { start: Journaling<F>, grpc: bool },
         Running { #[pin] fut: F, tracking: Option<Tracking> },
     }
 }
@@ -55,6 +61,12 @@ impl<F> ResponseFuture<F> {
         }
     }
 
+    pub(super) fn journaling(start: Journaling<F>, grpc: bool) -> Self {
+        ResponseFuture {
+            kind: Kind::Journaling { start, grpc },
+        }
+    }
+
     pub(super) fn running(fut: F, tracking: Tracking) -> Self {
         ResponseFuture {
             kind: Kind::Running {
@@ -73,7 +85,27 @@ where
 {
     type Output = Result<Response<ResponseBody<B>>, CallError>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let KindProj::Journaling { start, grpc } = self.as_mut().project().kind.project() {
+            match start.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(error)) => {
+                    let grpc = *grpc;
+                    let error = Kind::Refused {
+                        error: Some(error),
+                        grpc,
+                    };
+                    self.as_mut().project().kind.set(error);
+                }
+                Poll::Ready(Ok((fut, tracking))) => {
+                    let running = Kind::Running {
+                        fut,
+                        tracking: Some(tracking),
+                    };
+                    self.as_mut().project().kind.set(running);
+                }
+            }
+        }
         match self.project().kind.project() {
             KindProj::Passthrough { fut } => fut.poll(cx).map(|r| {
                 r.map(|res| res.map(ResponseBody::passthrough))
@@ -85,6 +117,7 @@ where
                     .expect("ResponseFuture polled after completion");
                 Poll::Ready(refused(error, *grpc))
             }
+            KindProj::Journaling { .. } => unreachable!("left above"),
             KindProj::Running { fut, tracking } => {
                 let t = tracking
                     .as_mut()
@@ -147,6 +180,9 @@ fn refused<B>(error: CallError, grpc: bool) -> Result<Response<ResponseBody<B>>,
             headers::GrpcCode::FailedPrecondition
         } else if error.is_budget_exhausted() || error.is_deadline_exceeded() {
             headers::GrpcCode::DeadlineExceeded
+        } else if error.is_intent_not_recorded() {
+            // Nothing was sent: safe to try again.
+            headers::GrpcCode::Unavailable
         } else {
             headers::GrpcCode::Cancelled
         };
@@ -165,6 +201,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         let state = match &self.kind {
             Kind::Passthrough { .. } => "passthrough",
             Kind::Refused { .. } => "refused",
+            Kind::Journaling { .. } => "journaling",
             Kind::Running { .. } => "running",
         };
         f.debug_struct("ResponseFuture")

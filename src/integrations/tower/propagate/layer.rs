@@ -8,6 +8,7 @@ use tower_layer::Layer;
 use super::service::Propagate;
 use crate::integrations::effect::{self, Class, UriTarget};
 use crate::integrations::tower::headers;
+use crate::reconcile::Journal;
 use crate::wire::EgressPolicy;
 use crate::ChildSpec;
 
@@ -32,8 +33,10 @@ use crate::ChildSpec;
 /// # let _ = layer;
 /// ```
 #[derive(Clone, Debug)]
-pub struct PropagateLayer {
+pub struct PropagateLayer<J = ()> {
     config: Config,
+    /// `()`, or the [`Journal`] the calls' intents are written to ([`journal`](Self::journal)).
+    journal: J,
 }
 
 /// What a [`PropagateLayer`] was told, shared by the services it makes.
@@ -112,6 +115,45 @@ impl PropagateLayer {
     pub fn new() -> Self {
         PropagateLayer {
             config: Config::default(),
+            journal: (),
+        }
+    }
+}
+
+impl<J> PropagateLayer<J> {
+    /// Writes the intent of every call whose effect class `journal` records
+    /// ([`Journal::records`]: by default side-effecting and idempotent calls) to its store
+    /// before the call is sent, as [`Journal::dispatch`] does (the effect id and idempotency
+    /// key of the call's [`ChildSpec`], the operation of its scope): a process killed after
+    /// sending a write leaves an intent that a [`Reconciler`](crate::reconcile::Reconciler)
+    /// finds. The call's receipt resolves it, off the call's path: `Succeeded` applied,
+    /// `Failed` (refused unprocessed) not applied, `EffectUnknown` left pending.
+    ///
+    /// A store that fails, is slower than the journal's timeout or is full refuses the call
+    /// before anything is sent: a plain request fails with
+    /// [`CallError::is_intent_not_recorded`](crate::integrations::CallError::is_intent_not_recorded),
+    /// a gRPC request gets a trailers-only `UNAVAILABLE`. The write is on the call's path:
+    /// one store round trip per journaled call. Read-only calls are sent as without a journal.
+    ///
+    /// The services a journaling layer makes wait for the store before they call the inner
+    /// service, so the inner service must be `Clone` (as hyper's and tonic's clients are):
+    /// the one that was polled ready goes with the call, a clone takes its place.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// use cancel_scope::reconcile::{InMemoryIntents, Journal};
+    ///
+    /// let journal = Journal::new(Arc::new(InMemoryIntents::new()));
+    /// let layer = PropagateLayer::new().dependency("payments").journal(&journal);
+    /// assert!(layer.journal_ref().records(&cancel_scope::ChildSpec::side_effecting("pay", "p-1")));
+    /// ```
+    pub fn journal(self, journal: &Journal) -> PropagateLayer<Journal> {
+        PropagateLayer {
+            config: self.config,
+            journal: journal.clone(),
         }
     }
 
@@ -321,10 +363,28 @@ impl Default for PropagateLayer {
     }
 }
 
-impl<S> Layer<S> for PropagateLayer {
-    type Service = Propagate<S>;
+impl PropagateLayer<Journal> {
+    /// The journal the calls' intents are written to ([`journal`](Self::journal)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cancel_scope::integrations::tower::PropagateLayer;
+    /// use cancel_scope::reconcile::{InMemoryIntents, Journal};
+    /// let journal = Journal::new(Arc::new(InMemoryIntents::new()));
+    /// let layer = PropagateLayer::new().journal(&journal);
+    /// assert!(Arc::ptr_eq(layer.journal_ref().store(), journal.store()));
+    /// ```
+    pub fn journal_ref(&self) -> &Journal {
+        &self.journal
+    }
+}
 
-    fn layer(&self, inner: S) -> Propagate<S> {
-        Propagate::from_config(inner, Arc::new(self.config.clone()))
+impl<S, J: Clone> Layer<S> for PropagateLayer<J> {
+    type Service = Propagate<S, J>;
+
+    fn layer(&self, inner: S) -> Propagate<S, J> {
+        Propagate::from_parts(inner, Arc::new(self.config.clone()), self.journal.clone())
     }
 }

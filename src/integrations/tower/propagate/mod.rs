@@ -75,6 +75,19 @@
 //! [read-only](PropagateLayer::read_only_method) or
 //! [idempotent](PropagateLayer::idempotent_method).
 //!
+//! # Durable intents
+//!
+//! A layer given a [`Journal`](crate::reconcile::Journal) ([`PropagateLayer::journal`])
+//! writes the intent of every call whose effect class the journal records (effect id and key,
+//! the operation of its scope) to the journal's store after the call's headers are written
+//! and before it is dispatched and sent, so that a process killed after sending a write leaves
+//! a record for the [`Reconciler`](crate::reconcile::Reconciler). The receipt resolves it:
+//! `Succeeded` applied, `Failed` not applied, `EffectUnknown` left pending. A store fault
+//! (an error, the journal's timeout, a full store) refuses the call before anything is sent
+//! ([`CallError::is_intent_not_recorded`](crate::integrations::CallError::is_intent_not_recorded);
+//! over gRPC a trailers-only `UNAVAILABLE`). Such a layer's services need a `Clone` inner
+//! service: the call waits for the store before the inner service is called.
+//!
 //! # Receipts
 //!
 //! | the call... | read-only | may have had an effect |

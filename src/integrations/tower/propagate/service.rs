@@ -10,6 +10,7 @@ use super::future::ResponseFuture;
 use super::layer::{Config, PropagateLayer};
 use crate::integrations::tower::headers;
 use crate::integrations::{call, headers as budget_headers, CallError};
+use crate::reconcile::Journal;
 use crate::{ChildSpec, Scope};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -25,9 +26,12 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// assert_eq!(client.get_ref(), &());
 /// ```
 #[derive(Clone, Debug)]
-pub struct Propagate<S> {
+pub struct Propagate<S, J = ()> {
     inner: S,
     config: Arc<Config>,
+    /// `()`, or the [`Journal`] the calls' intents are written to
+    /// ([`PropagateLayer::journal`]).
+    journal: J,
 }
 
 impl<S> Propagate<S> {
@@ -41,11 +45,7 @@ impl<S> Propagate<S> {
     /// # let _ = client;
     /// ```
     pub fn new(inner: S) -> Self {
-        Propagate::from_config(inner, Arc::default())
-    }
-
-    pub(super) fn from_config(inner: S, config: Arc<Config>) -> Self {
-        Propagate { inner, config }
+        Propagate::from_parts(inner, Arc::default(), ())
     }
 
     /// A layer for this middleware ([`PropagateLayer::new`]).
@@ -59,6 +59,16 @@ impl<S> Propagate<S> {
     /// ```
     pub fn layer() -> PropagateLayer {
         PropagateLayer::new()
+    }
+}
+
+impl<S, J> Propagate<S, J> {
+    pub(super) fn from_parts(inner: S, config: Arc<Config>, journal: J) -> Self {
+        Propagate {
+            inner,
+            config,
+            journal,
+        }
     }
 
     /// The inner service.
@@ -114,11 +124,80 @@ where
         self.inner.poll_ready(cx).map_err(CallError::transport)
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        match self.plan(req) {
+            Plan::Call(planned) => self.send_now(planned),
+            Plan::Answered(early) => early,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Propagate<S, Journal>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = CallError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(CallError::transport)
+    }
+
+    /// As without a journal, except that a call whose effect class the journal records is
+    /// registered, its intent written and then dispatched and sent in the returned future
+    /// (by the service that was polled ready; a clone takes its place here).
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let planned = match self.plan(req) {
+            Plan::Call(planned) if self.journal.records(&planned.spec) => planned,
+            Plan::Call(planned) => return self.send_now(planned),
+            Plan::Answered(early) => return early,
+        };
+        let Planned {
+            mut req,
+            parent,
+            within,
+            spec,
+            grpc,
+        } = planned;
+        let (dependency, egress) = (self.config.dependency, self.config.egress);
+        let journal = self.journal.clone();
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let start = Box::pin(async move {
+            let headers = req.headers_mut();
+            let (p, intent) = call::prepare_journaled(
+                dependency, &parent, within, egress, spec, headers, &journal,
+            )
+            .await?;
+            // Dispatched, its intent in the store: sent now, nothing awaited in between.
+            let tracking = Tracking::new(p, grpc, intent);
+            let fut = {
+                let _in_span = tracking.enter();
+                inner.call(req)
+            };
+            Ok((fut, tracking))
+        });
+        ResponseFuture::journaling(start, grpc)
+    }
+}
+
+impl<S, J> Propagate<S, J> {
+    /// What every call starts from: its parent scope (and a deadline that bounds it too),
+    /// its spec, whether it is gRPC; or, for a call outside any scope, its answer (passed
+    /// through under [`allow_unscoped`](PropagateLayer::allow_unscoped), else refused).
+    fn plan<ReqBody, ResBody>(&mut self, mut req: Request<ReqBody>) -> Plan<ReqBody, S::Future>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
         let grpc = headers::is_grpc(req.headers());
         let named = req.extensions().get::<Scope>().cloned();
         let Some((parent, within)) = parent_of(Scope::try_current(), named) else {
-            return match self.config.unscoped {
+            return Plan::Answered(match self.config.unscoped {
                 Some(cap) => {
                     budget_headers::unscoped(req.headers_mut(), cap);
                     ResponseFuture::passthrough(self.inner.call(req))
@@ -130,17 +209,39 @@ where
                     );
                     ResponseFuture::refused(CallError::no_scope(), grpc)
                 }
-            };
+            });
         };
         let spec = match req.extensions().get::<ChildSpec>() {
             Some(spec) => spec.clone(),
             None => self.config.spec_for(&req),
         };
-        let egress = self.config.egress;
-        let dependency = self.config.dependency;
+        Plan::Call(Planned {
+            req,
+            parent,
+            within,
+            spec,
+            grpc,
+        })
+    }
+}
+
+impl<S, J> Propagate<S, J> {
+    /// Registers, dispatches and sends a planned call at once (no intent to write first).
+    fn send_now<ReqBody, ResBody>(&mut self, planned: Planned<ReqBody>) -> ResponseFuture<S::Future>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        let Planned {
+            mut req,
+            parent,
+            within,
+            spec,
+            grpc,
+        } = planned;
+        let (dependency, egress) = (self.config.dependency, self.config.egress);
         match call::prepare(dependency, &parent, within, egress, spec, req.headers_mut()) {
             Ok(p) => {
-                let tracking = Tracking::new(p.call, p.dispatched, grpc, p.announced, p.telemetry);
+                let tracking = Tracking::new(p, grpc, None);
                 let fut = {
                     // The inner service's `call` may already do the call's work.
                     let _in_span = tracking.enter();
@@ -151,6 +252,22 @@ where
             Err(e) => ResponseFuture::refused(e.into(), grpc),
         }
     }
+}
+
+/// What [`Propagate::plan`] found: a call to make, or the answer already.
+enum Plan<B, F> {
+    Call(Planned<B>),
+    Answered(ResponseFuture<F>),
+}
+
+/// A call in a scope, about to be registered: see [`Propagate::plan`].
+struct Planned<B> {
+    req: Request<B>,
+    parent: Scope,
+    /// A deadline that bounds the call besides its parent's.
+    within: Option<Instant>,
+    spec: ChildSpec,
+    grpc: bool,
 }
 
 /// The parent of a call made with `current` as the current scope, for a request that carries
