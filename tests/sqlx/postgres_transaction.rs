@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use crate::support::postgres::*;
 use crate::support::sqlx::{
-    assert_one_unknown_effect, cancel_after, commit_cut_off, drop_two_open_transactions,
-    nested_statement_cut_off, nested_transactions,
+    assert_one_unknown_effect, begin_order, cancel_after, commit_cut_off,
+    drop_two_open_transactions, nested_statement_cut_off, nested_transactions,
 };
 use cancel_scope::integrations::sqlx::GuardedPool;
-use cancel_scope::{ChildSpec, Lifecycle, Scope};
+use cancel_scope::{Lifecycle, Scope};
 use sqlx::Postgres;
 
 /// The pool's connection (pool of one: the very connection the test used) is clean: not in
@@ -41,13 +41,7 @@ async fn commit_persists_and_a_transaction_dropped_open_is_rolled_back() {
     create_orders(&db).await;
     let scope = Scope::with_timeout(Duration::from_secs(10));
 
-    let mut tx = db
-        .begin(&scope, ChildSpec::idempotent("place-order", "order-1"))
-        .await
-        .unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
-        .await
-        .unwrap();
+    let tx = begin_order(&db, &scope).await;
     tx.commit().await.unwrap();
     assert_eq!(count_orders(&db).await, 1);
     clean_for_the_next_user(&db).await;
@@ -160,13 +154,7 @@ async fn the_commit_of_an_aborted_transaction_is_reported_rolled_back() {
     create_orders(&db).await;
     let scope = Scope::with_timeout(Duration::from_secs(10));
 
-    let mut tx = db
-        .begin(&scope, ChildSpec::idempotent("place-order", "order-1"))
-        .await
-        .unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
-        .await
-        .unwrap();
+    let mut tx = begin_order(&db, &scope).await;
     let err = tx
         .fetch_one("typo", sqlx::query_scalar::<_, i32>("SELECT 1 / 0"))
         .await
@@ -240,13 +228,7 @@ async fn a_failed_nested_transaction_dropped_leaves_the_outer_one_able_to_commit
     let db = guarded(&pg, 1).await;
     create_orders(&db).await;
     let scope = Scope::with_timeout(Duration::from_secs(10));
-    let mut tx = db
-        .begin(&scope, ChildSpec::idempotent("order", "order-1"))
-        .await
-        .unwrap();
-    tx.execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-1')"))
-        .await
-        .unwrap();
+    let mut tx = begin_order(&db, &scope).await;
     let mut coupon = tx.begin("coupon").await.unwrap();
     coupon
         .execute("insert", sqlx::query("INSERT INTO orders VALUES ('o-2')"))

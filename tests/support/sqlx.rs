@@ -190,6 +190,23 @@ async fn insert<DB: Backend>(
     tx.execute("insert", sqlx::query::<DB>(&sql)).await.unwrap();
 }
 
+/// Begins transaction `place-order` (its `COMMIT` registered idempotent with key
+/// `order-1`) on a connection of its own for `scope`, and inserts order o-1 in it.
+pub async fn begin_order<DB: Backend>(
+    db: &GuardedPool<DB>,
+    scope: &Scope,
+) -> cancel_scope::integrations::sqlx::GuardedTransaction<'static, DB>
+where
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let mut tx = db
+        .begin(scope, ChildSpec::idempotent("place-order", "order-1"))
+        .await
+        .unwrap();
+    insert(&mut tx, "o-1").await;
+    tx
+}
+
 /// Nested transactions (savepoints) ended every way, on one scope, whose report is returned
 /// once it is quiet. Leaves exactly orders o-1, o-4 and o-6 committed:
 /// * o-2 and o-3: two nested levels dropped open (the inner one first), rolled back to the
@@ -205,11 +222,7 @@ where
     for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
 {
     let scope = Scope::new();
-    let mut tx = db
-        .begin(&scope, ChildSpec::idempotent("order", "order-1"))
-        .await
-        .unwrap();
-    insert(&mut tx, "o-1").await;
+    let mut tx = begin_order(db, &scope).await;
     let mut lines = tx.begin("lines").await.unwrap();
     insert(&mut lines, "o-2").await;
     let mut coupon = lines.begin("coupon").await.unwrap();
@@ -244,11 +257,7 @@ where
     for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
 {
     let scope = Scope::new();
-    let mut tx = db
-        .begin(&scope, ChildSpec::idempotent("order", "order-1"))
-        .await
-        .unwrap();
-    insert(&mut tx, "o-1").await;
+    let mut tx = begin_order(db, &scope).await;
     let mut lines = tx.begin("lines").await.unwrap();
     let canceller = cancel_after(&scope, std::time::Duration::from_millis(200));
     let err = lines

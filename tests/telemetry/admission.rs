@@ -22,6 +22,15 @@ async fn ok(_: Request<()>) -> Result<Response<String>, Infallible> {
     Ok(Response::new("ok".to_owned()))
 }
 
+/// The reason and level of each refusal event, in order.
+fn refusal_levels(t: &Telemetry) -> Vec<(String, Level)> {
+    t.traces
+        .events("request refused at admission")
+        .into_iter()
+        .map(|e| (e.field("cancel_scope.reason").unwrap().to_owned(), e.level))
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_admitted_request_records_its_budget_span_and_report() {
     let t = Telemetry::install();
@@ -156,12 +165,7 @@ async fn refused_requests_count_by_reason_and_warn_only_for_bad_input() {
         )
         .is_empty());
     assert!(t.traces.spans(telemetry::REQUEST_SPAN).is_empty());
-    let levels: Vec<(String, Level)> = t
-        .traces
-        .events("request refused at admission")
-        .into_iter()
-        .map(|e| (e.field("cancel_scope.reason").unwrap().to_owned(), e.level))
-        .collect();
+    let levels = refusal_levels(&t);
     assert_eq!(
         levels,
         [
@@ -292,12 +296,7 @@ async fn a_cancelled_operations_refusal_has_its_own_reason() {
         m.counter(telemetry::ADMISSION_REJECTED, &[("reason", "invalid")]),
         0
     );
-    let levels: Vec<(String, Level)> = t
-        .traces
-        .events("request refused at admission")
-        .into_iter()
-        .map(|e| (e.field("cancel_scope.reason").unwrap().to_owned(), e.level))
-        .collect();
+    let levels = refusal_levels(&t);
     assert_eq!(levels, [("operation_cancelled".to_owned(), Level::DEBUG)]);
 }
 
@@ -346,11 +345,6 @@ async fn the_layers_409_for_a_cancelled_operation_counts_under_its_own_reason() 
         ),
         1
     );
-    let levels: Vec<(String, Level)> = t
-        .traces
-        .events("request refused at admission")
-        .into_iter()
-        .map(|e| (e.field("cancel_scope.reason").unwrap().to_owned(), e.level))
-        .collect();
+    let levels = refusal_levels(&t);
     assert_eq!(levels, [("operation_cancelled".to_owned(), Level::DEBUG)]);
 }

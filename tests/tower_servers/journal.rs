@@ -71,6 +71,23 @@ async fn resolved(store: &InMemoryIntents, answer: &str) -> IntentRecord {
     }
 }
 
+/// The intent `answer` names: once resolved, when a `resolution` is expected; else as it is
+/// (an unknown effect is left pending: nothing is written after the receipt, which came with
+/// the body's end).
+async fn record_of(
+    store: &InMemoryIntents,
+    answer: &str,
+    resolution: Option<Resolution>,
+) -> IntentRecord {
+    match resolution {
+        Some(_) => resolved(store, answer).await,
+        None => {
+            let id = answer.split_once(" id=").unwrap().1;
+            store.get(id).await.unwrap().unwrap()
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_post_is_journaled_before_it_is_sent_and_resolved_by_its_receipt() {
     let (url, shop) = shop().await;
@@ -108,15 +125,8 @@ async fn a_refused_post_is_not_applied_and_an_answered_5xx_stays_pending() {
             .unwrap();
         assert_eq!(res.status(), status);
         let answer = res.text().await.unwrap();
-        // 4xx: refused unprocessed; 5xx: the effect is unknown, left to reconcile (the
-        // receipt came with the body's end: nothing is written after it).
-        let record = match resolution {
-            Some(_) => resolved(&shop.store, &answer).await,
-            None => {
-                let id = answer.split_once(" id=").unwrap().1;
-                shop.store.get(id).await.unwrap().unwrap()
-            }
-        };
+        // 4xx: refused unprocessed; 5xx: the effect is unknown, left to reconcile.
+        let record = record_of(&shop.store, &answer, resolution).await;
         assert_eq!(record.resolution(), resolution, "{status}");
     }
 }
@@ -251,15 +261,7 @@ async fn propagate_journals_a_write_before_it_is_sent_and_its_receipt_resolves_i
         assert_eq!(answered, status);
         // The server saw the intent in the store when the request reached it.
         assert!(answer.starts_with("pending=1 id=POST http://"), "{answer}");
-        let record = match resolution {
-            Some(_) => resolved(&shop.store, &answer).await,
-            // 5xx: the effect is unknown, left to reconcile (nothing is written after the
-            // receipt, which came with the body's end).
-            None => {
-                let id = answer.split_once(" id=").unwrap().1;
-                shop.store.get(id).await.unwrap().unwrap()
-            }
-        };
+        let record = record_of(&shop.store, &answer, resolution).await;
         assert_eq!(record.resolution(), resolution, "{status}");
         assert_eq!(
             record.intent().effect_id(),

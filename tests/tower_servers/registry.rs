@@ -92,6 +92,17 @@ fn claim(op: &str) -> String {
     format!("v=1, rem=10000, op=\"{op}\"")
 }
 
+/// A GET of `url`'s `/seen` by `client`, claiming operation `op` (an RFC 8941 String's
+/// contents, escaped).
+async fn claiming(client: &reqwest::Client, url: &str, op: &str) -> reqwest::Response {
+    client
+        .get(format!("{url}/seen"))
+        .header("service-budget", claim(op))
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_cancelled_operations_requests_get_409_and_a_cancel_stops_one_in_flight() {
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
@@ -112,12 +123,7 @@ async fn a_cancelled_operations_requests_get_409_and_a_cancel_stops_one_in_fligh
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     // The client's retry under that operation is refused before any handler runs.
-    let refused = client
-        .get(format!("{url}/seen"))
-        .header("service-budget", claim(&id))
-        .send()
-        .await
-        .unwrap();
+    let refused = claiming(&client, &url, &id).await;
     assert_eq!(refused.status(), 409);
     assert_eq!(refused.headers()["service-effect"], "none");
     assert!(refused.headers().get("retry-after").is_none());
@@ -324,12 +330,7 @@ async fn the_edge_names_the_operation_it_issued_and_a_retry_under_it_continues_i
     assert!(retry_ms <= first_ms, "{answer} then {again}");
 
     // An id this untrusted caller made up is never repeated: it is told the one issued.
-    let made_up = client
-        .get(format!("{url}/seen"))
-        .header("service-budget", claim("victim-op"))
-        .send()
-        .await
-        .unwrap();
+    let made_up = claiming(&client, &url, "victim-op").await;
     let issued = named_operation(&made_up).unwrap();
     assert_ne!(issued, "victim-op");
     assert_eq!(field(&made_up.text().await.unwrap(), "op"), issued);
@@ -349,12 +350,7 @@ async fn the_edge_names_the_operation_it_issued_and_a_retry_under_it_continues_i
     assert_eq!(named_operation(&stopped), Some(waiting.clone()));
 
     // A request refused at admission has no operation to name.
-    let refused = client
-        .get(format!("{url}/seen"))
-        .header("service-budget", claim(&waiting))
-        .send()
-        .await
-        .unwrap();
+    let refused = claiming(&client, &url, &waiting).await;
     assert_eq!(refused.status(), 409);
     assert_eq!(named_operation(&refused), None);
 }
@@ -365,11 +361,6 @@ async fn a_trusted_callers_operation_is_named_back() {
     let inner =
         EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10)).trust(Trust::Trusted);
     let (url, _, _) = server(inner, &ops, None).await;
-    let res = reqwest::Client::new()
-        .get(format!("{url}/seen"))
-        .header("service-budget", claim(r#"checkout \"7f3a\""#))
-        .send()
-        .await
-        .unwrap();
+    let res = claiming(&reqwest::Client::new(), &url, r#"checkout \"7f3a\""#).await;
     assert_eq!(named_operation(&res).as_deref(), Some("checkout \"7f3a\""));
 }
