@@ -1,0 +1,575 @@
+//! Phase 2: real load on loopback. Four axum services, each behind the real `AdmitLayer`:
+//! `frontend` calls `orders`, which calls `inventory` (a SQLite statement through the sqlx
+//! guard) and `stubborn` (a dependency that ignores cancellation: its work runs on a plain
+//! task the request's scope knows nothing of) at once, every call through the reqwest
+//! integration (`send_scoped`) with a permit of the hop's connection limit held for it.
+//!
+//! Many concurrent clients send requests with random budgets (`service-budget`, as a caller
+//! without the library writes it); some cancel at a random moment (dropping the request,
+//! which closes its connection), some disconnect a raw socket after sending. An outermost
+//! layer of every service logs, per request, each request that arrives and each part of each
+//! answer sent (head and body frames), and each SQL statement started: the last of them after a
+//! client's cancel is that request's cancel-to-no-new-I/O time, on the real clock.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body as AxumBody;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use axum::routing::any;
+use axum::Router;
+use cancel_scope::integrations::reqwest::RequestBuilderExt as _;
+use cancel_scope::integrations::sqlx::GuardedPool;
+use cancel_scope::integrations::tower::AdmitLayer;
+use cancel_scope::wire::service_budget::{self, ServiceBudget};
+use cancel_scope::wire::{Admission, EndpointPolicy};
+use cancel_scope::{Lifecycle, Report, Scope};
+use http::StatusCode;
+use http_body::Frame;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::{Pool, Sqlite};
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::gates::Observations;
+
+/// Phase 2's parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadConfig {
+    /// Client requests.
+    pub requests: u64,
+    /// Clients at once.
+    pub concurrency: u64,
+    /// The seed of the clients' random choices.
+    pub seed: u64,
+}
+
+/// What phase 2 found.
+#[derive(Debug)]
+pub struct LoadResult {
+    /// Its observations.
+    pub observations: Observations,
+    /// The database its SQL statements ran on.
+    pub database: &'static str,
+}
+
+const REQ: &str = "x-gate-req";
+const PARENT: &str = "x-gate-parent";
+const CALL: &str = "x-gate-call";
+const HOP: &str = "x-gate-hop";
+
+/// One request a service received.
+#[derive(Debug, Default)]
+struct Hop {
+    req: u64,
+    parent: Option<(u64, u64)>,
+    carried: Option<Duration>,
+    entered: bool,
+    ingress: Option<Instant>,
+    deadline: Option<Instant>,
+    report: Option<Report>,
+}
+
+/// One call a hop made, as it was about to send it.
+#[derive(Debug)]
+struct CallRec {
+    before: Instant,
+    deadline: Option<Instant>,
+    cancelled: bool,
+    live: bool,
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    hops: Vec<Hop>,
+    calls: HashMap<(u64, u64), CallRec>,
+    ops: HashMap<String, u64>,
+    early_reports: HashMap<String, Report>,
+    last_io: HashMap<u64, (Instant, &'static str)>,
+}
+
+type Shared = Arc<Mutex<Log>>;
+
+fn io(log: &Shared, req: u64, what: &'static str) {
+    let now = Instant::now();
+    let mut log = log.lock().unwrap();
+    let last = log.last_io.entry(req).or_insert((now, what));
+    if now >= last.0 {
+        *last = (now, what);
+    }
+}
+
+fn header_u64(req: &Request, name: &str) -> Option<u64> {
+    req.headers().get(name)?.to_str().ok()?.parse().ok()
+}
+
+/// The outermost layer of every service: logs the request's arrival and every part of its
+/// answer.
+async fn io_log(State(log): State<Shared>, mut req: Request, next: Next) -> Response {
+    let id = header_u64(&req, REQ).unwrap_or(u64::MAX);
+    let parent = header_u64(&req, PARENT).zip(header_u64(&req, CALL));
+    let carried = req
+        .headers()
+        .get(service_budget::HEADER)
+        .and_then(|v| ServiceBudget::parse(v.as_bytes()).ok())
+        .map(|b| b.remaining());
+    io(&log, id, arrival(&req));
+    let key = {
+        let mut l = log.lock().unwrap();
+        l.hops.push(Hop {
+            req: id,
+            parent,
+            carried,
+            ..Hop::default()
+        });
+        l.hops.len() as u64 - 1
+    };
+    req.headers_mut().insert(HOP, key.into());
+    let what = answer(&req);
+    let res = next.run(req).await;
+    io(&log, id, what);
+    res.map(|body| AxumBody::new(Logged { body, log, id }))
+}
+
+/// The service a request arrived at, by its port's place in the chain (the log's label).
+fn arrival(req: &Request) -> &'static str {
+    match req.headers().contains_key(PARENT) {
+        false => "a request arriving at frontend",
+        true => "a request arriving below frontend",
+    }
+}
+
+fn answer(req: &Request) -> &'static str {
+    match req.headers().contains_key(PARENT) {
+        false => "frontend's answer head",
+        true => "an answer head below frontend",
+    }
+}
+
+/// A response body that logs each frame it yields.
+struct Logged {
+    body: AxumBody,
+    log: Shared,
+    id: u64,
+}
+
+impl http_body::Body for Logged {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<bytes::Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(_)) = &polled {
+            io(&self.log, self.id, "a frame of an answer");
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+}
+
+/// What a service does.
+#[derive(Clone, Debug)]
+struct Service {
+    log: Shared,
+    next: Vec<String>,
+    limit: Arc<Semaphore>,
+    client: reqwest::Client,
+    db: Option<GuardedPool<Sqlite>>,
+    stubborn: bool,
+    calls: Arc<AtomicU64>,
+}
+
+/// Counts to `n` inside SQLite (well under a millisecond for the n used here: the load is
+/// the services', not the database's).
+const COUNT: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < ?) \
+                     SELECT count(*) FROM c";
+
+async fn handler(State(s): State<Service>, req: Request) -> (StatusCode, &'static str) {
+    let key = header_u64(&req, HOP).expect("the log layer names the hop");
+    let scope = Scope::current();
+    let id = {
+        let mut l = s.log.lock().unwrap();
+        let op = scope
+            .operation()
+            .map(|o| o.id().to_owned())
+            .unwrap_or_default();
+        let early = l.early_reports.remove(&op);
+        l.ops.insert(op, key);
+        let admission = req.extensions().get::<Admission>();
+        let hop = &mut l.hops[key as usize];
+        hop.entered = true;
+        hop.deadline = scope.deadline();
+        hop.ingress = admission.map(Admission::ingress);
+        if early.is_some() {
+            hop.report = early;
+        }
+        hop.req
+    };
+    if s.stubborn {
+        // Work that ignores cancellation: the scope does not know this task.
+        let work = id.wrapping_mul(7919) % 300 + 20;
+        let _ = tokio::spawn(tokio::time::sleep(Duration::from_millis(work))).await;
+        return (StatusCode::OK, "done anyway");
+    }
+    if let Some(db) = &s.db {
+        io(&s.log, id, "a SQL statement");
+        let n = 100 + (id % 50) as i64 * 40;
+        let counted = db
+            .fetch_one(None, "count", sqlx::query_scalar::<_, i64>(COUNT).bind(n))
+            .await;
+        return match counted {
+            Ok(_) => (StatusCode::OK, "counted"),
+            Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
+        };
+    }
+    let calls = s.next.iter().map(|url| {
+        let s = s.clone();
+        let scope = scope.clone();
+        async move {
+            let Ok(_permit) = scope.acquire(&s.limit).await else {
+                return false;
+            };
+            let seq = s.calls.fetch_add(1, Ordering::Relaxed);
+            s.log.lock().unwrap().calls.insert(
+                (key, seq),
+                CallRec {
+                    before: Instant::now(),
+                    deadline: scope.deadline(),
+                    cancelled: scope.is_cancelled(),
+                    live: !scope.is_cancelled() && scope.lifecycle() == Lifecycle::Running,
+                },
+            );
+            let sent = s
+                .client
+                .get(url)
+                .header(REQ, id)
+                .header(PARENT, key)
+                .header(CALL, seq)
+                .send_scoped()
+                .await;
+            match sent {
+                Ok(res) => res.status().is_success() && res.text().await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    });
+    if futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .all(|ok| ok)
+    {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::BAD_GATEWAY, "a dependency failed")
+    }
+}
+
+/// Serves one service on a loopback port; returns its URL.
+async fn serve(s: Service, policy: EndpointPolicy) -> String {
+    let log = s.log.clone();
+    let reports = log.clone();
+    let admit = AdmitLayer::new(policy).on_report(move |admission, report| {
+        let mut l = reports.lock().unwrap();
+        match l.ops.get(admission.operation_id()).copied() {
+            Some(key) => l.hops[key as usize].report = Some(report.clone()),
+            None => {
+                l.early_reports
+                    .insert(admission.operation_id().to_owned(), report.clone());
+            }
+        }
+    });
+    let app = Router::new()
+        .route("/", any(handler))
+        .with_state(s)
+        .layer(admit)
+        .layer(axum::middleware::from_fn_with_state(log, io_log));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/")
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// How one client request ended.
+enum Ended {
+    Answered { late_by: Option<Duration> },
+    Cancelled(Instant),
+}
+
+async fn client(
+    http: &reqwest::Client,
+    url: &str,
+    addr: &str,
+    id: u64,
+    rng: &mut SmallRng,
+) -> Ended {
+    let budget = ms(rng.random_range(30..=500));
+    let header = ServiceBudget::new(budget).to_header_value();
+    let cancel = rng
+        .random_bool(0.3)
+        .then(|| ms(rng.random_range(0..budget.as_millis() as u64)));
+    let start = Instant::now();
+    if let Some(after) = cancel.filter(|_| rng.random_bool(0.5)) {
+        // A raw socket that sends the request and goes away.
+        if let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await {
+            let raw = format!(
+                "GET / HTTP/1.1\r\nhost: {addr}\r\n{}: {header}\r\n{REQ}: {id}\r\n\r\n",
+                service_budget::HEADER
+            );
+            let _ = tcp.write_all(raw.as_bytes()).await;
+            tokio::time::sleep_until(start + after).await;
+            let at = Instant::now();
+            drop(tcp);
+            return Ended::Cancelled(at);
+        }
+    }
+    let call = async {
+        let res = http
+            .get(url)
+            .header(service_budget::HEADER, &header)
+            .header(REQ, id)
+            .timeout(budget + Duration::from_secs(2))
+            .send()
+            .await;
+        if let Ok(res) = res {
+            let _ = res.bytes().await;
+        }
+        Instant::now()
+    };
+    let answered = |at: Instant| Ended::Answered {
+        late_by: (at > start + budget).then(|| at - (start + budget)),
+    };
+    match cancel {
+        None => answered(call.await),
+        Some(after) => tokio::select! {
+            a = call => answered(a),
+            _ = tokio::time::sleep_until(start + after) => Ended::Cancelled(Instant::now()),
+        },
+    }
+}
+
+async fn database() -> Result<Pool<Sqlite>, sqlx::Error> {
+    let dir = std::env::temp_dir().join(format!("launch_gate-{}.db", std::process::id()));
+    let options = SqliteConnectOptions::new()
+        .filename(&dir)
+        .create_if_missing(true);
+    SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+}
+
+/// Runs the load (calling `progress` with how many requests are done) and judges it.
+pub fn run_load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> LoadResult {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let observations = runtime.block_on(load(cfg, progress));
+    LoadResult {
+        observations,
+        database: "SQLite (bundled, a file in the temporary directory)",
+    }
+}
+
+async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations {
+    let log: Shared = Arc::default();
+    let pool = database().await.expect("a SQLite database");
+    let limits: Vec<Arc<Semaphore>> = (0..3).map(|_| Arc::new(Semaphore::new(64))).collect();
+    let service = |next: Vec<String>, limit: usize| Service {
+        log: log.clone(),
+        next,
+        limit: limits[limit].clone(),
+        client: reqwest::Client::new(),
+        db: None,
+        stubborn: false,
+        calls: Arc::default(),
+    };
+    let policy = |reserve| {
+        EndpointPolicy::new(ms(2_000), ms(1_000))
+            .reserve(ms(reserve))
+            .transport_pad(ms(2))
+            .min_useful(ms(2))
+    };
+    let inventory = serve(
+        Service {
+            db: Some(GuardedPool::new(pool.clone())),
+            ..service(vec![], 2)
+        },
+        policy(2),
+    )
+    .await;
+    let stubborn = serve(
+        Service {
+            stubborn: true,
+            ..service(vec![], 2)
+        },
+        policy(2),
+    )
+    .await;
+    let orders = serve(service(vec![inventory, stubborn], 1), policy(5)).await;
+    let frontend = serve(service(vec![orders], 0), policy(10)).await;
+    let addr = frontend
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let ended: Arc<Mutex<Vec<(u64, Ended)>>> = Arc::default();
+    let http = reqwest::Client::new();
+    let clients: Vec<_> = (0..cfg.concurrency)
+        .map(|_| {
+            let (next, done, ended, http, url, addr) = (
+                next.clone(),
+                done.clone(),
+                ended.clone(),
+                http.clone(),
+                frontend.clone(),
+                addr.clone(),
+            );
+            let (requests, seed) = (cfg.requests, cfg.seed);
+            tokio::spawn(async move {
+                loop {
+                    let id = next.fetch_add(1, Ordering::Relaxed);
+                    if id >= requests {
+                        return;
+                    }
+                    let mut rng =
+                        SmallRng::seed_from_u64(seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    let e = client(&http, &url, &addr, id, &mut rng).await;
+                    ended.lock().unwrap().push((id, e));
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let watch = async {
+        loop {
+            progress(done.load(Ordering::Relaxed));
+            tokio::time::sleep(ms(100)).await;
+        }
+    };
+    tokio::select! {
+        _ = futures::future::join_all(clients) => {}
+        _ = watch => {}
+    }
+    progress(cfg.requests);
+
+    // Everything quiet: every admitted request has its report (a bound only, for a request
+    // that never goes quiet: it then counts as not quiet).
+    let patience = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < patience {
+        let quiet = log
+            .lock()
+            .unwrap()
+            .hops
+            .iter()
+            .all(|h| !h.entered || h.report.is_some());
+        if quiet {
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    // Connections of the pool go back to it when their statement's guard releases them.
+    let held_db = pool.size() as u64 - pool.num_idle() as u64;
+    let held_permits: u64 = limits
+        .iter()
+        .map(|l| 64 - l.available_permits() as u64)
+        .sum();
+    let log = log.lock().unwrap();
+    let ended = ended.lock().unwrap();
+    judge(&log, &ended, held_db + held_permits, cfg.requests)
+}
+
+fn judge(log: &Log, ended: &[(u64, Ended)], orphans: u64, requests: u64) -> Observations {
+    let mut o = Observations {
+        requests,
+        orphans,
+        ..Observations::default()
+    };
+    let mut sends_from: HashMap<u64, u64> = HashMap::new();
+    for h in &log.hops {
+        o.admitted += u64::from(h.entered);
+        let Some((parent, seq)) = h.parent else {
+            continue;
+        };
+        o.sent += 1;
+        let Some(call) = log.calls.get(&(parent, seq)) else {
+            // A request no call of its sender's was about to send: not covered.
+            continue;
+        };
+        if call.live {
+            *sends_from.entry(parent).or_default() += 1;
+        }
+        let grew = match (call.deadline, h.carried) {
+            (Some(d), Some(c)) => call.before + c > d,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let admitted_later = match (h.ingress, h.deadline, h.carried) {
+            (Some(i), Some(d), Some(c)) => d > i + c,
+            _ => false,
+        };
+        o.expanded += u64::from(grew || admitted_later);
+        if let (Some(d), Some(i), Some(c)) = (call.deadline, h.ingress, h.carried) {
+            if i + c > d {
+                o.outlived += 1;
+                o.outlived_max = o.outlived_max.max(i + c - d);
+            }
+        }
+        let expired = call.deadline.is_some_and(|d| call.before >= d);
+        if h.entered && (call.cancelled || expired) {
+            o.late_accepts += 1;
+        }
+    }
+    for (key, h) in log.hops.iter().enumerate() {
+        if let Some(r) = &h.report {
+            o.quiet += 1;
+            let sends = sends_from.get(&(key as u64)).copied().unwrap_or(0);
+            o.registered_sends += sends.min(r.total());
+            o.cancelled_receipts += r.cancelled();
+            o.quarantined += r.quarantined();
+            o.pending_effects += r.pending_effects().len() as u64;
+        }
+    }
+    for (id, e) in ended {
+        match e {
+            Ended::Answered { late_by } => {
+                o.answered += 1;
+                o.missed += u64::from(late_by.is_some());
+                o.late_by.extend(*late_by);
+            }
+            Ended::Cancelled(at) => {
+                o.client_cancels += 1;
+                let (last, what) = log.last_io.get(id).copied().unwrap_or((*at, "nothing"));
+                o.cancel_to_quiet.push(last.saturating_duration_since(*at));
+                o.last_io.push(if last > *at {
+                    what
+                } else {
+                    "nothing after the cancel"
+                });
+            }
+        }
+    }
+    o
+}
