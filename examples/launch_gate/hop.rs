@@ -453,6 +453,8 @@ async fn call(world: &Arc<World>, from: u64, scope: &Scope, c: &Call) -> bool {
                 once().await
             };
             tokio::select! {
+                // In a fixed order: the same seed makes the same run.
+                biased;
                 ok = first => ok,
                 ok = second => ok,
             }

@@ -366,10 +366,11 @@ async fn client(
     }
 }
 
-async fn database() -> Result<Pool<Sqlite>, sqlx::Error> {
-    let dir = std::env::temp_dir().join(format!("launch_gate-{}.db", std::process::id()));
+/// A database file in `dir` (every connection of an in-memory pool would get a database of
+/// its own).
+async fn database(dir: &std::path::Path) -> Result<Pool<Sqlite>, sqlx::Error> {
     let options = SqliteConnectOptions::new()
-        .filename(&dir)
+        .filename(dir.join("gate.db"))
         .create_if_missing(true);
     SqlitePoolOptions::new()
         .max_connections(4)
@@ -387,13 +388,14 @@ pub fn run_load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> LoadResult
     let observations = runtime.block_on(load(cfg, progress));
     LoadResult {
         observations,
-        database: "SQLite (bundled, a file in the temporary directory)",
+        database: "SQLite (bundled, a file in a temporary directory)",
     }
 }
 
 async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations {
     let log: Shared = Arc::default();
-    let pool = database().await.expect("a SQLite database");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let pool = database(dir.path()).await.expect("a SQLite database");
     let limits: Vec<Arc<Semaphore>> = (0..3).map(|_| Arc::new(Semaphore::new(64))).collect();
     let service = |next: Vec<String>, limit: usize| Service {
         log: log.clone(),
@@ -496,9 +498,14 @@ async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations
         .iter()
         .map(|l| 64 - l.available_permits() as u64)
         .sum();
-    let log = log.lock().unwrap();
-    let ended = ended.lock().unwrap();
-    judge(&log, &ended, held_db + held_permits, cfg.requests)
+    let observations = judge(
+        &log.lock().unwrap(),
+        &ended.lock().unwrap(),
+        held_db + held_permits,
+        cfg.requests,
+    );
+    pool.close().await;
+    observations
 }
 
 fn judge(log: &Log, ended: &[(u64, Ended)], orphans: u64, requests: u64) -> Observations {

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example launch_gate --features __test-servers,sqlx-sqlite -- \
-//!     --trees 1000000 --requests 20000 --concurrency 64
+//!     --trees 1000000 --requests 20000 --concurrency 32
 //! ```
 //!
 //! Options: `--trees N` (phase 1, default 100000), `--requests N` and `--concurrency N`

@@ -91,6 +91,15 @@ pub fn text(run: &Run<'_>) -> String {
                 tail(o)
             );
         }
+        if let (Some(p50), Some(max)) = (quantile(&o.late_by, 0.5), quantile(&o.late_by, 1.0)) {
+            let _ = writeln!(
+                s,
+                "  {:<21} missed answers late by: P50 {:.3} ms, max {:.3} ms",
+                "",
+                ms(p50),
+                ms(max)
+            );
+        }
     }
     let _ = writeln!(s, "duration: {:.1} s", run.took.as_secs_f64());
     s
@@ -194,7 +203,8 @@ pub fn write(run: &Run<'_>) -> Result<(PathBuf, PathBuf), Box<dyn std::error::Er
 }
 
 /// The histogram of `samples` in milliseconds: 40 bins up to the largest sample (at least
-/// 1 ms).
+/// 1 ms), on a logarithmic count axis (most cancels leave no I/O after them: a linear axis
+/// would show only the first bin).
 fn histogram(
     path: &std::path::Path,
     samples: &[Duration],
@@ -221,11 +231,11 @@ fn histogram(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max, 0u64..top + top / 10 + 1)?;
+        .build_cartesian_2d(0.0..max, (0.5..top as f64 * 2.0).log_scale())?;
     chart
         .configure_mesh()
         .x_desc("milliseconds from the cancel to the last byte sent")
-        .y_desc("requests")
+        .y_desc("requests (logarithmic)")
         .draw()?;
     chart.draw_series(
         counts
@@ -234,7 +244,7 @@ fn histogram(
             .filter(|(_, c)| **c > 0)
             .map(|(i, c)| {
                 let x0 = i as f64 * width;
-                Rectangle::new([(x0, 0), (x0 + width, *c)], BLUE.mix(0.6).filled())
+                Rectangle::new([(x0, 0.5), (x0 + width, *c as f64)], BLUE.mix(0.6).filled())
             }),
     )?;
     root.present()?;

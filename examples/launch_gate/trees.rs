@@ -152,6 +152,8 @@ async fn one_tree(rng: &mut SmallRng, sabotage: Sabotage) -> Observations {
         }
         Some(after) => {
             tokio::select! {
+                // In a fixed order: the same seed makes the same run.
+                biased;
                 _ = call => {
                     answered(&mut o, deadline);
                     None
