@@ -128,8 +128,7 @@ pub struct Sent {
     pub written: Instant,
     /// The `service-budget` remaining it carried, as decoded.
     pub carried: Option<Duration>,
-    /// The sender scope's deadline, whether it was cancelled, and whether its deadline had
-    /// passed, at the write.
+    /// The sender scope's deadline.
     pub sender_deadline: Option<Instant>,
     /// The sender was cancelled when it wrote.
     pub sender_cancelled: bool,
