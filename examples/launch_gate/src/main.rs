@@ -4,7 +4,7 @@
 //! a gate fails.
 //!
 //! ```sh
-//! cargo run --release --example launch_gate --features __test-servers,sqlx-sqlite -- \
+//! cargo run --release --example launch_gate -- \
 //!     --trees 1000000 --requests 20000 --concurrency 32
 //! ```
 //!
