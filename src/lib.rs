@@ -171,6 +171,8 @@
 //! | | [`Operation`](wire::Operation) | request-wide facts on the root scope: operation id, priority, generation, egress defaults |
 //! | | [`EgressPolicy`](wire::EgressPolicy) | how outgoing calls take their budget: reserve, cap, transport pad, minimum |
 //! | | [`Outgoing`](wire::Outgoing) | the budget of one outgoing call, as `grpc-timeout` and `service-budget` values |
+//! | | [`PolicyError`](wire::PolicyError), [`MAX_CAP`](wire::MAX_CAP) | why a policy version was refused (it would remove the deadline, its number is stale) or a rollback could not be made; the longest hard cap a version may have |
+//! | crate root | [`Report::policy_version`] | the version of the endpoint policy that admitted the request a report is of |
 //! | | (also here) | `GrpcTimeoutError`, `ServiceBudget`, `ServiceBudgetError`, `ServiceBudgetErrorKind`, `EnvoyTimeoutError`, re-exported from the modules below |
 //! | | [`ServerScope`](wire::ServerScope) | a server's scope, the parent of every admitted request: [`shutdown`](wire::ServerScope::shutdown) stops admitting, drains, cancels the rest with `Cause::Shutdown`; [`draining`](wire::ServerScope::draining) for axum's and tonic's graceful shutdown |
 //! | | [`ShutdownReport`](wire::ShutdownReport) | what a shutdown found: in flight, finished, cancelled, quarantined, pending effects |
@@ -273,6 +275,14 @@
     doc = "| `telemetry` (features `tracing`, `tower`) | [`RequestSpan`](telemetry::RequestSpan) | a server request span that declares the request's fields: tower-http's `MakeSpan` (feature `tower-http`), tonic's `trace_fn` |"
 )]
 #![cfg_attr(
+    feature = "rollout",
+    doc = "| `wire` (feature `rollout`) | [`PolicyHandle`](wire::PolicyHandle) | an endpoint's policy versions swapped at run time: `set`, `rollback` (never to a larger cap), read per request by `AdmitLayer::versioned` (feature `tower`) |"
+)]
+#![cfg_attr(
+    feature = "serde",
+    doc = "| `wire` (feature `serde`) | [`PolicyConfig`](wire::PolicyConfig), [`TrustConfig`](wire::TrustConfig), [`OverCapConfig`](wire::OverCapConfig) | an `EndpointPolicy` as configuration (`EndpointPolicy` deserializes from it) |"
+)]
+#![cfg_attr(
     feature = "stream",
     doc = "| crate root (feature `stream`) | [`RunStream`] | a stream bounded by its scope ([`Scope::run_stream`]): ends with the cause at cancel, with an idle timeout |"
 )]
@@ -348,6 +358,8 @@
 //! | `tracing` | `telemetry`: a DEBUG span per admitted request and per outgoing call, events at report time and for refused requests (adds `tracing` without default features) |
 //! | `metrics` | `telemetry`: admission, call, cancel, receipt and retry counters and histograms through the `metrics` facade, any recorder (adds `metrics` without default features) |
 //! | `tower-http` | `telemetry::RequestSpan` as tower-http's `MakeSpan`, for `TraceLayer` (`tracing`, `tower`, and `tower-http` with its `trace` module only) |
+//! | `rollout` | `wire::PolicyHandle`: policy versions swapped at run time, `set` and `rollback`, read per request by `AdmitLayer::versioned` (adds `arc-swap`, which has no dependencies) |
+//! | `serde` | `EndpointPolicy` and `wire::PolicyConfig` from configuration in any `serde` format (adds `serde` with its derive) |
 //! | `testing` | `testing`: a request's scope and an admitted request for your own handler tests (`tower`) |
 //!
 //! `__test-servers` is not public API: it pulls in axum and tonic's transport for this

@@ -343,6 +343,10 @@ fn service_budget(call: &Scope, remaining: Duration) -> ServiceBudget {
         b = b.clone().with_operation_id(op.id()).unwrap_or(b);
         b = b.clone().with_priority(op.priority()).unwrap_or(b);
         b = b.clone().with_generation(op.generation()).unwrap_or(b);
+        // Version 0 is a policy without one: nothing to tell the next hop.
+        if op.policy_version() != 0 {
+            b = b.with_policy_version(op.policy_version());
+        }
     }
     // The budget the header carries (`rem` is capped at 24 h), not what the call has beyond it.
     let audit = SystemTime::now()

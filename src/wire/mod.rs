@@ -105,6 +105,7 @@ mod server;
 pub mod service_budget;
 pub mod service_effect;
 pub mod service_operation;
+mod versions;
 
 pub use admission::{
     Admission, AdmissionError, BudgetSource, Incoming, OperationSource, PrioritySource,
@@ -118,3 +119,9 @@ pub use policy::{EndpointPolicy, OnBadInput, OverCap, Trust};
 pub use server::{ServerScope, ShutdownReport};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};
 pub use service_effect::ServiceEffect;
+#[cfg(feature = "rollout")]
+pub use versions::PolicyHandle;
+pub(crate) use versions::PolicySource;
+#[cfg(feature = "serde")]
+pub use versions::{OverCapConfig, PolicyConfig, TrustConfig};
+pub use versions::{PolicyError, MAX_CAP};

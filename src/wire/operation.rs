@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::egress::EgressPolicy;
-use crate::Scope;
+use crate::scope::Note;
+use crate::{Report, Scope};
 
 /// Request-wide facts that admission attaches to a request's root scope: the operation id,
 /// the priority, the cancel generation the budget was cut from, and the endpoint's defaults
@@ -37,6 +38,7 @@ pub struct Operation {
     priority: u8,
     generation: u64,
     egress: EgressPolicy,
+    policy_version: u32,
 }
 
 impl Operation {
@@ -46,7 +48,34 @@ impl Operation {
             priority,
             generation,
             egress,
+            policy_version: 0,
         }
+    }
+
+    /// The operation, admitted under policy version `version`.
+    pub(crate) fn admitted_under(mut self, version: u32) -> Self {
+        self.policy_version = version;
+        self
+    }
+
+    /// The version of the endpoint policy that admitted the request
+    /// ([`Admission::policy_version`](super::Admission::policy_version)): sent downstream as
+    /// the `pv` member of `service-budget` when it is not `0`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(4);
+    /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// assert_eq!(scope.operation().unwrap().policy_version(), 4);
+    /// # }
+    /// ```
+    pub fn policy_version(&self) -> u32 {
+        self.policy_version
     }
 
     /// The operation id (the `op` member sent downstream): printable ASCII, at most 128
@@ -146,6 +175,7 @@ impl fmt::Debug for Operation {
             .field("priority", &self.priority)
             .field("generation", &self.generation)
             .field("egress", &self.egress)
+            .field("policy_version", &self.policy_version)
             .finish()
     }
 }
@@ -162,5 +192,44 @@ impl Scope {
     /// ```
     pub fn operation(&self) -> Option<&Operation> {
         self.context().and_then(|c| c.downcast_ref::<Operation>())
+    }
+}
+
+/// The version of the policy that admitted a request, as a note of its report.
+#[derive(Debug)]
+struct AdmittedUnder(u32);
+
+impl Scope {
+    /// Notes the version of the policy that admitted this request's scope, for its report
+    /// ([`Report::policy_version`]).
+    pub(crate) fn note_policy_version(&self, version: u32) {
+        self.add_note(Note::new(Arc::new(AdmittedUnder(version))));
+    }
+}
+
+impl Report {
+    /// The version of the endpoint policy that admitted the request this report is of (see
+    /// [`Admission::policy_version`](super::Admission::policy_version)); `None` for a scope
+    /// that admission did not make, or one with so many notes (over 64) that this one, the
+    /// oldest, was dropped ([`dropped_notes`](Report::dropped_notes)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    ///
+    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(5);
+    /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
+    /// scope.close();
+    /// assert_eq!(scope.quiesce().await.policy_version(), Some(5));
+    /// # }
+    /// ```
+    pub fn policy_version(&self) -> Option<u32> {
+        self.notes()
+            .iter()
+            .find_map(|n| n.get::<AdmittedUnder>())
+            .map(|v| v.0)
     }
 }

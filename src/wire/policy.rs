@@ -143,6 +143,11 @@ const DEFAULT_PRIORITY: u8 = 3;
 /// assert_eq!(policy.default_budget(), ms(1000));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(try_from = "super::PolicyConfig")
+)]
 pub struct EndpointPolicy {
     budget: EndpointBudget,
     egress: EgressPolicy,
@@ -387,6 +392,17 @@ impl EndpointPolicy {
         } else {
             priority
         };
+        self
+    }
+
+    /// This policy with its maximum (the hard cap) lowered to `cap`, if `cap` is smaller; the
+    /// default follows it down. Never raises anything.
+    #[cfg_attr(not(feature = "rollout"), allow(dead_code))]
+    pub(crate) const fn capped_at(mut self, cap: Duration) -> Self {
+        if cap.as_nanos() < self.max_budget().as_nanos() {
+            let reserve = self.reserve_budget();
+            self.budget = EndpointBudget::new(cap, self.default_budget()).reserve(reserve);
+        }
         self
     }
 

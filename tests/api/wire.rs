@@ -14,4 +14,11 @@ fn auto_traits() {
     send_sync::<cancel_scope::wire::Operation>();
     send_sync::<cancel_scope::wire::Outgoing>();
     error::<cancel_scope::wire::AdmissionError>();
+    error::<cancel_scope::wire::PolicyError>();
+    #[cfg(feature = "rollout")]
+    {
+        fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+        send_sync::<cancel_scope::wire::PolicyHandle>();
+        unwind_safe::<cancel_scope::wire::PolicyHandle>();
+    }
 }

@@ -25,3 +25,5 @@ mod http;
 mod journal;
 mod registry;
 mod shutdown;
+#[cfg(feature = "rollout")]
+mod versions;

@@ -19,3 +19,5 @@ mod envoy;
 mod grpc_timeout;
 mod service_budget;
 mod service_effect;
+#[cfg(feature = "rollout")]
+mod versions;

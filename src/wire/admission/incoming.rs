@@ -68,6 +68,19 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// The policy version (`pv`) of the caller's `service-budget`, if it came on one line
+    /// and was valid (only then do its claims count).
+    #[cfg_attr(not(feature = "rollout"), allow(dead_code))]
+    pub(crate) fn claimed_policy_version(&self) -> Option<u32> {
+        let unambiguous = self.service_budget.lines == 1 && self.service_budget.error.is_none();
+        self.caller
+            .as_ref()
+            .filter(|_| unambiguous)
+            .and_then(ServiceBudget::policy_version)
+    }
+}
+
+impl Incoming {
     /// A request without budget headers.
     ///
     /// # Examples

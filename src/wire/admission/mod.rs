@@ -442,14 +442,18 @@ impl EndpointPolicy {
             // The registry may have shortened it, and its answer took time.
             self.check_useful(left)?;
         }
-        let operation = Arc::new(Operation::new(
-            settled.id.as_shared().clone(),
-            prepared.priority,
-            settled.generation,
-            *self.egress(),
-        ));
+        let operation = Arc::new(
+            Operation::new(
+                settled.id.as_shared().clone(),
+                prepared.priority,
+                settled.generation,
+                *self.egress(),
+            )
+            .admitted_under(self.policy_version()),
+        );
         let context: Arc<Operation> = operation.clone();
         let scope = scope(now, remaining, operation.id_arc().clone(), context)?;
+        scope.note_policy_version(self.policy_version());
         let admission = Admission {
             operation,
             caller: prepared.caller,

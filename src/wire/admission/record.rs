@@ -360,6 +360,25 @@ impl Admission {
         self.policy_version
     }
 
+    /// The policy version the caller's `service-budget` named (its `pv`), if it sent a valid
+    /// one, believed or not: the version of the hop upstream that admitted the operation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(3);
+    /// let incoming = Incoming::new().service_budget(b"v=1, rem=10, pv=9");
+    /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
+    /// assert_eq!((a.caller_policy_version(), a.policy_version()), (Some(9), 3));
+    /// # }
+    /// ```
+    pub fn caller_policy_version(&self) -> Option<u32> {
+        self.caller.as_ref().and_then(ServiceBudget::policy_version)
+    }
+
     /// The `service-budget` format version the caller sent, if it sent a valid one.
     ///
     /// # Examples

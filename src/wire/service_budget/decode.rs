@@ -24,10 +24,11 @@ pub(super) enum Member {
     OperationId,
     Priority,
     AuditDeadline,
+    PolicyVersion,
 }
 
 impl Member {
-    const COUNT: usize = 6;
+    const COUNT: usize = 7;
 
     fn from_key(key: &str) -> Option<Self> {
         Some(match key {
@@ -37,6 +38,7 @@ impl Member {
             "op" => Self::OperationId,
             "prio" => Self::Priority,
             "dl" => Self::AuditDeadline,
+            "pv" => Self::PolicyVersion,
             _ => return None,
         })
     }
@@ -49,6 +51,7 @@ impl Member {
             Self::OperationId => "op",
             Self::Priority => "prio",
             Self::AuditDeadline => "dl",
+            Self::PolicyVersion => "pv",
         }
     }
 
@@ -60,6 +63,7 @@ impl Member {
         const OP: &KeyRef = sfv::key_ref("op");
         const PRIO: &KeyRef = sfv::key_ref("prio");
         const DL: &KeyRef = sfv::key_ref("dl");
+        const PV: &KeyRef = sfv::key_ref("pv");
         match self {
             Self::Version => V,
             Self::Remaining => REM,
@@ -67,6 +71,7 @@ impl Member {
             Self::OperationId => OP,
             Self::Priority => PRIO,
             Self::AuditDeadline => DL,
+            Self::PolicyVersion => PV,
         }
     }
 
@@ -146,6 +151,18 @@ impl<'de> Members<'de> {
             Some(raw) => Some(non_negative(Member::AuditDeadline, raw, MAX_INTEGER)?),
             None => None,
         };
+        let policy_version = match self.take(Member::PolicyVersion) {
+            // At most `u32::MAX`, so it fits.
+            Some(raw) => Some(
+                u32::try_from(non_negative(
+                    Member::PolicyVersion,
+                    raw,
+                    u64::from(u32::MAX),
+                )?)
+                .unwrap_or(u32::MAX),
+            ),
+            None => None,
+        };
 
         Ok(ServiceBudget {
             remaining: Duration::from_millis(rem_ms),
@@ -153,6 +170,7 @@ impl<'de> Members<'de> {
             operation_id,
             priority,
             audit_deadline_unix_ms,
+            policy_version,
         })
     }
 }

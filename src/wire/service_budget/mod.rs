@@ -18,6 +18,7 @@
 //! | `op` | operation id | String or Token, 1 to 128 ([`MAX_OPERATION_ID_LEN`]) printable ASCII characters | no |
 //! | `prio` | priority, the RFC 9218 urgency scale: `0` most urgent, `7` least | Integer, `0..=7` ([`MAX_PRIORITY`]) | no |
 //! | `dl` | audit deadline, wall-clock Unix milliseconds | Integer, `0..=MAX_INTEGER` | no |
+//! | `pv` | version of the endpoint policy that admitted the operation upstream | Integer, `0..=4_294_967_295` (`u32::MAX`); absent means `0` | no |
 //!
 //! Rules of the format:
 //!
@@ -201,6 +202,8 @@ pub struct ServiceBudget {
     priority: Option<u8>,
     /// At most `MAX_INTEGER`.
     audit_deadline_unix_ms: Option<u64>,
+    /// The admitting policy's version, if the sender wrote one.
+    policy_version: Option<u32>,
 }
 
 impl ServiceBudget {
@@ -235,6 +238,7 @@ impl ServiceBudget {
             operation_id: None,
             priority: None,
             audit_deadline_unix_ms: None,
+            policy_version: None,
         }
     }
 
@@ -331,6 +335,46 @@ impl ServiceBudget {
     pub fn with_audit_deadline_unix_ms(mut self, unix_ms: u64) -> Result<Self, ServiceBudgetError> {
         self.audit_deadline_unix_ms = Some(at_most(Member::AuditDeadline, unix_ms, MAX_INTEGER)?);
         Ok(self)
+    }
+
+    /// Sets the version of the endpoint policy that admitted the operation (`pv`): what the
+    /// next hop records, and follows where it trusts its caller and holds that version (see
+    /// [`PolicyHandle`](crate::wire::PolicyHandle)). A v1 reader that predates the member
+    /// ignores it, like any unknown member.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::service_budget::ServiceBudget;
+    ///
+    /// let budget = ServiceBudget::new(Duration::from_millis(80)).with_policy_version(7);
+    /// assert_eq!(budget.to_header_value(), "v=1, rem=80, gen=0, pv=7");
+    /// assert_eq!(ServiceBudget::parse("v=1, rem=80, pv=7")?.policy_version(), Some(7));
+    /// # Ok::<(), cancel_scope::wire::ServiceBudgetError>(())
+    /// ```
+    #[must_use]
+    pub fn with_policy_version(mut self, version: u32) -> Self {
+        self.policy_version = Some(version);
+        self
+    }
+
+    /// The version of the policy that admitted the operation upstream (`pv`), if the sender
+    /// wrote one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::service_budget::{ServiceBudget, ServiceBudgetErrorKind};
+    ///
+    /// assert_eq!(ServiceBudget::parse("v=1, rem=1")?.policy_version(), None);
+    /// let err = ServiceBudget::parse("v=1, rem=1, pv=-1").unwrap_err();
+    /// assert_eq!(err.kind(), ServiceBudgetErrorKind::Negative);
+    /// # Ok::<(), cancel_scope::wire::ServiceBudgetError>(())
+    /// ```
+    #[must_use]
+    pub fn policy_version(&self) -> Option<u32> {
+        self.policy_version
     }
 
     /// The format version (`v`); always [`VERSION`] for values of this type.
@@ -497,7 +541,7 @@ impl ServiceBudget {
 
     /// Serializes this budget as a `service-budget` header value.
     ///
-    /// Members are written in the order `v`, `rem`, `gen`, then `op`, `prio` and `dl` when set;
+    /// Members are written in the order `v`, `rem`, `gen`, then `op`, `prio`, `dl` and `pv` when set;
     /// `op` is always written as an RFC 8941 String. The result is at most a few hundred bytes,
     /// well under [`MAX_HEADER_LEN`].
     ///
@@ -541,6 +585,9 @@ impl ServiceBudget {
                 Member::AuditDeadline,
                 Integer::try_from(unix_ms).unwrap_or(Integer::MAX),
             );
+        }
+        if let Some(version) = self.policy_version {
+            put(&mut dict, Member::PolicyVersion, Integer::from(version));
         }
         // `finish` returns `None` only for an empty dictionary, and `v` is always there.
         dict.finish().unwrap_or_default()

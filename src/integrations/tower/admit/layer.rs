@@ -5,7 +5,9 @@ use tower_layer::Layer;
 
 use super::service::{Admit, Hooks};
 use crate::registry::Operations;
-use crate::wire::{Admission, AdmissionError, EndpointPolicy, ServerScope};
+#[cfg(feature = "rollout")]
+use crate::wire::PolicyHandle;
+use crate::wire::{Admission, AdmissionError, EndpointPolicy, PolicySource, ServerScope};
 use crate::Report;
 
 /// Applies [`Admit`] to a service: admission of every request under an
@@ -26,7 +28,7 @@ use crate::Report;
 /// ([`operations`](Self::operations)).
 #[derive(Clone)]
 pub struct AdmitLayer<R = ()> {
-    policy: EndpointPolicy,
+    policy: PolicySource,
     hooks: Hooks,
     registry: R,
 }
@@ -47,13 +49,45 @@ impl AdmitLayer {
     /// ```
     pub const fn new(policy: EndpointPolicy) -> Self {
         AdmitLayer {
-            policy,
+            policy: PolicySource::Fixed(policy),
             hooks: Hooks {
                 on_report: None,
                 on_refusal: None,
                 server: None,
             },
             registry: (),
+        }
+    }
+
+    /// A layer admitting each request under the current version of `policies` (see
+    /// [`PolicyHandle`]): a [`set`](PolicyHandle::set) or
+    /// [`rollback`](PolicyHandle::rollback) applies from the next request on, without
+    /// rebuilding the layer or restarting the server. A request is admitted under one version
+    /// from its headers to its report; its [`Admission`], its outgoing `service-budget`
+    /// headers (`pv`) and its [`Report`] name it. The registry, the server and the hooks
+    /// given to the layer are not part of a version: a rollback keeps them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::AdmitLayer;
+    /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
+    /// let s = Duration::from_secs;
+    /// let policies = PolicyHandle::new(EndpointPolicy::new(s(2), s(1)).version(1))?;
+    /// let layer = AdmitLayer::versioned(&policies);
+    /// policies.set(EndpointPolicy::new(s(2), s(1)).reserve(Duration::from_millis(20)).version(2))?;
+    /// assert_eq!(layer.policies().unwrap().version(), 2);
+    /// # Ok::<(), cancel_scope::wire::PolicyError>(())
+    /// ```
+    #[cfg(feature = "rollout")]
+    pub fn versioned(policies: &PolicyHandle) -> Self {
+        AdmitLayer {
+            policy: PolicySource::Versions {
+                handle: policies.clone(),
+                made_with: policies.current(),
+            },
+            ..AdmitLayer::new(policies.current())
         }
     }
 
@@ -204,7 +238,10 @@ impl<R> AdmitLayer<R> {
         self
     }
 
-    /// The policy.
+    /// The policy: the one given to [`new`](AdmitLayer::new), or for a
+    /// [versioned](AdmitLayer::versioned) layer, the version that was current when it was
+    /// made (its requests are admitted under the handle's version of the moment:
+    /// [`policies`](Self::policies)).
     ///
     /// # Examples
     ///
@@ -216,7 +253,27 @@ impl<R> AdmitLayer<R> {
     /// assert_eq!(*AdmitLayer::new(p).policy(), p);
     /// ```
     pub fn policy(&self) -> &EndpointPolicy {
-        &self.policy
+        self.policy.policy()
+    }
+
+    /// The policy versions the layer reads per request, if it was made with
+    /// [`versioned`](AdmitLayer::versioned).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::AdmitLayer;
+    /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO);
+    /// assert!(AdmitLayer::new(p).policies().is_none());
+    /// let h = PolicyHandle::new(p.version(1))?;
+    /// assert_eq!(AdmitLayer::versioned(&h).policies().map(|h| h.version()), Some(1));
+    /// # Ok::<(), cancel_scope::wire::PolicyError>(())
+    /// ```
+    #[cfg(feature = "rollout")]
+    pub fn policies(&self) -> Option<&PolicyHandle> {
+        self.policy.handle()
     }
 }
 
@@ -226,7 +283,7 @@ impl<S, R: Clone> Layer<S> for AdmitLayer<R> {
     fn layer(&self, inner: S) -> Admit<S, R> {
         Admit::from_parts(
             inner,
-            self.policy,
+            self.policy.clone(),
             self.hooks.clone(),
             self.registry.clone(),
         )

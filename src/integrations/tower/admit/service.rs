@@ -13,7 +13,7 @@ use super::future::ResponseFuture;
 use super::layer::AdmitLayer;
 use crate::integrations::tower::headers;
 use crate::registry::Operations;
-use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming, ServerScope};
+use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming, PolicySource, ServerScope};
 use crate::Report;
 
 pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
@@ -72,7 +72,7 @@ pub struct Ingress(pub Instant);
 /// tonic's are).
 pub struct Admit<S, R = ()> {
     inner: S,
-    policy: EndpointPolicy,
+    policy: PolicySource,
     hooks: Hooks,
     registry: R,
     /// When `poll_ready` first found the inner service not ready since the last `call`: the
@@ -85,7 +85,7 @@ impl<S: Clone, R: Clone> Clone for Admit<S, R> {
     fn clone(&self) -> Self {
         Admit::from_parts(
             self.inner.clone(),
-            self.policy,
+            self.policy.clone(),
             self.hooks.clone(),
             self.registry.clone(),
         )
@@ -107,7 +107,7 @@ impl<S> Admit<S> {
     pub const fn new(inner: S, policy: EndpointPolicy) -> Self {
         Admit {
             inner,
-            policy,
+            policy: PolicySource::Fixed(policy),
             hooks: Hooks {
                 on_report: None,
                 on_refusal: None,
@@ -135,7 +135,7 @@ impl<S> Admit<S> {
 }
 
 impl<S, R> Admit<S, R> {
-    pub(super) fn from_parts(inner: S, policy: EndpointPolicy, hooks: Hooks, registry: R) -> Self {
+    pub(super) fn from_parts(inner: S, policy: PolicySource, hooks: Hooks, registry: R) -> Self {
         Admit {
             inner,
             policy,
@@ -157,7 +157,7 @@ impl<S, R> Admit<S, R> {
     /// assert_eq!(*Admit::new((), p).policy(), p);
     /// ```
     pub fn policy(&self) -> &EndpointPolicy {
-        &self.policy
+        self.policy.policy()
     }
 
     /// The inner service.
@@ -226,16 +226,25 @@ impl<S, R> Admit<S, R> {
     }
 
     /// What every request's admission starts from: its arrival, how the layer answers it,
-    /// whether its body is tracked, its budget headers (taken off the request).
-    fn begin<B>(&mut self, req: &mut Request<B>) -> (Instant, Answers, bool, Incoming) {
+    /// whether its body is tracked, its budget headers (taken off the request), the policy
+    /// that admits it.
+    fn begin<B>(
+        &mut self,
+        req: &mut Request<B>,
+    ) -> (Instant, Answers, bool, Incoming, EndpointPolicy) {
         let not_ready_since = self.not_ready_since.take();
+        // The handler never sees the raw budget headers: a handler that copies its incoming
+        // headers onto a call of its own would pass the caller's claims on unchecked.
+        let incoming = Incoming::take_from(req.headers_mut());
+        // One version for the whole request (a swap in between must not mix two).
+        let policy = self.policy.for_request(&incoming);
         let ingress = match req.extensions().get::<Ingress>() {
             Some(i) => i.0,
             None => not_ready_since.unwrap_or_else(Instant::now),
         };
         let answers = Answers {
             grpc: headers::is_grpc(req.headers()),
-            detail: self.policy.shows_error_detail(),
+            detail: policy.shows_error_detail(),
             retry_after: self
                 .hooks
                 .server
@@ -244,10 +253,7 @@ impl<S, R> Admit<S, R> {
         };
         // The response to a `HEAD` request has no body to send (the server drops it unread).
         let track_body = req.method() != http::Method::HEAD;
-        // The handler never sees the raw budget headers: a handler that copies its incoming
-        // headers onto a call of its own would pass the caller's claims on unchecked.
-        let incoming = Incoming::take_from(req.headers_mut());
-        (ingress, answers, track_body, incoming)
+        (ingress, answers, track_body, incoming, policy)
     }
 }
 
@@ -265,10 +271,10 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let (ingress, answers, track_body, incoming) = self.begin(&mut req);
+        let (ingress, answers, track_body, incoming, policy) = self.begin(&mut req);
         let admitted = match &self.hooks.server {
-            Some(server) => self.policy.admit_in(server, incoming, ingress),
-            None => self.policy.admit(incoming, ingress),
+            Some(server) => policy.admit_in(server, incoming, ingress),
+            None => policy.admit(incoming, ingress),
         };
         start(
             &mut self.inner,
@@ -296,10 +302,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        let (ingress, answers, track_body, incoming) = self.begin(&mut req);
+        let (ingress, answers, track_body, incoming, policy) = self.begin(&mut req);
         // The registry answers asynchronously: the handler is called once it has, by the
         // service that was polled ready (a clone takes its place here, tower's way).
-        let policy = self.policy;
         let server = self.hooks.server.clone();
         let ops = self.registry.clone();
         let admit = Box::pin(async move {
