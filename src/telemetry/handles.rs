@@ -219,3 +219,12 @@ pub(super) fn retry_budget_exhausted() {
         .increment(1);
     });
 }
+
+/// A decision that shadow mode did not enforce, counted under `name` (cold: registered at
+/// each use, no cached handle).
+pub(super) fn shadow(name: &'static str, labels: &[(&'static str, &'static str)]) {
+    metrics::with_recorder(|r| {
+        r.register_counter(&labelled(name, labels), &METADATA)
+            .increment(1)
+    });
+}

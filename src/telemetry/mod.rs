@@ -25,6 +25,9 @@
 //! | [`RECEIPTS`] | counter: the receipts in admitted requests' reports | `kind` (`succeeded`, `failed`, `cancelled`, `quarantined`, `effect_unknown`) |
 //! | [`RETRY_ATTEMPTS`] | counter: retry and hedge attempts, when they end | `outcome` (`succeeded`, `failed`, `timed_out`, `stopped`, `panicked`) |
 //! | [`RETRY_BUDGET_EXHAUSTED`] | counter: retries and hedges a [`RetryBudget`](crate::retry::RetryBudget) refused | |
+//! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) | `reason`, as [`ADMISSION_REJECTED`] |
+//! | [`SHADOW_CALL_REFUSED`] | counter: outgoing calls that would not have been sent, in shadow mode | |
+//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests whose handler answered after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
 //!
 //! A budget that was not valid and replaced by the policy's fallback
 //! ([`BudgetSource::Fallback`](crate::wire::BudgetSource::Fallback)) counts as `default`: the
@@ -122,6 +125,12 @@ pub const RECEIPTS: &str = "cancel_scope.receipts";
 pub const RETRY_ATTEMPTS: &str = "cancel_scope.retry.attempts";
 /// `cancel_scope.retry.budget_exhausted`: counter.
 pub const RETRY_BUDGET_EXHAUSTED: &str = "cancel_scope.retry.budget_exhausted";
+/// `cancel_scope.shadow.admission.rejected`: counter.
+pub const SHADOW_ADMISSION_REJECTED: &str = "cancel_scope.shadow.admission.rejected";
+/// `cancel_scope.shadow.call.refused`: counter.
+pub const SHADOW_CALL_REFUSED: &str = "cancel_scope.shadow.call.refused";
+/// `cancel_scope.shadow.deadline_exceeded`: counter.
+pub const SHADOW_DEADLINE_EXCEEDED: &str = "cancel_scope.shadow.deadline_exceeded";
 
 /// The names of the gRPC status codes, by code (as OpenTelemetry's
 /// `rpc.response.status_code` and the crate's receipts say them).
@@ -153,7 +162,7 @@ pub const CALL_SPAN: &str = "cancel_scope.call";
 pub const UNNAMED_DEPENDENCY: &str = "unnamed";
 
 /// Every metric name, with its description and whether it is a histogram of seconds.
-const METRICS: [(&str, &str, Kind); 11] = [
+const METRICS: [(&str, &str, Kind); 14] = [
     (
         ADMISSION_BUDGET,
         "The budget a request was admitted with.",
@@ -207,6 +216,21 @@ const METRICS: [(&str, &str, Kind); 11] = [
     (
         RETRY_BUDGET_EXHAUSTED,
         "Retries and hedges refused by a retry budget.",
+        Kind::Count,
+    ),
+    (
+        SHADOW_ADMISSION_REJECTED,
+        "Requests admission would have refused (shadow mode).",
+        Kind::Count,
+    ),
+    (
+        SHADOW_CALL_REFUSED,
+        "Outgoing calls that would not have been sent (shadow mode).",
+        Kind::Count,
+    ),
+    (
+        SHADOW_DEADLINE_EXCEEDED,
+        "Requests that answered after their would-be deadline (shadow mode).",
         Kind::Count,
     ),
 ];
@@ -471,6 +495,29 @@ pub(crate) fn rejected(reason: Rejected, error: &dyn std::fmt::Display) {
     #[cfg(feature = "tracing")]
     spans::rejected(reason, error);
     let _ = (reason, error);
+}
+
+/// Admission in shadow mode would have refused a request for `reason`.
+#[inline]
+pub(crate) fn shadow_rejected(reason: Rejected) {
+    #[cfg(feature = "metrics")]
+    handles::shadow(SHADOW_ADMISSION_REJECTED, &[("reason", reason.label())]);
+    let _ = reason;
+}
+
+/// An outgoing call in shadow mode would not have been sent.
+#[inline]
+pub(crate) fn shadow_call_refused() {
+    #[cfg(feature = "metrics")]
+    handles::shadow(SHADOW_CALL_REFUSED, &[]);
+}
+
+/// A request in shadow mode answered after its would-be deadline.
+#[inline]
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) fn shadow_deadline_exceeded() {
+    #[cfg(feature = "metrics")]
+    handles::shadow(SHADOW_DEADLINE_EXCEEDED, &[]);
 }
 
 /// An outgoing call to `dependency` was refused before it was sent.

@@ -15,8 +15,12 @@
 
 use std::time::{Duration, SystemTime};
 
+use tokio::time::Instant;
+
 use super::grpc_timeout;
+use super::operation::Operation;
 use super::service_budget::ServiceBudget;
+use super::shadow::WouldBe;
 use crate::budget::ChildBudget;
 use crate::error::Error;
 use crate::{ChildBuilder, Scope};
@@ -324,10 +328,37 @@ impl EgressPolicy {
             .compute(Some(left))
             .map_err(Error::exhausted)?
             .unwrap_or(Duration::ZERO);
+        let mut budget = service_budget(call, remaining);
+        if let Some(would_be) = call.operation().and_then(Operation::shadow_deadline) {
+            budget = budget.with_would_be(self.would_be(call, would_be));
+        }
         Ok(Outgoing {
             remaining: Some(remaining),
-            budget: Some(service_budget(call, remaining)),
+            budget: Some(budget),
         })
+    }
+
+    /// In shadow mode: what the call would be told if its request's policy enforced (its
+    /// would-be deadline, `None` if admission would have refused it), noting a call that
+    /// would not have been sent.
+    fn would_be(&self, call: &Scope, deadline: Option<Instant>) -> Duration {
+        let now = Instant::now();
+        let left = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
+        match ChildBudget::new()
+            .reserve(self.pad)
+            .min_useful(self.min_useful.max(MIN_ON_THE_WIRE))
+            .compute(Some(left))
+        {
+            Ok(wb) => wb.unwrap_or(Duration::ZERO),
+            Err(e) => {
+                crate::telemetry::shadow_call_refused();
+                call.note_would_be(WouldBe::not_sent(
+                    now,
+                    format!("a would-be budget of {left:?} left: {e}"),
+                ));
+                Duration::ZERO
+            }
+        }
     }
 }
 

@@ -105,6 +105,7 @@ mod server;
 pub mod service_budget;
 pub mod service_effect;
 pub mod service_operation;
+mod shadow;
 mod versions;
 
 pub use admission::{
@@ -119,9 +120,10 @@ pub use policy::{EndpointPolicy, OnBadInput, OverCap, Trust};
 pub use server::{ServerScope, ShutdownReport};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};
 pub use service_effect::ServiceEffect;
+pub use shadow::{Mode, WouldBe};
 #[cfg(feature = "rollout")]
 pub use versions::PolicyHandle;
 pub(crate) use versions::PolicySource;
 #[cfg(feature = "serde")]
-pub use versions::{OverCapConfig, PolicyConfig, TrustConfig};
+pub use versions::{ModeConfig, OverCapConfig, PolicyConfig, TrustConfig};
 pub use versions::{PolicyError, MAX_CAP};

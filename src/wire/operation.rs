@@ -39,6 +39,8 @@ pub struct Operation {
     generation: u64,
     egress: EgressPolicy,
     policy_version: u32,
+    /// In shadow mode: the would-be deadline (`None` inside: admission would have refused).
+    would_be: Option<Option<tokio::time::Instant>>,
 }
 
 impl Operation {
@@ -49,7 +51,21 @@ impl Operation {
             generation,
             egress,
             policy_version: 0,
+            would_be: None,
         }
+    }
+
+    /// The operation, admitted in shadow mode with this would-be deadline (`Some(None)`:
+    /// admission would have refused it), or enforcing (`None`).
+    pub(crate) fn would_be(mut self, deadline: Option<Option<tokio::time::Instant>>) -> Self {
+        self.would_be = deadline;
+        self
+    }
+
+    /// In shadow mode, the would-be deadline: `Some(None)` if admission would have refused
+    /// the request; `None` when enforcing.
+    pub(crate) fn shadow_deadline(&self) -> Option<Option<tokio::time::Instant>> {
+        self.would_be
     }
 
     /// The operation, admitted under policy version `version`.
@@ -176,6 +192,7 @@ impl fmt::Debug for Operation {
             .field("generation", &self.generation)
             .field("egress", &self.egress)
             .field("policy_version", &self.policy_version)
+            .field("would_be", &self.would_be)
             .finish()
     }
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::egress::EgressPolicy;
 use super::service_budget::MAX_PRIORITY;
+use super::shadow::Mode;
 use crate::budget::EndpointBudget;
 
 /// Presets for how far an endpoint believes its callers: all of the policy's trust settings at
@@ -156,6 +157,7 @@ pub struct EndpointPolicy {
     over_cap: OverCap,
     version: u32,
     priority: u8,
+    mode: Mode,
 }
 
 impl EndpointPolicy {
@@ -180,7 +182,38 @@ impl EndpointPolicy {
             over_cap: OverCap::Clamp,
             version: 0,
             priority: DEFAULT_PRIORITY,
+            mode: Mode::Enforce,
         }
+    }
+
+    /// Whether the policy's decisions are enforced or only computed and recorded (see
+    /// [`Mode`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Mode};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).mode(Mode::Shadow);
+    /// assert_eq!(p.enforcement(), Mode::Shadow);
+    /// ```
+    pub const fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The policy's [`Mode`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Mode};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// assert_eq!(p.enforcement(), Mode::Enforce);
+    /// ```
+    pub const fn enforcement(&self) -> Mode {
+        self.mode
     }
 
     /// Time the endpoint keeps for its own response; the handler's scope ends this much before

@@ -348,3 +348,54 @@ async fn the_layers_409_for_a_cancelled_operation_counts_under_its_own_reason() 
     let levels = refusal_levels(&t);
     assert_eq!(levels, [("operation_cancelled".to_owned(), Level::DEBUG)]);
 }
+
+/// Answers after 300 ms of work.
+async fn slow(_: Request<()>) -> Result<Response<String>, Infallible> {
+    tokio::time::sleep(ms(300)).await;
+    Ok(Response::new("ok".to_owned()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_decisions_count_under_their_own_names_not_as_enforced_ones() {
+    use cancel_scope::wire::Mode;
+    let t = Telemetry::install();
+    let policy = EndpointPolicy::new(ms(2_000), ms(1_000))
+        .min_useful(ms(100))
+        .mode(Mode::Shadow);
+    let (layer, mut reports) = reporting(policy);
+    let mut svc = layer.layer(Fn_(slow));
+    let with = |value: &str| {
+        Request::builder()
+            .header("grpc-timeout", value)
+            .body(())
+            .unwrap()
+    };
+    // Bad input, too little budget, and a deadline the handler overruns: all run.
+    for value in ["12x", "10m", "200m"] {
+        assert_eq!(
+            svc.call(with(value)).await.unwrap().status(),
+            200,
+            "{value}"
+        );
+        let (_, report) = next_report(&mut reports).await;
+        assert_eq!(report.would_be().len(), 1, "{value}: {report}");
+    }
+    let m = t.metrics();
+    for reason in ["invalid", "exhausted"] {
+        let labels = [("reason", reason)];
+        assert_eq!(
+            m.counter(telemetry::SHADOW_ADMISSION_REJECTED, &labels),
+            1,
+            "{reason}"
+        );
+        assert_eq!(
+            m.counter(telemetry::ADMISSION_REJECTED, &labels),
+            0,
+            "{reason}"
+        );
+    }
+    assert_eq!(m.counter(telemetry::SHADOW_DEADLINE_EXCEEDED, &[]), 1);
+    // (The responses above were dropped unread: client gone, in every mode.)
+    let deadline = [("cause", "deadline_exceeded")];
+    assert_eq!(m.counter(telemetry::SCOPE_CANCELLED, &deadline), 0);
+}

@@ -24,6 +24,7 @@ mod grpc;
 mod http;
 mod journal;
 mod registry;
+mod shadow;
 mod shutdown;
 #[cfg(feature = "rollout")]
 mod versions;

@@ -19,5 +19,6 @@ mod envoy;
 mod grpc_timeout;
 mod service_budget;
 mod service_effect;
+mod shadow;
 #[cfg(feature = "rollout")]
 mod versions;

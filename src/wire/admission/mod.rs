@@ -16,6 +16,7 @@ use super::operation::Operation;
 use super::policy::{EndpointPolicy, OnBadInput, OverCap};
 use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
+use super::shadow::{Mode, Shadowed, WouldBe};
 use crate::budget::ChildBudget;
 use crate::registry::OperationId;
 use crate::telemetry;
@@ -130,6 +131,16 @@ pub(super) struct Prepared {
     budget_source: BudgetSource,
     priority: u8,
     priority_source: PrioritySource,
+    /// In shadow mode: the enforcing decision, not enforced.
+    shadow: Option<Shadowed>,
+}
+
+/// The budget an admission decided on, and from what.
+struct Decided {
+    remaining: Duration,
+    asked: Option<Duration>,
+    clamped: bool,
+    budget_source: BudgetSource,
 }
 
 impl Prepared {
@@ -335,7 +346,8 @@ impl EndpointPolicy {
     }
 
     /// The part of admission before the registry: the budget headers decoded and checked,
-    /// the budget left, the priority, the caller's claims.
+    /// the budget left, the priority, the caller's claims. In shadow mode the budget left is
+    /// the hard cap's, and the enforcing decision is kept beside it.
     pub(super) fn prepare(
         &self,
         incoming: Incoming,
@@ -348,7 +360,54 @@ impl EndpointPolicy {
             grpc_timeout,
             envoy_timeout,
         } = decode(incoming, self);
+        let queued = now.saturating_duration_since(ingress);
+        let (decided, shadow) = match self.enforcement() {
+            Mode::Enforce => (self.decide(&mut declared, queued)?, None),
+            Mode::Shadow => {
+                let heard = declared.best;
+                // The would-be decision also counts what the caller would have had.
+                if let Some(wb) = caller.as_ref().and_then(ServiceBudget::would_be) {
+                    if declared.best.is_none_or(|(b, _)| wb < b) {
+                        declared.best = Some((wb, BudgetSource::ServiceBudget));
+                    }
+                }
+                let would_be = self.decide(&mut declared, queued);
+                // Enforced: the hard cap alone.
+                let remaining = self.max_budget().saturating_sub(queued);
+                ChildBudget::new()
+                    .compute(Some(remaining))
+                    .map_err(|e| AdmissionError {
+                        kind: ErrorKind::Exhausted(e),
+                    })?;
+                let enforced = Decided {
+                    remaining,
+                    asked: heard.map(|(d, _)| d),
+                    clamped: heard.is_some_and(|(d, _)| d > self.max_budget()),
+                    budget_source: heard.map_or(BudgetSource::Default, |(_, s)| s),
+                };
+                (enforced, Some(self.shadow_of(would_be, now)))
+            }
+        };
+        let (priority, priority_source) = self.priority_of(caller.as_ref());
+        Ok(Prepared {
+            now,
+            ingress,
+            remaining: decided.remaining,
+            caller,
+            grpc_timeout,
+            envoy_timeout,
+            asked: decided.asked,
+            clamped: decided.clamped,
+            budget_source: decided.budget_source,
+            priority,
+            priority_source,
+            shadow,
+        })
+    }
 
+    /// The enforcing decision on the declared budgets: bad input, the maximum, the queue, the
+    /// reserve, the minimum useful budget.
+    fn decide(&self, declared: &mut Declared, queued: Duration) -> Result<Decided, AdmissionError> {
         if let Some(bad) = declared.bad.take() {
             match self.bad_input() {
                 OnBadInput::Reject => return Err(AdmissionError { kind: bad }),
@@ -371,23 +430,44 @@ impl EndpointPolicy {
                 },
             });
         }
-        let queued = now.saturating_duration_since(ingress);
         let remaining = self.budget().admit(asked, queued);
         self.check_useful(remaining)?;
-        let (priority, priority_source) = self.priority_of(caller.as_ref());
-        Ok(Prepared {
-            now,
-            ingress,
+        Ok(Decided {
             remaining,
-            caller,
-            grpc_timeout,
-            envoy_timeout,
             asked,
             clamped,
             budget_source,
-            priority,
-            priority_source,
         })
+    }
+
+    /// What shadow mode records of the enforcing decision `would_be`, made at `now`.
+    fn shadow_of(&self, would_be: Result<Decided, AdmissionError>, now: Instant) -> Shadowed {
+        match would_be {
+            Ok(d) => Shadowed {
+                would_be_deadline: Some(deadline_after(now, d.remaining)),
+                decisions: d
+                    .clamped
+                    .then(|| {
+                        WouldBe::clamped(
+                            now,
+                            format!(
+                                "declared {:?}, over the maximum {:?}",
+                                d.asked.unwrap_or_default(),
+                                self.max_budget()
+                            ),
+                        )
+                    })
+                    .into_iter()
+                    .collect(),
+            },
+            Err(e) => {
+                telemetry::shadow_rejected(e.telemetry_reason());
+                Shadowed {
+                    would_be_deadline: None,
+                    decisions: vec![WouldBe::refused(now, e.to_string())],
+                }
+            }
+        }
     }
 
     /// Refuses a budget below the minimum useful one: the same rule as every child budget.
@@ -422,11 +502,16 @@ impl EndpointPolicy {
     #[track_caller]
     pub(super) fn settle(
         &self,
-        prepared: Prepared,
+        mut prepared: Prepared,
         settled: Settled,
         scope: impl FnOnce(Instant, Duration, Arc<str>, Arc<Operation>) -> Result<Scope, AdmissionError>,
     ) -> Result<(Scope, Admission), AdmissionError> {
         let now = prepared.now;
+        let mut shadow = prepared.shadow.take();
+        if let (Some(s), Some(d)) = (&mut shadow, settled.deadline) {
+            // The registry's term is enforced; the would-be deadline is within it too.
+            s.would_be_deadline = s.would_be_deadline.map(|w| w.min(d));
+        }
         // The registry's term: what the operation has left, on this process's clock.
         let remaining = settled.deadline.map_or(prepared.remaining, |d| {
             prepared.remaining.min(d.saturating_duration_since(now))
@@ -449,11 +534,15 @@ impl EndpointPolicy {
                 settled.generation,
                 *self.egress(),
             )
-            .admitted_under(self.policy_version()),
+            .admitted_under(self.policy_version())
+            .would_be(shadow.as_ref().map(|s| s.would_be_deadline)),
         );
         let context: Arc<Operation> = operation.clone();
         let scope = scope(now, remaining, operation.id_arc().clone(), context)?;
         scope.note_policy_version(self.policy_version());
+        for decision in shadow.iter().flat_map(|s| &s.decisions) {
+            scope.note_would_be(decision.clone());
+        }
         let admission = Admission {
             operation,
             caller: prepared.caller,
@@ -474,6 +563,7 @@ impl EndpointPolicy {
             operation_source: settled.source,
             registry: settled.registry,
             operation_deadline: settled.deadline,
+            shadow: shadow.map(Arc::new),
         };
         Ok((scope, admission))
     }

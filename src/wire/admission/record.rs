@@ -197,6 +197,8 @@ pub struct Admission {
     pub(super) operation_source: OperationSource,
     pub(super) registry: RegistryTerm,
     pub(super) operation_deadline: Option<Instant>,
+    /// What shadow mode did not enforce, if the policy shadows.
+    pub(in crate::wire) shadow: Option<Arc<super::super::shadow::Shadowed>>,
 }
 
 impl Admission {

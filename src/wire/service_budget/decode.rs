@@ -25,10 +25,11 @@ pub(super) enum Member {
     Priority,
     AuditDeadline,
     PolicyVersion,
+    WouldBe,
 }
 
 impl Member {
-    const COUNT: usize = 7;
+    const COUNT: usize = 8;
 
     fn from_key(key: &str) -> Option<Self> {
         Some(match key {
@@ -39,6 +40,7 @@ impl Member {
             "prio" => Self::Priority,
             "dl" => Self::AuditDeadline,
             "pv" => Self::PolicyVersion,
+            "wb" => Self::WouldBe,
             _ => return None,
         })
     }
@@ -52,6 +54,7 @@ impl Member {
             Self::Priority => "prio",
             Self::AuditDeadline => "dl",
             Self::PolicyVersion => "pv",
+            Self::WouldBe => "wb",
         }
     }
 
@@ -64,6 +67,7 @@ impl Member {
         const PRIO: &KeyRef = sfv::key_ref("prio");
         const DL: &KeyRef = sfv::key_ref("dl");
         const PV: &KeyRef = sfv::key_ref("pv");
+        const WB: &KeyRef = sfv::key_ref("wb");
         match self {
             Self::Version => V,
             Self::Remaining => REM,
@@ -72,6 +76,7 @@ impl Member {
             Self::Priority => PRIO,
             Self::AuditDeadline => DL,
             Self::PolicyVersion => PV,
+            Self::WouldBe => WB,
         }
     }
 
@@ -164,6 +169,15 @@ impl<'de> Members<'de> {
             None => None,
         };
 
+        let would_be = match self.take(Member::WouldBe) {
+            Some(raw) => Some(Duration::from_millis(non_negative(
+                Member::WouldBe,
+                raw,
+                MAX_REMAINING_MS,
+            )?)),
+            None => None,
+        };
+
         Ok(ServiceBudget {
             remaining: Duration::from_millis(rem_ms),
             generation,
@@ -171,6 +185,7 @@ impl<'de> Members<'de> {
             priority,
             audit_deadline_unix_ms,
             policy_version,
+            would_be,
         })
     }
 }

@@ -18,6 +18,7 @@
 //! | `op` | operation id | String or Token, 1 to 128 ([`MAX_OPERATION_ID_LEN`]) printable ASCII characters | no |
 //! | `prio` | priority, the RFC 9218 urgency scale: `0` most urgent, `7` least | Integer, `0..=7` ([`MAX_PRIORITY`]) | no |
 //! | `dl` | audit deadline, wall-clock Unix milliseconds | Integer, `0..=MAX_INTEGER` | no |
+//! | `wb` | the would-be remaining budget of a sender in shadow mode, in milliseconds (`rem` carries the enforced one) | Integer, `0..=86_400_000` | no |
 //! | `pv` | version of the endpoint policy that admitted the operation upstream | Integer, `0..=4_294_967_295` (`u32::MAX`); absent means `0` | no |
 //!
 //! Rules of the format:
@@ -204,6 +205,8 @@ pub struct ServiceBudget {
     audit_deadline_unix_ms: Option<u64>,
     /// The admitting policy's version, if the sender wrote one.
     policy_version: Option<u32>,
+    /// Whole milliseconds, at most `MAX_REMAINING`.
+    would_be: Option<Duration>,
 }
 
 impl ServiceBudget {
@@ -239,6 +242,7 @@ impl ServiceBudget {
             priority: None,
             audit_deadline_unix_ms: None,
             policy_version: None,
+            would_be: None,
         }
     }
 
@@ -375,6 +379,37 @@ impl ServiceBudget {
     #[must_use]
     pub fn policy_version(&self) -> Option<u32> {
         self.policy_version
+    }
+
+    /// Sets the would-be remaining budget (`wb`) of a sender in shadow mode
+    /// ([`Mode::Shadow`](crate::wire::Mode)): what `rem` would be if its policy enforced.
+    /// Truncated to whole milliseconds and clamped to [`MAX_REMAINING`], like `rem`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::service_budget::ServiceBudget;
+    ///
+    /// let budget = ServiceBudget::new(Duration::from_secs(30)).with_would_be(Duration::from_millis(80));
+    /// assert_eq!(budget.to_header_value(), "v=1, rem=30000, gen=0, wb=80");
+    /// assert_eq!(ServiceBudget::parse("v=1, rem=9, wb=8")?.would_be(), Some(Duration::from_millis(8)));
+    /// # Ok::<(), cancel_scope::wire::ServiceBudgetError>(())
+    /// ```
+    #[must_use]
+    pub fn with_would_be(mut self, would_be: Duration) -> Self {
+        self.would_be = Some(ServiceBudget::new(would_be).remaining);
+        self
+    }
+
+    /// The sender's would-be remaining budget (`wb`), if it shadows.
+    ///
+    /// # Examples
+    ///
+    /// See [`with_would_be`](Self::with_would_be).
+    #[must_use]
+    pub fn would_be(&self) -> Option<Duration> {
+        self.would_be
     }
 
     /// The format version (`v`); always [`VERSION`] for values of this type.
@@ -541,7 +576,7 @@ impl ServiceBudget {
 
     /// Serializes this budget as a `service-budget` header value.
     ///
-    /// Members are written in the order `v`, `rem`, `gen`, then `op`, `prio`, `dl` and `pv` when set;
+    /// Members are written in the order `v`, `rem`, `gen`, then `op`, `prio`, `dl`, `wb` and `pv` when set;
     /// `op` is always written as an RFC 8941 String. The result is at most a few hundred bytes,
     /// well under [`MAX_HEADER_LEN`].
     ///
@@ -584,6 +619,14 @@ impl ServiceBudget {
                 &mut dict,
                 Member::AuditDeadline,
                 Integer::try_from(unix_ms).unwrap_or(Integer::MAX),
+            );
+        }
+        if let Some(wb) = self.would_be {
+            let wb_ms = u64::try_from(wb.as_millis()).unwrap_or(0);
+            put(
+                &mut dict,
+                Member::WouldBe,
+                Integer::try_from(wb_ms).unwrap_or(Integer::ZERO),
             );
         }
         if let Some(version) = self.policy_version {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{bounded, PolicyError};
-use crate::wire::{EndpointPolicy, OnBadInput, OverCap, Trust};
+use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Trust};
 
 /// An [`EndpointPolicy`] as it is written in configuration (any `serde` format: TOML, JSON,
 /// YAML): durations in whole milliseconds, unknown fields refused. Turned into a policy with
@@ -23,6 +23,7 @@ use crate::wire::{EndpointPolicy, OnBadInput, OverCap, Trust};
 /// | `bad_input_fallback_ms` | [`OnBadInput::Fallback`] with this budget; absent: [`OnBadInput::Reject`] | absent |
 /// | `over_cap` | `"clamp"` or `"reject"` ([`OverCap`]) | `"clamp"` |
 /// | `priority` | [`EndpointPolicy::priority`] | `3` |
+/// | `mode` | `"enforce"` or `"shadow"` ([`Mode`]) | `"enforce"` |
 ///
 /// # Examples
 ///
@@ -81,6 +82,28 @@ pub struct PolicyConfig {
     /// The endpoint's priority (RFC 9218 urgency).
     #[serde(default = "default_priority")]
     pub priority: u8,
+    /// Whether the decisions are enforced or shadowed.
+    #[serde(default)]
+    pub mode: ModeConfig,
+}
+
+/// [`Mode`] in configuration: `"enforce"` or `"shadow"`.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::wire::ModeConfig;
+/// assert_eq!(serde_json::from_str::<ModeConfig>(r#""shadow""#).unwrap(), ModeConfig::Shadow);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum ModeConfig {
+    /// [`Mode::Enforce`].
+    #[default]
+    Enforce,
+    /// [`Mode::Shadow`].
+    Shadow,
 }
 
 fn default_priority() -> u8 {
@@ -143,7 +166,11 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
                 OverCapConfig::Clamp => OverCap::Clamp,
                 OverCapConfig::Reject => OverCap::Reject,
             })
-            .priority(c.priority);
+            .priority(c.priority)
+            .mode(match c.mode {
+                ModeConfig::Enforce => Mode::Enforce,
+                ModeConfig::Shadow => Mode::Shadow,
+            });
         if let Some(b) = c.envoy_timeout {
             p = p.envoy_timeout(b);
         }
@@ -192,6 +219,10 @@ impl From<EndpointPolicy> for PolicyConfig {
                 _ => OverCapConfig::Clamp,
             },
             priority: p.policy_priority(),
+            mode: match p.enforcement() {
+                Mode::Shadow => ModeConfig::Shadow,
+                _ => ModeConfig::Enforce,
+            },
         }
     }
 }

@@ -132,6 +132,12 @@ impl Finish {
         let Some(handler) = self.handler.take() else {
             return;
         };
+        // Shadow mode: an answer after the would-be deadline is the cancel that did not happen
+        // (noted while the handler's unit still holds the request open).
+        if let Some(late) = self.admission.late_by(tokio::time::Instant::now()) {
+            self.scope.note_would_be(late);
+            telemetry::shadow_deadline_exceeded();
+        }
         let grpc_error = grpc
             .then(|| headers.get("grpc-status"))
             .flatten()

@@ -1,0 +1,314 @@
+//! Shadow mode: every admission decision computed as when enforcing, none enforced; the
+//! request runs bounded by the hard cap, and what would have happened is recorded.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::admission::Admission;
+use crate::scope::Note;
+use crate::{Report, Scope};
+
+/// Whether an endpoint enforces its budget decisions or only records them
+/// ([`EndpointPolicy::mode`](super::EndpointPolicy::mode)).
+///
+/// In [`Shadow`](Mode::Shadow) mode admission computes every decision exactly as when
+/// enforcing — the declared budget clamped to the maximum, less what was queued and the
+/// reserve, refusals of bad or over-long headers and of too little budget — and enforces none
+/// of them:
+///
+/// * the request runs bounded by the **hard cap** alone (the policy's maximum, less what it
+///   queued); [`Scope::remaining`], the sqlx `statement_timeout` and the `grpc-timeout` and
+///   `rem` of its outgoing calls follow that enforced bound (peers such as grpc-go, tonic and
+///   Envoy enforce `grpc-timeout`);
+/// * the would-be budget travels in an extra `service-budget` member, `wb`, that version 1
+///   readers ignore, so a next hop in shadow mode computes its own would-be decision from it;
+/// * each decision that would have acted is a [`WouldBe`] in the
+///   [`Admission`](Admission::would_be) and in the [`Report`] ([`Report::would_be`]): a
+///   refusal at admission, a clamp, a call that would not have been sent, and (for a request
+///   through [`AdmitLayer`](crate::integrations::tower::AdmitLayer)) a handler that answered
+///   after the would-be deadline, with how long after — the delta that justifies enforcing.
+///
+/// Always enforced, in every mode: the hard cap, an operation's generation refusals (with a
+/// registry), no registration after a cancel, and reconciliation of unknown effects. A client
+/// that disconnects cannot be shadowed: the server drops the request's future, and the
+/// request ends as `ClientGone` whatever the mode.
+///
+/// Shadow mode covers the decisions of admission and egress. Child budgets, `min_useful`
+/// refusals of children and retry-ledger stops inside the handler are enforced against the
+/// enforced bound.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// use std::time::Duration;
+/// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
+///
+/// let ms = Duration::from_millis;
+/// let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+/// // A budget header that enforcing admission would refuse as malformed.
+/// let (scope, a) = policy.admit(Incoming::new().grpc_timeout(b"-5m"), tokio::time::Instant::now()).unwrap();
+/// assert_eq!(scope.remaining(), Some(ms(5_000))); // the hard cap
+/// assert!(a.would_be()[0].is_refusal());
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Every decision enforced (the default).
+    #[default]
+    Enforce,
+    /// Every decision computed and recorded, none enforced but the hard cap.
+    Shadow,
+}
+
+/// What a decision that was not enforced would have done.
+///
+/// # Examples
+///
+/// See [`Mode`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WouldBe {
+    kind: Kind,
+    at: Instant,
+    why: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+enum Kind {
+    Refused,
+    Clamped,
+    NotSent,
+    LateBy(Duration),
+}
+
+impl WouldBe {
+    pub(crate) fn refused(at: Instant, why: String) -> WouldBe {
+        WouldBe {
+            kind: Kind::Refused,
+            at,
+            why,
+        }
+    }
+
+    pub(crate) fn clamped(at: Instant, why: String) -> WouldBe {
+        WouldBe {
+            kind: Kind::Clamped,
+            at,
+            why,
+        }
+    }
+
+    pub(crate) fn not_sent(at: Instant, why: String) -> WouldBe {
+        WouldBe {
+            kind: Kind::NotSent,
+            at,
+            why,
+        }
+    }
+
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn late(at: Instant, by: Duration) -> WouldBe {
+        WouldBe {
+            kind: Kind::LateBy(by),
+            at,
+            why: "the would-be deadline passed first".to_owned(),
+        }
+    }
+
+    /// Admission would have refused the request.
+    ///
+    /// # Examples
+    ///
+    /// See [`Mode`].
+    pub fn is_refusal(&self) -> bool {
+        self.kind == Kind::Refused
+    }
+
+    /// Admission would have clamped the declared budget to a shorter one than the request
+    /// runs with.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
+    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).mode(Mode::Shadow);
+    /// let (_, a) = p.admit(Incoming::new().grpc_timeout(b"9S"), tokio::time::Instant::now()).unwrap();
+    /// assert!(a.would_be()[0].is_clamp());
+    /// # }
+    /// ```
+    pub fn is_clamp(&self) -> bool {
+        self.kind == Kind::Clamped
+    }
+
+    /// An outgoing call would not have been sent (too little would-be budget left).
+    ///
+    /// # Examples
+    ///
+    /// See [`Report::would_be`].
+    pub fn is_not_sent(&self) -> bool {
+        self.kind == Kind::NotSent
+    }
+
+    /// How long after the would-be deadline the handler answered: the request would have been
+    /// cancelled at that deadline.
+    ///
+    /// # Examples
+    ///
+    /// See [`Report::would_be`].
+    pub fn late_by(&self) -> Option<Duration> {
+        match self.kind {
+            Kind::LateBy(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// When the decision would have acted (the would-be deadline, for a late answer).
+    ///
+    /// # Examples
+    ///
+    /// See [`Report::would_be`].
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// Why (the refusal's detail, the clamp, the call's budget).
+    ///
+    /// # Examples
+    ///
+    /// See [`Report::would_be`].
+    pub fn why(&self) -> &str {
+        &self.why
+    }
+}
+
+impl fmt::Display for WouldBe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            Kind::Refused => write!(f, "shadow: would have refused at admission: {}", self.why),
+            Kind::Clamped => write!(f, "shadow: would have clamped: {}", self.why),
+            Kind::NotSent => write!(f, "shadow: would not have sent: {}", self.why),
+            Kind::LateBy(d) => write!(
+                f,
+                "shadow: would have cancelled at the deadline: finished {} ms after the would-be deadline",
+                d.as_millis()
+            ),
+        }
+    }
+}
+
+/// What admission in shadow mode decided: the would-be deadline (none if it would have
+/// refused) and the decisions it did not enforce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Shadowed {
+    pub(crate) would_be_deadline: Option<Instant>,
+    pub(crate) decisions: Vec<WouldBe>,
+}
+
+impl Admission {
+    /// The decisions admission computed and did not enforce (in [`Mode::Shadow`]); empty
+    /// when enforcing, or when nothing would have acted.
+    ///
+    /// # Examples
+    ///
+    /// See [`Mode`].
+    pub fn would_be(&self) -> &[WouldBe] {
+        self.shadow.as_deref().map_or(&[], |s| &s.decisions)
+    }
+
+    /// The deadline the request would have had if its policy enforced (in [`Mode::Shadow`];
+    /// `None` when enforcing, or when admission would have refused it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
+    /// let p = EndpointPolicy::new(Duration::from_secs(9), Duration::from_secs(1)).mode(Mode::Shadow);
+    /// let now = tokio::time::Instant::now();
+    /// let (scope, a) = p.admit(Incoming::new().grpc_timeout(b"100m"), now).unwrap();
+    /// assert_eq!(a.would_be_deadline(), Some(now + Duration::from_millis(100)));
+    /// assert_eq!(scope.deadline(), Some(now + Duration::from_secs(9)));
+    /// # }
+    /// ```
+    pub fn would_be_deadline(&self) -> Option<Instant> {
+        self.shadow.as_ref().and_then(|s| s.would_be_deadline)
+    }
+
+    /// In shadow mode, the decision a request that ends at `at` would have met: the cancel at
+    /// its would-be deadline, if `at` is past it (or admission would have refused it).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn late_by(&self, at: Instant) -> Option<WouldBe> {
+        let shadow = self.shadow.as_ref()?;
+        // Refused at admission: that decision is recorded already.
+        let deadline = shadow.would_be_deadline?;
+        (at > deadline).then(|| WouldBe::late(deadline, at - deadline))
+    }
+
+    /// Whether the request was admitted in [`Mode::Shadow`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming};
+    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// assert!(!p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap().1.is_shadowed());
+    /// # }
+    /// ```
+    pub fn is_shadowed(&self) -> bool {
+        self.shadow.is_some()
+    }
+}
+
+impl Scope {
+    /// Records a decision that was not enforced, for the report of this scope (the caller
+    /// holds a unit of it, or it is not closed yet).
+    pub(crate) fn note_would_be(&self, decision: WouldBe) {
+        self.add_note(Note::shown(Arc::new(decision)));
+    }
+}
+
+impl Report {
+    /// The decisions that were computed and not enforced for the request this report is of
+    /// (its endpoint in [`Mode::Shadow`]), oldest first: at admission, at its outgoing calls,
+    /// and a late answer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EgressPolicy, EndpointPolicy, Incoming, Mode};
+    ///
+    /// let ms = Duration::from_millis;
+    /// let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    /// let (scope, _) = policy.admit(Incoming::new().grpc_timeout(b"100m"), tokio::time::Instant::now()).unwrap();
+    /// tokio::time::sleep(ms(150)).await; // past the would-be deadline
+    /// let call = scope.child().build().unwrap();
+    /// let out = EgressPolicy::new().outgoing(&call).unwrap(); // sent, bounded by the hard cap
+    /// assert_eq!(out.remaining(), Some(ms(4_850)));
+    /// drop(call);
+    /// scope.close();
+    /// let report = scope.quiesce().await;
+    /// let not_sent = &report.would_be()[0];
+    /// assert!(not_sent.is_not_sent() && not_sent.why().contains("would-be budget"));
+    /// assert_eq!(not_sent.late_by(), None);
+    /// assert!(not_sent.at() > tokio::time::Instant::now() - ms(1));
+    /// # }
+    /// ```
+    pub fn would_be(&self) -> Vec<&WouldBe> {
+        self.notes()
+            .iter()
+            .filter_map(|n| n.get::<WouldBe>())
+            .collect()
+    }
+}

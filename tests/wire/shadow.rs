@@ -1,0 +1,186 @@
+//! Shadow mode at admission and egress (`wire::Mode::Shadow`), on tokio's virtual clock: every
+//! decision computed as when enforcing, none enforced but the hard cap.
+
+use std::time::Duration;
+
+use cancel_scope::wire::{EgressPolicy, EndpointPolicy, Incoming, Mode, OverCap, ServiceBudget};
+use proptest::prelude::*;
+use tokio::time::{advance, Instant};
+
+use crate::support::time::{ms, paused_runtime};
+
+/// max 5 s (the hard cap), default 1 s, reserve 50 ms, minimum useful 20 ms.
+fn enforcing() -> EndpointPolicy {
+    EndpointPolicy::new(ms(5_000), ms(1_000))
+        .reserve(ms(50))
+        .min_useful(ms(20))
+}
+
+fn shadowing() -> EndpointPolicy {
+    enforcing().mode(Mode::Shadow)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_is_recorded_and_the_request_runs_bounded_by_the_hard_cap() {
+    let now = Instant::now();
+    type Case = (fn() -> Incoming, &'static str);
+    let cases: [Case; 4] = [
+        (|| Incoming::new().grpc_timeout(b"-5m"), "malformed"),
+        (
+            || Incoming::new().grpc_timeout(b"1S").grpc_timeout(b"2S"),
+            "repeated",
+        ),
+        (
+            || Incoming::new().service_budget(b"v=2, rem=9"),
+            "unknown version",
+        ),
+        (
+            || Incoming::new().grpc_timeout(b"60m"),
+            "below the minimum useful",
+        ),
+    ];
+    for (incoming, why) in cases {
+        assert!(enforcing().admit(incoming(), now).is_err(), "{why}");
+        let (scope, a) = shadowing().admit(incoming(), now).unwrap();
+        assert_eq!(scope.remaining(), Some(ms(5_000)), "{why}");
+        assert!(a.is_shadowed());
+        assert_eq!(a.would_be_deadline(), None);
+        assert_eq!(a.would_be().len(), 1);
+        assert!(a.would_be()[0].is_refusal(), "{:?}", a.would_be());
+        scope.close();
+        let report = scope.quiesce().await;
+        assert!(report.would_be()[0].is_refusal());
+        assert!(
+            report.to_string().contains("would have refused"),
+            "{report}"
+        );
+    }
+    let over = enforcing().over_cap(OverCap::Reject).mode(Mode::Shadow);
+    let (scope, a) = over
+        .admit(Incoming::new().grpc_timeout(b"9S"), now)
+        .unwrap();
+    assert_eq!(scope.remaining(), Some(ms(5_000)));
+    assert!(a.would_be()[0].is_refusal());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clamp_is_recorded_and_the_would_be_deadline_is_the_enforcing_one() {
+    let now = Instant::now();
+    let (scope, a) = shadowing()
+        .admit(Incoming::new().grpc_timeout(b"300m"), now)
+        .unwrap();
+    assert_eq!(a.would_be_deadline(), Some(now + ms(250)));
+    assert!(a.would_be().is_empty());
+    assert_eq!(scope.deadline(), Some(now + ms(5_000)));
+    let (_, a) = shadowing()
+        .admit(Incoming::new().grpc_timeout(b"9S"), now)
+        .unwrap();
+    assert!(a.would_be()[0].is_clamp());
+    assert_eq!(a.would_be_deadline(), Some(now + ms(4_950)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hard_cap_is_enforced_in_every_mode() {
+    let ingress = Instant::now();
+    advance(ms(5_000)).await;
+    let err = shadowing().admit(Incoming::new(), ingress).unwrap_err();
+    assert!(err.is_budget_exhausted());
+    // A hostile header never buys more than the hard cap.
+    let (scope, _) = shadowing()
+        .admit(Incoming::new().grpc_timeout(b"99999999H"), Instant::now())
+        .unwrap();
+    assert_eq!(scope.remaining(), Some(ms(5_000)));
+}
+
+proptest! {
+    /// The would-be decision is exactly the enforcing one: the same budget, or a refusal.
+    #[test]
+    fn shadow_computes_what_enforcing_decides(
+        grpc in proptest::option::of((0u64..20_000, prop_oneof![Just("m"), Just("S"), Just("u")])),
+        rem in proptest::option::of(0u64..20_000),
+        bad in any::<bool>(),
+        queued in 0u64..2_000,
+        reject_over_cap in any::<bool>(),
+    ) {
+        paused_runtime().block_on(async {
+            let incoming = || {
+                let mut i = Incoming::new();
+                if let Some((n, unit)) = grpc {
+                    i = i.grpc_timeout(format!("{n}{unit}").as_bytes());
+                }
+                if let Some(r) = rem {
+                    i = i.service_budget(format!("v=1, rem={r}").as_bytes());
+                }
+                if bad {
+                    i = i.grpc_timeout(b"+1S");
+                }
+                i
+            };
+            let over = if reject_over_cap { OverCap::Reject } else { OverCap::Clamp };
+            let ingress = Instant::now();
+            advance(ms(queued)).await;
+            let now = Instant::now();
+            let enforced = enforcing().over_cap(over).admit(incoming(), ingress);
+            let shadowed = enforcing().over_cap(over).mode(Mode::Shadow).admit(incoming(), ingress);
+            let (scope, a) = shadowed.expect("the hard cap leaves 3 s at least");
+            prop_assert_eq!(scope.deadline(), Some(now + ms(5_000) - ms(queued)));
+            match enforced {
+                Ok((s, _)) => {
+                    prop_assert_eq!(a.would_be_deadline(), s.deadline());
+                    prop_assert!(a.would_be().iter().all(|d| !d.is_refusal()));
+                }
+                Err(e) => {
+                    prop_assert_eq!(a.would_be_deadline(), None);
+                    prop_assert_eq!(a.would_be()[0].why(), e.to_string());
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_wire_carries_the_enforced_bound_and_the_would_be_budget_beside_it() {
+    let now = Instant::now();
+    let (scope, _) = shadowing()
+        .admit(Incoming::new().grpc_timeout(b"300m"), now)
+        .unwrap();
+    let call = scope.child().build().unwrap();
+    let out = EgressPolicy::new()
+        .transport_pad(ms(5))
+        .outgoing(&call)
+        .unwrap();
+    assert_eq!(out.remaining(), Some(ms(4_995)));
+    assert_eq!(out.grpc_timeout().unwrap(), "4995000u");
+    let sent = out.service_budget().unwrap();
+    assert_eq!(sent.remaining(), ms(4_995));
+    assert_eq!(sent.would_be(), Some(ms(245)));
+
+    // The next hop in shadow mode decides from the would-be budget; enforcing, it ignores it
+    // and enforces `rem`, the upstream's enforced bound.
+    let header = sent.to_header_value();
+    let next = || Incoming::new().service_budget(header.as_bytes());
+    let (_, a) = shadowing().admit(next(), now).unwrap();
+    assert_eq!(a.would_be_deadline(), Some(now + ms(195)));
+    let (s, _) = enforcing().admit(next(), now).unwrap();
+    assert_eq!(s.remaining(), Some(ms(4_995 - 50)));
+
+    // Past the would-be deadline: the call goes out (bounded by the hard cap), noted as one
+    // that would not have been sent.
+    advance(ms(300)).await;
+    let out = EgressPolicy::new().outgoing(&call).unwrap();
+    assert_eq!(
+        out.service_budget().unwrap().would_be(),
+        Some(Duration::ZERO)
+    );
+    drop(call);
+    scope.close();
+    let report = scope.quiesce().await;
+    assert!(report.would_be()[0].is_not_sent(), "{report}");
+
+    // Enforcing, nothing of this is written.
+    let (scope, _) = enforcing().admit(Incoming::new(), now).unwrap();
+    let out = EgressPolicy::new().outgoing(&scope).unwrap();
+    assert_eq!(out.service_budget().unwrap().would_be(), None);
+    let _ = ServiceBudget::parse(out.service_budget().unwrap().to_header_value()).unwrap();
+}
