@@ -64,7 +64,9 @@
 //!   `cancel_scope.operation_id`, `cancel_scope.budget_in_ms` (what the caller declared),
 //!   `cancel_scope.budget_out_ms` (what the request was given), `cancel_scope.budget_source`,
 //!   `cancel_scope.clamped`, `cancel_scope.priority`, `cancel_scope.priority_source`,
-//!   `cancel_scope.policy_version`, and, recorded at the answer, `http.response.status_code`
+//!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`), in shadow
+//!   mode `cancel_scope.would_be_budget_ms` (the budget enforcing admission would have given)
+//!   or `cancel_scope.would_be_refused = true`, and, recorded at the answer, `http.response.status_code`
 //!   or `rpc.response.status_code` (the gRPC status name, where the head carries it) and
 //!   `error.type = "deadline_exceeded"` when the request's own deadline stopped it;
 //! * a DEBUG span [`CALL_SPAN`] per outgoing call (a child of the current span: the request's,
@@ -477,6 +479,8 @@ pub(crate) struct Admitted<'a> {
     /// `policy` or `caller`.
     pub(crate) priority_source: &'static str,
     pub(crate) policy_version: u32,
+    /// In shadow mode: the would-be budget, `None` if admission would have refused.
+    pub(crate) shadow: Option<Option<Duration>>,
 }
 
 /// A request was admitted: its budget and queue wait.

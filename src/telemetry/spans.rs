@@ -69,12 +69,24 @@ impl RequestSpans {
             cancel_scope.priority = a.priority,
             cancel_scope.priority_source = a.priority_source,
             cancel_scope.policy_version = a.policy_version,
+            cancel_scope.mode = if a.shadow.is_some() { "shadow" } else { "enforce" },
+            cancel_scope.would_be_budget_ms = Empty,
+            cancel_scope.would_be_refused = Empty,
             http.response.status_code = Empty,
             rpc.response.status_code = Empty,
             "error.type" = Empty,
         );
         if let Some(d) = a.declared {
             own.record("cancel_scope.budget_in_ms", ms(d));
+        }
+        match a.shadow {
+            Some(Some(would_be)) => {
+                own.record("cancel_scope.would_be_budget_ms", ms(would_be));
+            }
+            Some(None) => {
+                own.record("cancel_scope.would_be_refused", true);
+            }
+            None => {}
         }
         let outer = Span::current();
         let outer_declares = outer

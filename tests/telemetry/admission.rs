@@ -395,6 +395,19 @@ async fn shadow_decisions_count_under_their_own_names_not_as_enforced_ones() {
         );
     }
     assert_eq!(m.counter(telemetry::SHADOW_DEADLINE_EXCEEDED, &[]), 1);
+    let spans = t.traces.spans(telemetry::REQUEST_SPAN);
+    assert_eq!(spans.len(), 3);
+    assert!(spans
+        .iter()
+        .all(|s| s.field("cancel_scope.mode") == Some("shadow")));
+    let refused = spans
+        .iter()
+        .filter(|s| s.field("cancel_scope.would_be_refused") == Some("true"))
+        .count();
+    assert_eq!(refused, 2);
+    assert!(spans
+        .iter()
+        .any(|s| s.field("cancel_scope.would_be_budget_ms") == Some("200")));
     // (The responses above were dropped unread: client gone, in every mode.)
     let deadline = [("cause", "deadline_exceeded")];
     assert_eq!(m.counter(telemetry::SCOPE_CANCELLED, &deadline), 0);

@@ -223,6 +223,10 @@ impl Admission {
                 PrioritySource::Caller => "caller",
             },
             policy_version: self.policy_version,
+            shadow: self.shadow.as_ref().map(|s| {
+                s.would_be_deadline
+                    .map(|d| d.saturating_duration_since(self.admitted_at))
+            }),
         }
     }
 
