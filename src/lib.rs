@@ -173,6 +173,7 @@
 //! | | [`Outgoing`](wire::Outgoing) | the budget of one outgoing call, as `grpc-timeout` and `service-budget` values |
 //! | | [`PolicyError`](wire::PolicyError), [`MAX_CAP`](wire::MAX_CAP) | why a policy version was refused (it would remove the deadline, its number is stale) or a rollback could not be made; the longest hard cap a version may have |
 //! | | [`Mode`](wire::Mode), [`WouldBe`](wire::WouldBe) | enforce or shadow an endpoint's decisions; a decision shadow mode computed and did not enforce ([`Report::would_be`]) |
+//! | | [`Stage`](wire::Stage), [`RequestClass`](wire::RequestClass), [`fraction_bucket`](wire::fraction_bucket) | staged enforcement: by the class of a request, by a fraction of operations (a fixed hash of the id) |
 //! | crate root | [`Report::policy_version`] | the version of the endpoint policy that admitted the request a report is of |
 //! | | (also here) | `GrpcTimeoutError`, `ServiceBudget`, `ServiceBudgetError`, `ServiceBudgetErrorKind`, `EnvoyTimeoutError`, re-exported from the modules below |
 //! | | [`ServerScope`](wire::ServerScope) | a server's scope, the parent of every admitted request: [`shutdown`](wire::ServerScope::shutdown) stops admitting, drains, cancels the rest with `Cause::Shutdown`; [`draining`](wire::ServerScope::draining) for axum's and tonic's graceful shutdown |
@@ -281,7 +282,7 @@
 )]
 #![cfg_attr(
     feature = "serde",
-    doc = "| `wire` (feature `serde`) | [`PolicyConfig`](wire::PolicyConfig), [`TrustConfig`](wire::TrustConfig), [`OverCapConfig`](wire::OverCapConfig), [`ModeConfig`](wire::ModeConfig) | an `EndpointPolicy` as configuration (`EndpointPolicy` deserializes from it) |"
+    doc = "| `wire` (feature `serde`) | [`PolicyConfig`](wire::PolicyConfig), [`TrustConfig`](wire::TrustConfig), [`OverCapConfig`](wire::OverCapConfig), [`ModeConfig`](wire::ModeConfig), [`StageConfig`](wire::StageConfig) | an `EndpointPolicy` as configuration (`EndpointPolicy` deserializes from it) |"
 )]
 #![cfg_attr(
     feature = "stream",

@@ -106,6 +106,7 @@ pub mod service_budget;
 pub mod service_effect;
 pub mod service_operation;
 mod shadow;
+mod stage;
 mod versions;
 
 pub use admission::{
@@ -121,9 +122,10 @@ pub use server::{ServerScope, ShutdownReport};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};
 pub use service_effect::ServiceEffect;
 pub use shadow::{Mode, WouldBe};
+pub use stage::{fraction_bucket, RequestClass, Stage};
 #[cfg(feature = "rollout")]
 pub use versions::PolicyHandle;
 pub(crate) use versions::PolicySource;
 #[cfg(feature = "serde")]
-pub use versions::{ModeConfig, OverCapConfig, PolicyConfig, TrustConfig};
+pub use versions::{ModeConfig, OverCapConfig, PolicyConfig, StageConfig, TrustConfig};
 pub use versions::{PolicyError, MAX_CAP};

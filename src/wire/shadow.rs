@@ -12,7 +12,12 @@ use crate::scope::Note;
 use crate::{Report, Scope};
 
 /// Whether an endpoint enforces its budget decisions or only records them
-/// ([`EndpointPolicy::mode`](super::EndpointPolicy::mode)).
+/// ([`EndpointPolicy::mode`](super::EndpointPolicy::mode)). An enforcing policy can also
+/// shadow part of its requests: by class ([`EndpointPolicy::enforce_for`]) and by a fraction
+/// of operations ([`EndpointPolicy::enforced_percent`]).
+///
+/// [`EndpointPolicy::enforce_for`]: super::EndpointPolicy::enforce_for
+/// [`EndpointPolicy::enforced_percent`]: super::EndpointPolicy::enforced_percent
 ///
 /// In [`Shadow`](Mode::Shadow) mode admission computes every decision exactly as when
 /// enforcing — the declared budget clamped to the maximum, less what was queued and the

@@ -26,5 +26,6 @@ mod journal;
 mod registry;
 mod shadow;
 mod shutdown;
+mod stage;
 #[cfg(feature = "rollout")]
 mod versions;

@@ -20,5 +20,6 @@ mod grpc_timeout;
 mod service_budget;
 mod service_effect;
 mod shadow;
+mod stage;
 #[cfg(feature = "rollout")]
 mod versions;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::super::envoy::{self, EnvoyTimeoutError};
 use super::super::grpc_timeout::{self, GrpcTimeoutError};
 use super::super::service_budget::{ServiceBudget, ServiceBudgetError};
+use super::super::stage::RequestClass;
 
 /// One budget header, decoded line by line as the request's lines are added.
 #[derive(Debug)]
@@ -65,6 +66,8 @@ pub struct Incoming {
     pub(super) envoy: Field<EnvoyTimeoutError>,
     /// The first valid `service-budget` line (operation id, priority, generation).
     pub(super) caller: Option<ServiceBudget>,
+    /// What the request does, as its server layer says (for staged enforcement).
+    pub(super) class: RequestClass,
 }
 
 impl Incoming {
@@ -96,7 +99,20 @@ impl Incoming {
             service_budget: Field::new(),
             envoy: Field::new(),
             caller: None,
+            class: RequestClass::SideEffecting,
         }
+    }
+
+    /// What the request does (see [`RequestClass`]): what staged enforcement
+    /// ([`EndpointPolicy::enforce_for`](crate::wire::EndpointPolicy::enforce_for)) goes by.
+    /// Not a header: the server layer sets it from the request's method.
+    ///
+    /// # Examples
+    ///
+    /// See [`RequestClass`].
+    pub const fn class(mut self, class: RequestClass) -> Self {
+        self.class = class;
+        self
     }
 
     /// Adds a `grpc-timeout` header line.

@@ -17,6 +17,7 @@ use super::policy::{EndpointPolicy, OnBadInput, OverCap};
 use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
 use super::shadow::{Mode, Shadowed, WouldBe};
+use super::stage::RequestClass;
 use crate::budget::ChildBudget;
 use crate::registry::OperationId;
 use crate::telemetry;
@@ -133,6 +134,10 @@ pub(super) struct Prepared {
     priority_source: PrioritySource,
     /// In shadow mode: the enforcing decision, not enforced.
     shadow: Option<Shadowed>,
+    /// The enforcing decision's refusal, if it refused (shadowed, or enforced by a stage).
+    refusal: Option<AdmissionError>,
+    /// What the request does (for staged enforcement).
+    class: RequestClass,
 }
 
 /// The budget an admission decided on, and from what.
@@ -354,6 +359,7 @@ impl EndpointPolicy {
         ingress: Instant,
     ) -> Result<Prepared, AdmissionError> {
         let now = Instant::now();
+        let class = incoming.class;
         let Decoded {
             mut declared,
             caller,
@@ -361,9 +367,12 @@ impl EndpointPolicy {
             envoy_timeout,
         } = decode(incoming, self);
         let queued = now.saturating_duration_since(ingress);
+        let mut refusal = None;
         let (decided, shadow) = match self.enforcement() {
-            Mode::Enforce => (self.decide(&mut declared, queued)?, None),
-            Mode::Shadow => {
+            Mode::Enforce if !self.is_staged() => (self.decide(&mut declared, queued)?, None),
+            // Shadow mode, or staged enforcement that may shadow this request (decided once
+            // its operation is settled).
+            _ => {
                 let heard = declared.best;
                 // The would-be decision also counts what the caller would have had.
                 if let Some(wb) = caller.as_ref().and_then(ServiceBudget::would_be) {
@@ -385,7 +394,9 @@ impl EndpointPolicy {
                     clamped: heard.is_some_and(|(d, _)| d > self.max_budget()),
                     budget_source: heard.map_or(BudgetSource::Default, |(_, s)| s),
                 };
-                (enforced, Some(self.shadow_of(would_be, now)))
+                let shadow = self.shadow_of(&would_be, now);
+                refusal = would_be.err();
+                (enforced, Some(shadow))
             }
         };
         let (priority, priority_source) = self.priority_of(caller.as_ref());
@@ -402,6 +413,8 @@ impl EndpointPolicy {
             priority,
             priority_source,
             shadow,
+            refusal,
+            class,
         })
     }
 
@@ -441,7 +454,7 @@ impl EndpointPolicy {
     }
 
     /// What shadow mode records of the enforcing decision `would_be`, made at `now`.
-    fn shadow_of(&self, would_be: Result<Decided, AdmissionError>, now: Instant) -> Shadowed {
+    fn shadow_of(&self, would_be: &Result<Decided, AdmissionError>, now: Instant) -> Shadowed {
         match would_be {
             Ok(d) => Shadowed {
                 would_be_deadline: Some(deadline_after(now, d.remaining)),
@@ -460,13 +473,10 @@ impl EndpointPolicy {
                     .into_iter()
                     .collect(),
             },
-            Err(e) => {
-                telemetry::shadow_rejected(e.telemetry_reason());
-                Shadowed {
-                    would_be_deadline: None,
-                    decisions: vec![WouldBe::refused(now, e.to_string())],
-                }
-            }
+            Err(e) => Shadowed {
+                would_be_deadline: None,
+                decisions: vec![WouldBe::refused(now, e.to_string())],
+            },
         }
     }
 
@@ -508,6 +518,20 @@ impl EndpointPolicy {
     ) -> Result<(Scope, Admission), AdmissionError> {
         let now = prepared.now;
         let mut shadow = prepared.shadow.take();
+        // Staged enforcement: by the request's class and its operation's bucket.
+        if self.is_staged() && self.enforces(prepared.class, settled.id.as_str()) {
+            if let Some(refused) = prepared.refusal.take() {
+                return Err(refused);
+            }
+            if let Some(d) = shadow.take().and_then(|s| s.would_be_deadline) {
+                prepared.remaining = d.saturating_duration_since(now);
+            }
+        }
+        if shadow.is_some() {
+            if let Some(refused) = &prepared.refusal {
+                telemetry::shadow_rejected(refused.telemetry_reason());
+            }
+        }
         if let (Some(s), Some(d)) = (&mut shadow, settled.deadline) {
             // The registry's term is enforced; the would-be deadline is within it too.
             s.would_be_deadline = s.would_be_deadline.map(|w| w.min(d));

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{bounded, PolicyError};
-use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Trust};
+use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Stage, Trust};
 
 /// An [`EndpointPolicy`] as it is written in configuration (any `serde` format: TOML, JSON,
 /// YAML): durations in whole milliseconds, unknown fields refused. Turned into a policy with
@@ -24,6 +24,8 @@ use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Trust};
 /// | `over_cap` | `"clamp"` or `"reject"` ([`OverCap`]) | `"clamp"` |
 /// | `priority` | [`EndpointPolicy::priority`] | `3` |
 /// | `mode` | `"enforce"` or `"shadow"` ([`Mode`]) | `"enforce"` |
+/// | `enforce_for` | `"read_only"`, `"idempotent"` or `"all"` ([`Stage`], [`EndpointPolicy::enforce_for`]) | `"all"` |
+/// | `enforced_percent` | [`EndpointPolicy::enforced_percent`] | `100` |
 ///
 /// # Examples
 ///
@@ -85,6 +87,37 @@ pub struct PolicyConfig {
     /// Whether the decisions are enforced or shadowed.
     #[serde(default)]
     pub mode: ModeConfig,
+    /// Which classes of requests are enforced.
+    #[serde(default)]
+    pub enforce_for: StageConfig,
+    /// The percentage of operations enforced.
+    #[serde(default = "all_percent")]
+    pub enforced_percent: u8,
+}
+
+fn all_percent() -> u8 {
+    100
+}
+
+/// [`Stage`] in configuration: `"read_only"`, `"idempotent"` or `"all"`.
+///
+/// # Examples
+///
+/// ```
+/// use cancel_scope::wire::StageConfig;
+/// assert_eq!(serde_json::from_str::<StageConfig>(r#""read_only""#).unwrap(), StageConfig::ReadOnly);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StageConfig {
+    /// [`Stage::ReadOnly`].
+    ReadOnly,
+    /// [`Stage::Idempotent`].
+    Idempotent,
+    /// [`Stage::All`].
+    #[default]
+    All,
 }
 
 /// [`Mode`] in configuration: `"enforce"` or `"shadow"`.
@@ -170,7 +203,13 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
             .mode(match c.mode {
                 ModeConfig::Enforce => Mode::Enforce,
                 ModeConfig::Shadow => Mode::Shadow,
-            });
+            })
+            .enforce_for(match c.enforce_for {
+                StageConfig::ReadOnly => Stage::ReadOnly,
+                StageConfig::Idempotent => Stage::Idempotent,
+                StageConfig::All => Stage::All,
+            })
+            .enforced_percent(c.enforced_percent);
         if let Some(b) = c.envoy_timeout {
             p = p.envoy_timeout(b);
         }
@@ -223,6 +262,12 @@ impl From<EndpointPolicy> for PolicyConfig {
                 Mode::Shadow => ModeConfig::Shadow,
                 _ => ModeConfig::Enforce,
             },
+            enforce_for: match p.enforcement_stage() {
+                Stage::ReadOnly => StageConfig::ReadOnly,
+                Stage::Idempotent => StageConfig::Idempotent,
+                _ => StageConfig::All,
+            },
+            enforced_percent: p.enforced_fraction(),
         }
     }
 }

@@ -21,7 +21,7 @@ mod handle;
 use std::time::Duration;
 
 #[cfg(feature = "serde")]
-pub use config::{ModeConfig, OverCapConfig, PolicyConfig, TrustConfig};
+pub use config::{ModeConfig, OverCapConfig, PolicyConfig, StageConfig, TrustConfig};
 #[cfg(feature = "rollout")]
 pub use handle::PolicyHandle;
 

@@ -11,9 +11,12 @@ use super::body::ResponseBody;
 use super::finish::Finish;
 use super::future::ResponseFuture;
 use super::layer::AdmitLayer;
+use crate::integrations::effect::{Class, IDEMPOTENCY_KEY};
 use crate::integrations::tower::headers;
 use crate::registry::Operations;
-use crate::wire::{Admission, AdmissionError, EndpointPolicy, Incoming, PolicySource, ServerScope};
+use crate::wire::{
+    Admission, AdmissionError, EndpointPolicy, Incoming, PolicySource, RequestClass, ServerScope,
+};
 use crate::Report;
 
 pub(super) type ReportFn = Arc<dyn Fn(&Admission, &Report) + Send + Sync>;
@@ -235,7 +238,7 @@ impl<S, R> Admit<S, R> {
         let not_ready_since = self.not_ready_since.take();
         // The handler never sees the raw budget headers: a handler that copies its incoming
         // headers onto a call of its own would pass the caller's claims on unchecked.
-        let incoming = Incoming::take_from(req.headers_mut());
+        let incoming = Incoming::take_from(req.headers_mut()).class(class_of(req));
         // One version for the whole request (a swap in between must not mix two).
         let policy = self.policy.for_request(&incoming);
         let ingress = match req.extensions().get::<Ingress>() {
@@ -320,6 +323,17 @@ where
             admit,
             Box::new(move |admitted| start(&mut inner, req, admitted, &hooks, answers, track_body)),
         )
+    }
+}
+
+/// What a request does, for staged enforcement: by its method, as a call's effect class is
+/// taken (gRPC calls are POSTs: side-effecting).
+fn class_of<B>(req: &Request<B>) -> RequestClass {
+    match Class::of_method(req.method()) {
+        Class::ReadOnly => RequestClass::ReadOnly,
+        _ if req.headers().contains_key(IDEMPOTENCY_KEY) => RequestClass::Idempotent,
+        Class::Idempotent => RequestClass::Idempotent,
+        Class::SideEffecting => RequestClass::SideEffecting,
     }
 }
 
