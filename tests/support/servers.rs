@@ -36,6 +36,21 @@ pub async fn next_report(reports: &mut Reports) -> (Admission, Report) {
     next_report_within(reports, PATIENCE).await
 }
 
+/// A hop's scoped `GET` of the next hop at `url` (from the current scope), its body as text;
+/// a call that fails or is not answered 2xx is the hop's 502.
+pub async fn call_next(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<String, axum::http::StatusCode> {
+    use cancel_scope::integrations::reqwest::RequestBuilderExt as _;
+    let bad_gateway = |_| axum::http::StatusCode::BAD_GATEWAY;
+    let res = client.get(url).send_scoped().await.map_err(bad_gateway)?;
+    if !res.status().is_success() {
+        return Err(axum::http::StatusCode::BAD_GATEWAY);
+    }
+    res.text().await.map_err(bad_gateway)
+}
+
 /// Sends on its drop: the server dropped the response body it was in.
 pub struct OnDrop(pub Option<oneshot::Sender<()>>);
 

@@ -15,11 +15,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::wire::{EndpointPolicy, Mode, Trust};
 use cancel_scope::Scope;
 
-use crate::support::servers::next_report;
+use crate::support::servers::{call_next, next_report};
 use crate::support::time::ms;
 use crate::support::tower::{reporting, Reports};
 
@@ -45,16 +44,7 @@ async fn hop(State(h): State<Hop>) -> Result<String, StatusCode> {
     let Some(next) = &h.next else {
         return Ok(h.name.to_owned());
     };
-    let res = h
-        .client
-        .get(next)
-        .send_scoped()
-        .await
-        .map_err(|_| StatusCode::GATEWAY_TIMEOUT)?;
-    if !res.status().is_success() {
-        return Err(StatusCode::BAD_GATEWAY);
-    }
-    let below = res.text().await.map_err(|_| StatusCode::BAD_GATEWAY)?;
+    let below = call_next(&h.client, next).await?;
     Ok(format!("{} > {below}", h.name))
 }
 

@@ -8,11 +8,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Extension, Router};
-use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::wire::{fraction_bucket, Admission, EndpointPolicy, Stage, Trust};
 use tokio::time::timeout;
 
-use crate::support::servers::PATIENCE;
+use crate::support::servers::{call_next, PATIENCE};
 use crate::support::time::ms;
 use crate::support::tower::reporting;
 
@@ -85,15 +84,7 @@ async fn hop(
     let Some(url) = &next.url else {
         return Ok(here.to_owned());
     };
-    let below = next
-        .client
-        .get(url)
-        .send_scoped()
-        .await
-        .map_err(|_| StatusCode::BAD_GATEWAY)?
-        .text()
-        .await
-        .map_err(|_| StatusCode::BAD_GATEWAY)?;
+    let below = call_next(&next.client, url).await?;
     Ok(format!("{here} {below}"))
 }
 

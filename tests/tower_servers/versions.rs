@@ -10,14 +10,13 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Extension, Router};
-use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::integrations::tower::AdmitLayer;
 use cancel_scope::wire::{Admission, EndpointPolicy, PolicyHandle, Trust};
 use cancel_scope::Scope;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::timeout;
 
-use crate::support::servers::PATIENCE;
+use crate::support::servers::{call_next, PATIENCE};
 use crate::support::time::ms;
 use crate::support::tower::Reports;
 
@@ -243,13 +242,7 @@ async fn hop(
         Scope::current().operation().unwrap().policy_version(),
         a.policy_version()
     );
-    let res = h
-        .client
-        .get(next)
-        .send_scoped()
-        .await
-        .map_err(|_| StatusCode::BAD_GATEWAY)?;
-    let below = res.text().await.map_err(|_| StatusCode::BAD_GATEWAY)?;
+    let below = call_next(&h.client, next).await?;
     Ok(format!("{here} > {below}"))
 }
 
