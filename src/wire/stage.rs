@@ -84,8 +84,8 @@ impl Stage {
 ///
 /// ```
 /// use cancel_scope::wire::fraction_bucket;
-/// assert_eq!(fraction_bucket(""), 0xcbf2_9ce4_8422_2325 % 100);
-/// assert_eq!(fraction_bucket("a"), 0xaf63_dc4c_8601_ec8c % 100);
+/// assert_eq!(u64::from(fraction_bucket("")), 0xcbf2_9ce4_8422_2325_u64 % 100);
+/// assert_eq!(u64::from(fraction_bucket("a")), 0xaf63_dc4c_8601_ec8c_u64 % 100);
 /// assert!(fraction_bucket("checkout-7f3a") < 100);
 /// ```
 pub fn fraction_bucket(operation_id: &str) -> u8 {
