@@ -329,10 +329,10 @@ pub fn phase_rows(phase: Phase, o: &Observations) -> Vec<Row> {
     ]
 }
 
-/// What the rollout rows count, once a build has shadow mode and a rejection cap.
+/// What the rollout rows count: requests the enforced figures leave out.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Rollout {
-    /// Requests run in shadow mode (decisions recorded, not enforced); `None`: no such mode.
+    /// Requests run in shadow mode (decisions recorded, not enforced); `None`: not counted.
     pub shadow: Option<u64>,
     /// Requests admitted past the rejection cap; `None`: no such cap.
     pub over_rejection_cap: Option<u64>,
@@ -366,12 +366,12 @@ pub fn rollout_rows(r: Rollout) -> Vec<Row> {
         rollout_row(
             "requests in shadow mode",
             r.shadow,
-            "this build has no shadow mode",
+            "no shadow mode to count",
         ),
         rollout_row(
             "requests admitted past the rejection cap",
             r.over_rejection_cap,
-            "this build has no rejection cap",
+            "the library has no rejection cap",
         ),
     ]
 }

@@ -141,7 +141,12 @@ fn main() -> ExitCode {
 
     let mut rows = gates::phase_rows(Phase::Trees, &trees);
     rows.extend(gates::phase_rows(Phase::Load, &load.observations));
-    rows.extend(gates::rollout_rows(Rollout::default()));
+    // Every endpoint policy of both phases enforces (`Mode::Enforce`, the default): no request
+    // of this run is shadowed. The library has no rejection cap yet.
+    rows.extend(gates::rollout_rows(Rollout {
+        shadow: Some(0),
+        over_rejection_cap: None,
+    }));
     let run = report::Run {
         params: &params,
         took: started.elapsed(),
