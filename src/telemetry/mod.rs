@@ -67,7 +67,8 @@
 //!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`), in shadow
 //!   mode `cancel_scope.would_be_budget_ms` (the budget enforcing admission would have given)
 //!   or `cancel_scope.would_be_refused = true`, and, recorded at the answer, `http.response.status_code`
-//!   or `rpc.response.status_code` (the gRPC status name, where the head carries it) and
+//!   or `rpc.response.status_code` (the gRPC status name: from the head of a trailers-only
+//!   answer, else from the trailers the answer's body ends with, the layer's own at a cut) and
 //!   `error.type = "deadline_exceeded"` when the request's own deadline stopped it;
 //! * a DEBUG span [`CALL_SPAN`] per outgoing call (a child of the current span: the request's,
 //!   when the call is made from its handler), entered while the call is polled, with
@@ -527,6 +528,17 @@ impl Request {
         #[cfg(feature = "tracing")]
         self.span.answered(status, grpc, deadline);
         let _ = (status, grpc, deadline);
+    }
+
+    /// The request's answer ended with `trailers` (a gRPC answer whose status was not in its
+    /// head): their `grpc-status` on the span; `deadline` when the request's own deadline
+    /// stopped it.
+    #[cfg(feature = "tower")]
+    #[inline]
+    pub(crate) fn trailers(&self, trailers: &http::HeaderMap, deadline: bool) {
+        #[cfg(feature = "tracing")]
+        self.span.trailers(trailers, deadline);
+        let _ = (trailers, deadline);
     }
 
     /// The request is quiet: its report (`operation_id` names it in the event).

@@ -121,6 +121,23 @@ impl RequestSpans {
         }
     }
 
+    /// The answer's trailers came: their gRPC status, and the deadline that stopped it.
+    #[cfg(feature = "tower")]
+    pub(super) fn trailers(&self, trailers: &http::HeaderMap, deadline: bool) {
+        if let Some(code) = trailers
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u32>().ok())
+        {
+            grpc_status(&self.own, code);
+        }
+        if deadline {
+            self::deadline(&self.own);
+            if self.outer_declares {
+                self::deadline(&self.outer);
+            }
+        }
+    }
+
     /// The report event: WARN when an operator must act (a quarantined child, an unknown
     /// effect), DEBUG otherwise. Its parent is the request's span, or the server's when ours
     /// is not enabled.

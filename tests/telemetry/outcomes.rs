@@ -1,12 +1,14 @@
 //! How admitted requests end, as the metrics and the report event say it: a deadline (DEBUG,
 //! `error.type`), a client gone, a quarantined child and an unknown effect (WARN).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use cancel_scope::telemetry;
 use cancel_scope::wire::EndpointPolicy;
 use cancel_scope::{ChildSpec, Scope};
 use http::{Request, Response};
+use http_body::Frame;
 use tokio::time::advance;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -14,7 +16,7 @@ use tracing::Level;
 
 use crate::capture::Telemetry;
 use crate::support::time::ms;
-use crate::support::tower::{next_report, reporting, stuck, Fn_};
+use crate::support::tower::{next_frame, next_report, reporting, stuck, Fn_, Frames};
 
 fn budgeted(value: &str) -> Request<()> {
     Request::builder()
@@ -77,6 +79,82 @@ async fn a_grpc_deadline_records_the_status_name() {
         Some("DEADLINE_EXCEEDED")
     );
     assert_eq!(span.field("http.response.status_code"), None);
+    assert_eq!(span.field("error.type"), Some("deadline_exceeded"));
+}
+
+fn grpc_request(timeout: &str) -> Request<()> {
+    Request::builder()
+        .header("grpc-timeout", timeout)
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_status_in_the_trailers_is_recorded_on_the_request_span() {
+    let t = Telemetry::install();
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    // A gRPC answer: a message, then its status in the trailers (as tonic sends one).
+    let mut svc = layer.layer(Fn_(|_: Request<()>| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "5".parse().unwrap());
+        let frames = VecDeque::from([Frame::data(&b"\0\0\0\0\0"[..]), Frame::trailers(trailers)]);
+        let mut res = Response::new(Frames::<false>(frames));
+        res.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        Ok::<_, Infallible>(res)
+    }));
+    let mut res = svc.call(grpc_request("1S")).await.unwrap();
+    assert!(
+        res.headers().get("grpc-status").is_none(),
+        "not trailers-only"
+    );
+    let span = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(
+        span.field("rpc.response.status_code"),
+        None,
+        "not known yet"
+    );
+
+    while let Some(frame) = next_frame(res.body_mut()).await {
+        if frame.unwrap().is_trailers() {
+            break;
+        }
+    }
+    next_report(&mut reports).await;
+    let span = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(span.field("rpc.response.status_code"), Some("NOT_FOUND"));
+    assert_eq!(span.field("http.response.status_code"), None);
+    assert_eq!(
+        span.field("error.type"),
+        None,
+        "the handler's status, no deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_body_cut_by_the_deadline_records_its_trailers_status() {
+    let t = Telemetry::install();
+    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    // A server-streaming answer that sends one message and then stalls.
+    let mut svc = layer.layer(Fn_(|_: Request<()>| async {
+        let frames = VecDeque::from([Frame::data(&b"\0\0\0\0\0"[..])]);
+        let mut res = Response::new(Frames::<false>(frames));
+        res.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        Ok::<_, Infallible>(res)
+    }));
+    let mut res = svc.call(grpc_request("200m")).await.unwrap();
+    assert!(next_frame(res.body_mut()).await.unwrap().unwrap().is_data());
+    advance(ms(200)).await;
+    let trailers = next_frame(res.body_mut()).await.unwrap().unwrap();
+    assert_eq!(trailers.trailers_ref().unwrap()["grpc-status"], "4");
+    next_report(&mut reports).await;
+    let span = t.traces.span(telemetry::REQUEST_SPAN);
+    assert_eq!(
+        span.field("rpc.response.status_code"),
+        Some("DEADLINE_EXCEEDED")
+    );
     assert_eq!(span.field("error.type"), Some("deadline_exceeded"));
 }
 

@@ -60,6 +60,7 @@ use crate::guard::Tethered;
 use crate::panic::Caught;
 use crate::scope::with_current;
 use crate::sync::{AtomicU8, Mutex, Ordering};
+use crate::telemetry;
 use crate::wire::ServiceEffect;
 use crate::{Cancelled, Cause, Error, Scope};
 
@@ -372,6 +373,8 @@ pin_project! {
         // The request's scope, current while the handler's body is polled or dropped (it is
         // the handler's code, as its future was); `None` for a body the layer made.
         scope: Option<Scope>,
+        // The request's span, for a gRPC answer whose status comes in the trailers.
+        span: Option<telemetry::Request>,
     }
 
     impl<B> PinnedDrop for ResponseBody<B> {
@@ -406,6 +409,12 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
+    /// Records the `grpc-status` of the trailers this body ends with on `span`, the request's
+    /// (a gRPC answer whose head had no status).
+    pub(super) fn record_trailers(&mut self, span: telemetry::Request) {
+        self.span = Some(span);
+    }
+
     /// Whether the body is tracked (its request's scope waits for it, and closes at its end).
     pub(super) fn is_tracked(&self) -> bool {
         matches!(self.kind, Kind::Tracked { .. })
@@ -424,6 +433,7 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             kind: Kind::Done,
             scope: None,
+            span: None,
         }
     }
 
@@ -432,6 +442,7 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             kind: Kind::Text { text: Some(text) },
             scope: None,
+            span: None,
         }
     }
 
@@ -460,6 +471,7 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             kind,
             scope: Some(scope.clone()),
+            span: None,
         }
     }
 }
@@ -517,15 +529,13 @@ fn pass_on<D: Buf, E: Into<BoxError>>(
     })
 }
 
-impl<B> Body for ResponseBody<B>
+impl<B> ResponseBody<B>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
+    /// The next frame to send (see `poll_frame`).
+    fn poll_body(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -599,6 +609,37 @@ where
             with_current(this.scope, || this.kind.set(Kind::Done));
         }
         Poll::Ready(pass_on(polled))
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = ready!(self.as_mut().poll_body(cx));
+        if let Some(trailers) = polled
+            .as_ref()
+            .and_then(|f| f.as_ref().ok()?.trailers_ref())
+        {
+            let this = self.project();
+            if let Some(span) = this.span.take() {
+                let deadline = this
+                    .scope
+                    .as_ref()
+                    .and_then(Scope::cause)
+                    .is_some_and(|c| c.origin().is_deadline_exceeded());
+                span.trailers(trailers, deadline);
+            }
+        }
+        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -88,6 +88,11 @@ impl Finish {
         &mut self.reporter
     }
 
+    /// The request's telemetry (its span).
+    pub(super) fn telemetry(&self) -> telemetry::Request {
+        self.telemetry.clone()
+    }
+
     /// Enters the request's span, for the length of a call into the handler.
     pub(super) fn enter(&self) -> telemetry::Entered<'_> {
         self.telemetry.enter()

@@ -239,6 +239,14 @@ where
                                         )
                                     });
                                     *f.reporter() = reporter;
+                                    let mut response = response;
+                                    if this.answers.grpc
+                                        && cfg!(feature = "tracing")
+                                        && !response.headers().contains_key("grpc-status")
+                                    {
+                                        // The status comes in the trailers: the body records it.
+                                        response.body_mut().record_trailers(f.telemetry());
+                                    }
                                     // After the body took its unit: the handler's may be the last.
                                     f.answered(status, response.headers(), this.answers.grpc);
                                     close = !response.body().is_tracked();
