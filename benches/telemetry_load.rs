@@ -10,9 +10,12 @@
 //! cargo bench --bench telemetry_load --features __test-servers,tracing,metrics
 //! ```
 //!
-//! Options after `--`: `--rounds N` (default 3), `--seconds N` (default 4), `--connections N`
-//! (default 32). Prints requests per second and p99 latency per side and round, and the
-//! ratios of the medians (on / off).
+//! Options after `--`: `--rounds N` (default 10), `--seconds N` (default 3), `--connections N`
+//! (default 32). Prints requests per second and p99 latency per side and round, the ratio
+//! (on / off) of each round's two sides, which ran back to back and so on the same machine
+//! state, and the median of those ratios with their range. The median of the rounds' ratios
+//! is the figure: a machine whose speed drifts over the run moves both sides of a round alike,
+//! where it moves the medians of the sides apart.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -47,8 +50,8 @@ fn main() {
         return;
     }
     let (rounds, seconds, connections) = (
-        value("--rounds", 3),
-        value("--seconds", 4),
+        value("--rounds", 10).max(1),
+        value("--seconds", 3),
         value("--connections", 32),
     );
     let mut off = Vec::new();
@@ -71,21 +74,37 @@ fn main() {
             if telemetry { &mut on } else { &mut off }.push(m);
         }
     }
-    let median = |v: &mut Vec<(f64, f64)>, k: fn(&(f64, f64)) -> f64| {
+    // Each round's ratio, of its two sides' figures.
+    let ratios = |k: fn(&(f64, f64)) -> f64| -> Vec<f64> {
+        let mut r: Vec<f64> = on.iter().zip(&off).map(|(a, b)| k(a) / k(b)).collect();
+        r.sort_by(f64::total_cmp);
+        r
+    };
+    let median = |xs: &[f64]| xs[xs.len() / 2];
+    let sides = |v: &[(f64, f64)], k: fn(&(f64, f64)) -> f64| -> f64 {
         let mut xs: Vec<f64> = v.iter().map(k).collect();
         xs.sort_by(f64::total_cmp);
-        xs[xs.len() / 2]
+        median(&xs)
     };
-    let (off_rps, on_rps) = (median(&mut off, |m| m.0), median(&mut on, |m| m.0));
-    let (off_p99, on_p99) = (median(&mut off, |m| m.1), median(&mut on, |m| m.1));
     println!(
-        "median: off {off_rps:.0} requests/s, p99 {off_p99:.1} µs; on {on_rps:.0} requests/s, \
-         p99 {on_p99:.1} µs"
+        "median of the sides: off {:.0} requests/s, p99 {:.1} µs; on {:.0} requests/s, \
+         p99 {:.1} µs",
+        sides(&off, |m| m.0),
+        sides(&off, |m| m.1),
+        sides(&on, |m| m.0),
+        sides(&on, |m| m.1)
     );
+    let (rps, p99) = (ratios(|m| m.0), ratios(|m| m.1));
     println!(
-        "ratio (on / off): requests/s {:.3}x, p99 {:.3}x",
-        on_rps / off_rps,
-        on_p99 / off_p99
+        "ratio (on / off), median of {} rounds: requests/s {:.3}x ({:.3}x-{:.3}x), \
+         p99 {:.3}x ({:.3}x-{:.3}x)",
+        rps.len(),
+        median(&rps),
+        rps[0],
+        rps[rps.len() - 1],
+        median(&p99),
+        p99[0],
+        p99[p99.len() - 1]
     );
 }
 

@@ -1,37 +1,35 @@
-//! Phase 2: real load on loopback. Four axum services, each behind the real `AdmitLayer`:
-//! `frontend` calls `orders`, which calls `inventory` (a SQLite statement through the sqlx
-//! guard) and `stubborn` (a dependency that ignores cancellation: its work runs on a plain
-//! task the request's scope knows nothing of) at once, every call through the reqwest
-//! integration (`send_scoped`) with a permit of the hop's connection limit held for it.
+//! Phase 2: real load on loopback. Four axum services and a tonic one, each behind the real
+//! `AdmitLayer`: `frontend` calls `orders`, which calls at once `inventory` (a SQLite
+//! statement through the sqlx guard), `stubborn` (a dependency that ignores cancellation: its
+//! work runs on a plain task the request's scope knows nothing of), both through the reqwest
+//! integration (`send_scoped`), and `pricing`, a gRPC service, through `PropagateLayer`
+//! around a tonic channel (see `grpc`); every call holds a permit of the hop's connection
+//! limit.
 //!
 //! Many concurrent clients send requests with random budgets (`service-budget`, as a caller
 //! without the library writes it); some cancel at a random moment (dropping the request,
 //! which closes its connection), some disconnect a raw socket after sending. An outermost
-//! layer of every service logs, per request, each request that arrives and each part of each
-//! answer sent (head and body frames), and each SQL statement started: the last of them after a
-//! client's cancel is that request's cancel-to-no-new-I/O time, on the real clock.
+//! layer of every service (`iolog`) logs, per request, each request that arrives and each
+//! part of each answer sent (head and body frames), and each SQL statement started: the last
+//! of them after a client's cancel is that request's cancel-to-no-new-I/O time, on the real
+//! clock.
 
 use std::collections::HashMap;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body as AxumBody;
 use axum::extract::{Request, State};
-use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::any;
 use axum::Router;
 use cancel_scope::integrations::reqwest::RequestBuilderExt as _;
 use cancel_scope::integrations::sqlx::GuardedPool;
-use cancel_scope::integrations::tower::AdmitLayer;
+use cancel_scope::integrations::tower::{AdmitLayer, Propagate};
 use cancel_scope::wire::service_budget::{self, ServiceBudget};
 use cancel_scope::wire::{Admission, EndpointPolicy};
-use cancel_scope::{Lifecycle, Report, Scope};
+use cancel_scope::{Lifecycle, Scope};
 use http::StatusCode;
-use http_body::Frame;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -39,8 +37,14 @@ use sqlx::{Pool, Sqlite};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use crate::gates::Observations;
+use crate::grpc;
+use crate::hop::Sabotage;
+use crate::iolog::{
+    self, header_u64, io, CallRec, IoLogLayer, Log, Shared, CALL, HOP, PARENT, REQ,
+};
 
 /// Phase 2's parameters.
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +55,8 @@ pub struct LoadConfig {
     pub concurrency: u64,
     /// The seed of the clients' random choices.
     pub seed: u64,
+    /// A deliberate bug in the hops, to show that the gate it breaks fails.
+    pub sabotage: Sabotage,
 }
 
 /// What phase 2 found.
@@ -62,126 +68,6 @@ pub struct LoadResult {
     pub database: &'static str,
 }
 
-const REQ: &str = "x-gate-req";
-const PARENT: &str = "x-gate-parent";
-const CALL: &str = "x-gate-call";
-const HOP: &str = "x-gate-hop";
-
-/// One request a service received.
-#[derive(Debug, Default)]
-struct Hop {
-    req: u64,
-    parent: Option<(u64, u64)>,
-    carried: Option<Duration>,
-    entered: bool,
-    ingress: Option<Instant>,
-    deadline: Option<Instant>,
-    report: Option<Report>,
-}
-
-/// One call a hop made, as it was about to send it.
-#[derive(Debug)]
-struct CallRec {
-    before: Instant,
-    deadline: Option<Instant>,
-    cancelled: bool,
-    live: bool,
-}
-
-#[derive(Debug, Default)]
-struct Log {
-    hops: Vec<Hop>,
-    calls: HashMap<(u64, u64), CallRec>,
-    ops: HashMap<String, u64>,
-    early_reports: HashMap<String, Report>,
-    last_io: HashMap<u64, (Instant, &'static str)>,
-}
-
-type Shared = Arc<Mutex<Log>>;
-
-fn io(log: &Shared, req: u64, what: &'static str) {
-    let now = Instant::now();
-    let mut log = log.lock().unwrap();
-    let last = log.last_io.entry(req).or_insert((now, what));
-    if now >= last.0 {
-        *last = (now, what);
-    }
-}
-
-fn header_u64(req: &Request, name: &str) -> Option<u64> {
-    req.headers().get(name)?.to_str().ok()?.parse().ok()
-}
-
-/// The outermost layer of every service: logs the request's arrival and every part of its
-/// answer.
-async fn io_log(State(log): State<Shared>, mut req: Request, next: Next) -> Response {
-    let id = header_u64(&req, REQ).unwrap_or(u64::MAX);
-    let parent = header_u64(&req, PARENT).zip(header_u64(&req, CALL));
-    let carried = req
-        .headers()
-        .get(service_budget::HEADER)
-        .and_then(|v| ServiceBudget::parse(v.as_bytes()).ok())
-        .map(|b| b.remaining());
-    io(&log, id, arrival(&req));
-    let key = {
-        let mut l = log.lock().unwrap();
-        l.hops.push(Hop {
-            req: id,
-            parent,
-            carried,
-            ..Hop::default()
-        });
-        l.hops.len() as u64 - 1
-    };
-    req.headers_mut().insert(HOP, key.into());
-    let what = answer(&req);
-    let res = next.run(req).await;
-    io(&log, id, what);
-    res.map(|body| AxumBody::new(Logged { body, log, id }))
-}
-
-/// The service a request arrived at, by its port's place in the chain (the log's label).
-fn arrival(req: &Request) -> &'static str {
-    match req.headers().contains_key(PARENT) {
-        false => "a request arriving at frontend",
-        true => "a request arriving below frontend",
-    }
-}
-
-fn answer(req: &Request) -> &'static str {
-    match req.headers().contains_key(PARENT) {
-        false => "frontend's answer head",
-        true => "an answer head below frontend",
-    }
-}
-
-/// A response body that logs each frame it yields.
-struct Logged {
-    body: AxumBody,
-    log: Shared,
-    id: u64,
-}
-
-impl http_body::Body for Logged {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<bytes::Bytes>, axum::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(_)) = &polled {
-            io(&self.log, self.id, "a frame of an answer");
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-}
-
 /// What a service does.
 #[derive(Clone, Debug)]
 struct Service {
@@ -190,7 +76,12 @@ struct Service {
     limit: Arc<Semaphore>,
     client: reqwest::Client,
     db: Option<GuardedPool<Sqlite>>,
+    /// The gRPC hop it calls besides `next`.
+    pricing: Option<Propagate<Channel>>,
     stubborn: bool,
+    sabotage: Sabotage,
+    /// Whether [`Sabotage::LeakPermit`] forgot its permit yet (once per run).
+    leaked: Arc<AtomicBool>,
     calls: Arc<AtomicU64>,
 }
 
@@ -202,24 +93,7 @@ const COUNT: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FRO
 async fn handler(State(s): State<Service>, req: Request) -> (StatusCode, &'static str) {
     let key = header_u64(&req, HOP).expect("the log layer names the hop");
     let scope = Scope::current();
-    let id = {
-        let mut l = s.log.lock().unwrap();
-        let op = scope
-            .operation()
-            .map(|o| o.id().to_owned())
-            .unwrap_or_default();
-        let early = l.early_reports.remove(&op);
-        l.ops.insert(op, key);
-        let admission = req.extensions().get::<Admission>();
-        let hop = &mut l.hops[key as usize];
-        hop.entered = true;
-        hop.deadline = scope.deadline();
-        hop.ingress = admission.map(Admission::ingress);
-        if early.is_some() {
-            hop.report = early;
-        }
-        hop.req
-    };
+    let id = iolog::enter(&s.log, key, req.extensions().get::<Admission>());
     if s.stubborn {
         // Work that ignores cancellation: the scope does not know this task.
         let work = id.wrapping_mul(7919) % 300 + 20;
@@ -237,13 +111,30 @@ async fn handler(State(s): State<Service>, req: Request) -> (StatusCode, &'stati
             Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
         };
     }
-    let calls = s.next.iter().map(|url| {
+    if s.sabotage == Sabotage::SendAfterCancel {
+        send_after_cancel(&s, &scope, id, key);
+    }
+    // Each dependency: an HTTP URL, or (`None`) the gRPC hop.
+    let targets = s
+        .next
+        .iter()
+        .map(Some)
+        .chain(s.pricing.iter().map(|_| None));
+    let calls = targets.map(|url| {
         let s = s.clone();
         let scope = scope.clone();
         async move {
-            let Ok(_permit) = scope.acquire(&s.limit).await else {
+            let Ok(permit) = scope.acquire(&s.limit).await else {
                 return false;
             };
+            // Held until the call is done (unless the sabotage forgets the first one).
+            let _permit =
+                if s.sabotage == Sabotage::LeakPermit && !s.leaked.swap(true, Ordering::SeqCst) {
+                    std::mem::forget(permit);
+                    None
+                } else {
+                    Some(permit)
+                };
             let seq = s.calls.fetch_add(1, Ordering::Relaxed);
             s.log.lock().unwrap().calls.insert(
                 (key, seq),
@@ -254,17 +145,29 @@ async fn handler(State(s): State<Service>, req: Request) -> (StatusCode, &'stati
                     live: !scope.is_cancelled() && scope.lifecycle() == Lifecycle::Running,
                 },
             );
-            let sent = s
+            let Some(url) = url else {
+                let client = s.pricing.clone().expect("a gRPC hop to call");
+                return grpc::call(client, &scope, id, key, seq).await;
+            };
+            let request = s
                 .client
                 .get(url)
                 .header(REQ, id)
                 .header(PARENT, key)
-                .header(CALL, seq)
-                .send_scoped()
-                .await;
-            match sent {
-                Ok(res) => res.status().is_success() && res.text().await.is_ok(),
-                Err(_) => false,
+                .header(CALL, seq);
+            match scope.remaining() {
+                // A budget 50 ms longer than the library's, written by hand.
+                Some(left) if s.sabotage == Sabotage::GrowBudget => {
+                    let longer = ServiceBudget::new(left + ms(50)).to_header_value();
+                    match request.header(service_budget::HEADER, longer).send().await {
+                        Ok(res) => res.status().is_success() && res.text().await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+                _ => match request.send_scoped().await {
+                    Ok(res) => res.status().is_success() && res.text().await.is_ok(),
+                    Err(_) => false,
+                },
             }
         }
     });
@@ -279,11 +182,41 @@ async fn handler(State(s): State<Service>, req: Request) -> (StatusCode, &'stati
     }
 }
 
-/// Serves one service on a loopback port; returns its URL.
-async fn serve(s: Service, policy: EndpointPolicy) -> String {
-    let log = s.log.clone();
+/// The sabotage of [`Sabotage::SendAfterCancel`]: a fire-and-forget task that sends one more
+/// request to the hop's first dependency, bypassing the library, once the hop is cancelled.
+fn send_after_cancel(s: &Service, scope: &Scope, id: u64, key: u64) {
+    let Some(url) = s.next.first().cloned() else {
+        return;
+    };
+    let (s, scope) = (s.clone(), scope.clone());
+    tokio::spawn(async move {
+        scope.cancelled().await;
+        let seq = s.calls.fetch_add(1, Ordering::Relaxed);
+        s.log.lock().unwrap().calls.insert(
+            (key, seq),
+            CallRec {
+                before: Instant::now(),
+                deadline: scope.deadline(),
+                cancelled: true,
+                live: false,
+            },
+        );
+        let _ = s
+            .client
+            .get(url)
+            .header(service_budget::HEADER, "v=1, rem=50")
+            .header(REQ, id)
+            .header(PARENT, key)
+            .header(CALL, seq)
+            .send()
+            .await;
+    });
+}
+
+/// The server layer of a hop with `policy`: its reports go to the hop's entry in `log`.
+fn admit(log: &Shared, policy: EndpointPolicy) -> AdmitLayer {
     let reports = log.clone();
-    let admit = AdmitLayer::new(policy).on_report(move |admission, report| {
+    AdmitLayer::new(policy).on_report(move |admission, report| {
         let mut l = reports.lock().unwrap();
         match l.ops.get(admission.operation_id()).copied() {
             Some(key) => l.hops[key as usize].report = Some(report.clone()),
@@ -292,12 +225,27 @@ async fn serve(s: Service, policy: EndpointPolicy) -> String {
                     .insert(admission.operation_id().to_owned(), report.clone());
             }
         }
-    });
+    })
+}
+
+/// Serves one service on a loopback port; returns its URL. With [`Sabotage::LateAnswer`],
+/// the `edge`'s answers take 20 ms more on the way back (outside its server layer).
+async fn serve(s: Service, policy: EndpointPolicy, edge: bool) -> String {
+    let log = s.log.clone();
+    let late = edge && s.sabotage == Sabotage::LateAnswer;
     let app = Router::new()
         .route("/", any(handler))
         .with_state(s)
-        .layer(admit)
-        .layer(axum::middleware::from_fn_with_state(log, io_log));
+        .layer(admit(&log, policy))
+        .layer(axum::middleware::map_response(
+            move |res: Response| async move {
+                if late {
+                    tokio::time::sleep(ms(20)).await;
+                }
+                res
+            },
+        ))
+        .layer(IoLogLayer(log));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -397,13 +345,17 @@ async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations
     let dir = tempfile::tempdir().expect("a temporary directory");
     let pool = database(dir.path()).await.expect("a SQLite database");
     let limits: Vec<Arc<Semaphore>> = (0..3).map(|_| Arc::new(Semaphore::new(64))).collect();
+    let leaked = Arc::new(AtomicBool::new(false));
     let service = |next: Vec<String>, limit: usize| Service {
         log: log.clone(),
         next,
         limit: limits[limit].clone(),
         client: reqwest::Client::new(),
         db: None,
+        pricing: None,
         stubborn: false,
+        sabotage: cfg.sabotage,
+        leaked: leaked.clone(),
         calls: Arc::default(),
     };
     let policy = |reserve| {
@@ -418,6 +370,7 @@ async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations
             ..service(vec![], 2)
         },
         policy(2),
+        false,
     )
     .await;
     let stubborn = serve(
@@ -426,10 +379,20 @@ async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations
             ..service(vec![], 2)
         },
         policy(2),
+        false,
     )
     .await;
-    let orders = serve(service(vec![inventory, stubborn], 1), policy(5)).await;
-    let frontend = serve(service(vec![orders], 0), policy(10)).await;
+    let pricing = grpc::serve(log.clone(), admit(&log, policy(2))).await;
+    let orders = serve(
+        Service {
+            pricing: Some(grpc::client(&pricing)),
+            ..service(vec![inventory, stubborn], 1)
+        },
+        policy(5),
+        false,
+    )
+    .await;
+    let frontend = serve(service(vec![orders], 0), policy(10), true).await;
     let addr = frontend
         .trim_start_matches("http://")
         .trim_end_matches('/')
@@ -579,4 +542,62 @@ fn judge(log: &Log, ended: &[(u64, Ended)], orphans: u64, requests: u64) -> Obse
         }
     }
     o
+}
+
+/// Each sabotage of the hops makes phase 2's report fail its row: no load gate passes by
+/// construction. (Only the sabotaged row is asserted: the others are about the machine's
+/// real clock, which a loaded test machine may fail as well.)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gates::{phase_rows, Phase, Verdict};
+
+    fn failing(sabotage: Sabotage) -> Vec<&'static str> {
+        let cfg = LoadConfig {
+            requests: 200,
+            concurrency: 8,
+            seed: 27,
+            sabotage,
+        };
+        let o = run_load(&cfg, &|_| {}).observations;
+        phase_rows(Phase::Load, &o)
+            .into_iter()
+            .filter(|r| r.verdict == Verdict::Fail)
+            .map(|r| r.gate)
+            .collect()
+    }
+
+    #[test]
+    fn a_hop_that_writes_a_larger_budget_fails_budget_expansion() {
+        let failed = failing(Sabotage::GrowBudget);
+        assert!(failed.contains(&"budget expansion"), "{failed:?}");
+    }
+
+    #[test]
+    fn a_request_sent_after_cancel_fails_late_accepts_and_pre_registration() {
+        let failed = failing(Sabotage::SendAfterCancel);
+        assert!(
+            failed.contains(&"downstream accepts after deadline or cancel"),
+            "{failed:?}"
+        );
+        assert!(
+            failed.contains(&"child pre-registration coverage"),
+            "{failed:?}"
+        );
+    }
+
+    #[test]
+    fn a_permit_never_released_fails_orphans() {
+        let failed = failing(Sabotage::LeakPermit);
+        assert!(
+            failed.contains(&"orphan connections and permits"),
+            "{failed:?}"
+        );
+    }
+
+    #[test]
+    fn a_late_answer_fails_deadline_miss() {
+        let failed = failing(Sabotage::LateAnswer);
+        assert!(failed.contains(&"end-to-end deadline miss"), "{failed:?}");
+    }
 }

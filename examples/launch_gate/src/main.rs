@@ -15,7 +15,9 @@
 //! runs it so, on a shared machine whose real clock the load gates are not about).
 
 mod gates;
+mod grpc;
 mod hop;
+mod iolog;
 mod load;
 mod report;
 mod trees;
@@ -133,6 +135,7 @@ fn main() -> ExitCode {
         requests: params.requests,
         concurrency: params.concurrency,
         seed: params.seed,
+        sabotage: Sabotage::None,
     };
     let t = Instant::now();
     let load = load::run_load(&load_cfg, &|n| bar.set_position(n));
