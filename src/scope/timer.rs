@@ -19,11 +19,16 @@
 //! that tightens a deadline in another runtime than its tree's takes the heap of its own thread
 //! and runtime ([`Timers::for_child_of`]): its deadline was read on that runtime's clock.
 //!
-//! The driver exits once no entry of its heap is live: the scope whose entry was the last live
-//! one notifies it ([`Timers::count_gone`]), and it reads the live count under the lock (a
-//! push that comes first keeps it, one that comes after starts a new driver): with none live
-//! it drops every entry, whether or not their nodes are freed yet, and exits. So a program
-//! whose scopes have all gone has no timer task left.
+//! The driver exits [`LINGER`] after no entry of its heap is live: the scope whose entry was
+//! the last live one notifies it ([`Timers::count_gone`]), and it reads the live count under
+//! the lock: with none live it drops every entry, whether or not their nodes are freed yet,
+//! and sleeps until the earlier of its deadline and [`LINGER`] from then, the heap armed at
+//! that instant. A push meanwhile keeps it (one of an earlier deadline notifies it; a later
+//! one is found when the sleep ends, without waking it per push); at the end of that sleep,
+//! with the heap still empty, it exits (a push that comes after starts a new driver). So a program
+//! whose scopes have all gone has no timer task left 100 ms later, and a server's worker
+//! whose requests come and go one at a time — none live between two — keeps one driver
+//! instead of spawning one per request.
 //!
 //! # Disarming without the lock
 //!
@@ -56,6 +61,11 @@ use crate::time::{deadline_after, stamp_of, FAR};
 /// allocations at once, and up to this many fit the allocator's per-thread cache (glibc's
 /// tcache holds 7 chunks of a size), from which the next nodes are allocated.
 const MIN_COMPACTION: usize = 7;
+
+/// How long a driver with no live entry stays for the next one before it exits (see the module
+/// docs): a task spawned, polled and ended per request costs about as much as the rest of the
+/// request's root.
+pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The most scopes the driver cancels in one poll before it lets the worker run other tasks.
 const FIRED_PER_POLL: usize = 32;
@@ -346,10 +356,10 @@ impl Timers {
 
     /// Counts a scope with an entry whose last handle went (see the module docs); compacts
     /// the heap when enough have gone since the last compaction, and notifies the driver when
-    /// no entry is live any more (it then exits).
+    /// no entry is live any more (it then lingers, and exits if none comes).
     pub(crate) fn count_gone(&self) {
         if self.live.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // The driver, reading no entry live, drops them all and exits, even if it runs
+            // The driver, reading no entry live, drops them all and lingers, even if it runs
             // before this scope's node is freed (see `notified`).
             self.wake.notify_one();
         }
@@ -383,9 +393,11 @@ impl Timers {
         self.state.lock().heap.len()
     }
 
-    /// Pops every due entry; returns the scopes to cancel and the next deadline (`None`: the
-    /// driver stops).
-    fn due(&self, now: Instant) -> (Vec<Arc<Core>>, Option<Instant>) {
+    /// Pops every due entry; returns the scopes to cancel and what the driver does next: sleep
+    /// until the next deadline, or with the heap empty, linger until `idle_until` (or
+    /// [`LINGER`] from now, if it was not idle) or, once that has passed, stop (marked stopped
+    /// under the lock).
+    fn due(&self, now: Instant, idle_until: Option<Instant>) -> (Vec<Arc<Core>>, Next) {
         let mut st = self.state.lock();
         let mut fired = Vec::new();
         while let Some(top) = st.heap.peek() {
@@ -398,11 +410,25 @@ impl Timers {
             }
         }
         st.heap.trim();
-        let next = st.heap.peek().map(|e| e.deadline);
-        st.armed = next;
-        if next.is_none() {
-            st.running = false;
-        }
+        let next = match st.heap.peek().map(|e| e.deadline) {
+            Some(at) => {
+                st.armed = Some(at);
+                Next::At(at)
+            }
+            None => match idle_until {
+                Some(until) if now >= until => {
+                    st.armed = None;
+                    st.running = false;
+                    Next::Stop
+                }
+                until => {
+                    let until = until.unwrap_or_else(|| deadline_after(now, LINGER));
+                    // Armed at the linger's end: only an earlier deadline notifies the driver.
+                    st.armed = Some(until);
+                    Next::Idle(until)
+                }
+            },
+        };
         (fired, next)
     }
 
@@ -410,17 +436,17 @@ impl Timers {
     /// more) while it sleeps until `sleeping_until`: pops the dead entries on top, without
     /// reading the clock (what is due is handled when the sleep ends). Returns when to wake:
     /// the earlier of `sleeping_until` and the first live deadline (a sleep that ends before
-    /// the first live deadline only wakes the driver early, so a later deadline does not move
-    /// it), or `None` if no entry is left (the driver stops).
+    /// it), or if no entry is left, [`LINGER`] from now (the one read of the clock here): the
+    /// driver lingers until then, the heap armed at that instant so that only a push of an
+    /// earlier deadline notifies it (see the module docs).
     ///
-    /// With no entry live, every entry is dropped and the driver stops, whether or not the
-    /// nodes are freed yet: the last scope to go notifies the driver before its last
+    /// With no entry live, every entry is dropped, whether or not the nodes are freed yet: the last scope to go notifies the driver before its last
     /// reference to its node goes (on another thread the driver can look in between, and
     /// would then sleep on until that deadline), and the scope of every entry held has gone
     /// (an entry is counted live under the lock before it is pushed, and a scope counts
     /// itself gone after its insert): with no handle and no child left, its cancel reaches
     /// nobody. The old per-tree timers dropped their entries the same way when their tree went.
-    fn notified(&self, sleeping_until: Instant) -> Option<Instant> {
+    fn notified(&self, sleeping_until: Instant) -> Next {
         let mut st = self.state.lock();
         // Relaxed: an entry's count comes before its push, which the lock orders before this;
         // the last scope's count before its notification, which this driver was woken by.
@@ -434,22 +460,33 @@ impl Timers {
             Heap::default()
         };
         let Some(first) = st.heap.peek().map(|e| e.deadline) else {
-            st.armed = None;
-            st.running = false;
+            let until = deadline_after(Instant::now(), LINGER);
+            st.armed = Some(until);
             drop(st);
             // Their nodes' allocations may be freed here: with no lock held.
             drop(dropped);
-            return None;
+            return Next::Idle(until);
         };
         let wake = first.min(sleeping_until);
         st.armed = Some(wake);
-        Some(wake)
+        Next::At(wake)
     }
+}
+
+/// What the driver does after a round of due deadlines ([`Timers::due`]).
+enum Next {
+    /// Sleeps until this deadline (the earliest in its heap).
+    At(Instant),
+    /// Lingers with an empty heap until then, for the next deadline pushed (see the module
+    /// docs).
+    Idle(Instant),
+    /// Stops: marked stopped under the lock, a new driver may start from now on.
+    Stop,
 }
 
 /// Marks the driver stopped if its task ends abnormally (a panic, its runtime shutting down,
 /// also before the task was ever polled), so that the next deadline starts a new one. A
-/// normal exit is marked by `Timers::due` or `Timers::notified`, under the lock, and must not
+/// normal exit is marked by `Timers::due`, under the lock, and must not
 /// be touched afterwards: a new driver may already run.
 struct Running {
     timers: Arc<Timers>,
@@ -474,10 +511,12 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
     // that a wake-up that changes nothing (the usual one: the last live scope went, and the
     // next request's scope came) does not re-register it in the runtime's timer wheel.
     tokio::pin!(sleep);
+    // Set while the heap is empty: when the driver stops if no deadline comes.
+    let mut idle_until: Option<Instant> = None;
     loop {
         let now = Instant::now();
-        let (fired, next) = timers.due(now);
-        if next.is_none() {
+        let (fired, next) = timers.due(now, idle_until);
+        if matches!(next, Next::Stop) {
             // `due` marked the driver stopped, under the lock: a new driver may start while
             // this one still cancels (it yields below), and its state must not be touched.
             running.stopped = true;
@@ -499,8 +538,13 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
                 super::deadline::cancel_node(&node, Cause::DeadlineExceeded, stamp);
             });
         }
-        let Some(next) = next else {
-            return;
+        let next = match next {
+            Next::Stop => return,
+            Next::At(at) => {
+                idle_until = None;
+                at
+            }
+            Next::Idle(until) => *idle_until.insert(until),
         };
         // Not past `FAR` from now: tokio rounds a sleep's deadline up to its next millisecond,
         // which overflows for a deadline a caller put at the end of what an `Instant` holds.
@@ -510,10 +554,13 @@ async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
             tokio::select! {
                 biased;
                 () = timers.wake.notified() => {
-                    let Some(wake) = timers.notified(sleep.deadline()) else {
-                        // Marked stopped by `notified`, under the lock.
-                        running.stopped = true;
-                        return;
+                    let wake = match timers.notified(sleep.deadline()) {
+                        Next::At(wake) => {
+                            idle_until = None;
+                            wake
+                        }
+                        Next::Idle(until) => *idle_until.insert(until),
+                        Next::Stop => unreachable!("a notified driver lingers first"),
                     };
                     if wake < sleep.deadline() {
                         sleep.as_mut().reset(wake);

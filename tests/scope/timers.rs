@@ -12,6 +12,9 @@ use tokio::time::Instant;
 use crate::support::panics::PanicsOnDrop;
 use crate::support::time::{ms, paused_runtime};
 
+/// How long the timer task stays once no scope with a deadline is live (`scope::timer`).
+const LINGER: Duration = Duration::from_millis(100);
+
 /// A child of `parent` with its own `timeout`.
 fn child_within(parent: &Scope, timeout: Duration) -> Scope {
     parent.child().cap(timeout).build().unwrap()
@@ -100,8 +103,10 @@ async fn the_timer_task_exits_when_the_scope_that_made_the_timers_goes() {
     );
     drop(root);
     // With the clock paused, this sleep ends only once every task has nothing left to do: the
-    // timer task has handled its wake-up by then.
+    // timer task has handled its wake-up by then, and stays for the next scope a while.
     tokio::time::sleep(ms(1)).await;
+    assert_eq!(metrics.num_alive_tasks(), 1, "the timer task lingers");
+    tokio::time::sleep(LINGER + ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0, "the timer task exited");
 
     // The same for timers made by a child (its parent has no deadline).
@@ -117,7 +122,7 @@ async fn the_timer_task_exits_when_the_scope_that_made_the_timers_goes() {
         "the inner deadline still needs it"
     );
     drop(inner);
-    tokio::time::sleep(ms(1)).await;
+    tokio::time::sleep(LINGER + ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0);
     drop(root);
 }
@@ -184,7 +189,7 @@ async fn timers_made_by_an_orphaned_scope_last_until_its_last_descendant_goes() 
         .expect("the orphaned scope's deadline reached its child");
     assert_eq!(start.elapsed(), Duration::from_secs(30));
     std::thread::spawn(move || drop(leaf)).join().unwrap();
-    tokio::time::sleep(ms(1)).await;
+    tokio::time::sleep(LINGER + ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0);
     drop(root);
 }
@@ -207,7 +212,7 @@ async fn roots_that_come_and_go_leave_no_timer_task() {
         .shield(Duration::from_secs(3600), tokio::time::sleep(ms(5)))
         .unwrap();
     cleanup.await.unwrap();
-    tokio::time::sleep(ms(1)).await;
+    tokio::time::sleep(LINGER + ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0);
 }
 
@@ -229,7 +234,7 @@ async fn request_roots_made_on_one_thread_share_one_timer_task() {
         assert_eq!(r.cause(), Some(Cause::DeadlineExceeded));
     }
     drop(requests);
-    tokio::time::sleep(ms(1)).await;
+    tokio::time::sleep(LINGER + ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0, "the timer task exited");
 
     // Requests one after another, each gone before the next: the task stays while they come.
@@ -239,8 +244,42 @@ async fn request_roots_made_on_one_thread_share_one_timer_task() {
         assert_eq!(metrics.num_alive_tasks(), 1);
         drop(r);
     }
-    tokio::time::sleep(ms(1)).await;
+    tokio::time::sleep(LINGER + ms(1)).await;
     assert_eq!(metrics.num_alive_tasks(), 0);
+}
+
+/// A server's worker whose requests come and go one at a time, none live between two while
+/// the timer task runs: the task stays for the next request instead of exiting (and a new one
+/// being spawned) per request; it exits a second after the last one.
+#[tokio::test(start_paused = true)]
+async fn the_timer_task_stays_between_requests_that_come_one_at_a_time() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let start = Instant::now();
+    for _ in 0..100 {
+        drop(Scope::with_timeout(Duration::from_secs(30)));
+        // The timer task runs now and finds no scope live.
+        tokio::task::yield_now().await;
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            1,
+            "it stays for the next request"
+        );
+    }
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // Still a live timer: a request that comes during the linger is cancelled at its deadline.
+    tokio::time::sleep(ms(50)).await;
+    let late = Scope::with_timeout(ms(200));
+    late.cancelled().await;
+    assert_eq!(start.elapsed(), ms(250));
+    drop(late);
+    tokio::time::sleep(LINGER - ms(1)).await;
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        1,
+        "until `LINGER` after the last scope"
+    );
+    tokio::time::sleep(ms(2)).await;
+    assert_eq!(metrics.num_alive_tasks(), 0, "the timer task exited");
 }
 
 /// A thread that makes deadlines in two runtimes uses a heap (and a timer task) of each: a
@@ -449,22 +488,23 @@ async fn a_callback_panic_whose_payload_panics_on_drop_does_not_stop_the_timers(
     }
 }
 
-// The timer task of a thread's heap exits once every scope with a deadline has gone, also
-// when the last one goes on another thread than the one the timer task runs on.
+// The timer task of a thread's heap exits `LINGER` after every scope with a deadline has
+// gone, also when the last one goes on another thread than the one the timer task runs on.
 
 /// Request roots made and dropped one at a time on a plain thread (in the runtime's context)
-/// while the runtime's worker runs the timer task: after each drop the task must exit, not
+/// while the runtime's worker runs the timer task: after each drop the task must exit (once
+/// it has lingered), not
 /// sleep on until the dropped root's deadline (an hour) because it looked at the heap after
 /// the root counted itself gone but before its node was freed.
 ///
 /// Real threads and the real clock, as the race needs them; the thirty seconds only bound a
-/// wait that ends as soon as the task has exited (within microseconds; before the fix, an
-/// hour), so that a loaded machine cannot fail it. A fresh runtime for
-/// every few requests: its worker, not parked yet, polls the woken task at once, which is
-/// when the race shows.
+/// wait that ends as soon as the task has exited (`LINGER` after the scope went; before the
+/// fix, an hour), so that a loaded machine cannot fail it. A fresh runtime for every few
+/// requests: its worker, not parked yet, polls the woken task at once, which is when the race
+/// shows.
 #[test]
 fn the_timer_task_exits_when_the_last_scope_goes_on_another_thread() {
-    for round in 0..200 {
+    for round in 0..50 {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -472,7 +512,7 @@ fn the_timer_task_exits_when_the_last_scope_goes_on_another_thread() {
             .unwrap();
         let metrics = rt.metrics();
         let _in = rt.enter();
-        for i in 0..10 {
+        for i in 0..4 {
             drop(Scope::with_timeout(Duration::from_secs(3600)));
             let start = std::time::Instant::now();
             while metrics.num_alive_tasks() != 0 {
