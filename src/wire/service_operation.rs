@@ -70,16 +70,27 @@ pub const HEADER: &str = "service-operation";
 /// assert_eq!(service_operation::encode(&id), r#""say \"hi\"""#);
 /// ```
 pub fn encode(id: &OperationId) -> String {
-    let mut out = String::with_capacity(id.as_str().len() + 2);
-    out.push('"');
-    for c in id.as_str().chars() {
-        if matches!(c, '"' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
+    let mut out = Vec::with_capacity(id.as_str().len() + 2);
+    encode_into(id.as_str(), &mut out);
+    String::from_utf8(out).unwrap_or_else(|_| unreachable!("an id is printable ASCII"))
+}
+
+/// Appends the header value naming `id` (printable ASCII, as an [`OperationId`] is) to `out`.
+pub(crate) fn encode_into(id: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    // An id the edge issued (hex digits) has nothing to escape.
+    if !id.bytes().any(|b| matches!(b, b'"' | b'\\')) {
+        out.extend_from_slice(id.as_bytes());
+        out.push(b'"');
+        return;
     }
-    out.push('"');
-    out
+    for &b in id.as_bytes() {
+        if matches!(b, b'"' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'"');
 }
 
 /// Reads a header value: the operation id it names, or `None` if it is not one RFC 8941

@@ -402,6 +402,46 @@ fn operation_ids_are_validated_and_random_ones_are_128_bits() {
     assert_eq!(ids.len(), 1000);
     for id in &ids {
         assert_eq!(id.as_str().len(), 32);
-        assert!(id.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(id
+            .as_str()
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    }
+}
+
+/// Ids drawn from several threads' pools of random bits (each refilled many times) never
+/// repeat, and use every hex digit in every position about as often (no byte of a pool is
+/// handed out twice, none left zero).
+#[test]
+fn random_ids_from_many_threads_never_repeat() {
+    let per_thread = 20_000;
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..per_thread)
+                    .map(|_| OperationId::random())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let ids: Vec<OperationId> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let distinct: std::collections::HashSet<&str> = ids.iter().map(OperationId::as_str).collect();
+    assert_eq!(distinct.len(), ids.len());
+    // A zeroed (reused) pool would show as a run of '0' digits: each position is '0' in about
+    // one id in 16.
+    for pos in 0..32 {
+        let zeros = ids
+            .iter()
+            .filter(|id| id.as_str().as_bytes()[pos] == b'0')
+            .count();
+        let expected = ids.len() / 16;
+        assert!(
+            zeros < expected * 2,
+            "position {pos}: {zeros} zeros of {} ids",
+            ids.len()
+        );
     }
 }

@@ -16,8 +16,10 @@ pub(crate) const SERVICE_OPERATION: HeaderName = HeaderName::from_static(service
 /// The `service-operation` value of an admitted request's operation id (validated at
 /// admission; `None` only for an id that is not one, which admission never makes).
 pub(crate) fn operation_value(id: &str) -> Option<HeaderValue> {
-    let id = OperationId::new(id).ok()?;
-    HeaderValue::try_from(service_operation::encode(&id)).ok()
+    OperationId::check(id).ok()?;
+    let mut out = Vec::with_capacity(id.len() + 2);
+    service_operation::encode_into(id, &mut out);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
 }
 
 /// gRPC status codes used here.
