@@ -34,13 +34,21 @@ pub(super) struct Finish {
 /// Records a request's report in telemetry once the request is quiet: at once if it is quiet
 /// when this is dropped (a request whose last work just ended: no task, no waiter), else from
 /// a task that waits for it.
+/// Boxed: it is there only with telemetry on, and the request's future and body should not
+/// carry its size otherwise.
 pub(super) struct Reporter {
+    /// Reports as it is dropped.
+    _reporting: Box<Reporting>,
+}
+
+/// What a [`Reporter`] reports.
+struct Reporting {
     scope: Scope,
     admission: Admission,
     telemetry: telemetry::Request,
 }
 
-impl Drop for Reporter {
+impl Drop for Reporting {
     fn drop(&mut self) {
         if let Some(report) = self.scope.report_if_quiet() {
             self.telemetry
@@ -68,9 +76,11 @@ impl Finish {
     ) -> Self {
         let telemetry = telemetry::Request::new(&admission.telemetry());
         let reporter = (telemetry::REPORTS && on_report.is_none()).then(|| Reporter {
-            scope: scope.clone(),
-            admission: admission.clone(),
-            telemetry: telemetry.clone(),
+            _reporting: Box::new(Reporting {
+                scope: scope.clone(),
+                admission: admission.clone(),
+                telemetry: telemetry.clone(),
+            }),
         });
         Finish {
             scope,
