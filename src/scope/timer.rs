@@ -445,26 +445,24 @@ impl Timers {
     /// would then sleep on until that deadline), and the scope of every entry held has gone
     /// (an entry is counted live under the lock before it is pushed, and a scope counts
     /// itself gone after its insert): with no handle and no child left, its cancel reaches
-    /// nobody. The old per-tree timers dropped their entries the same way when their tree went.
+    /// nobody.
     fn notified(&self, sleeping_until: Instant) -> Next {
         let mut st = self.state.lock();
         // Relaxed: an entry's count comes before its push, which the lock orders before this;
         // the last scope's count before its notification, which this driver was woken by.
-        let dropped = if self.live.load(Ordering::Relaxed) == 0 {
-            std::mem::take(&mut st.heap)
+        // Dropped in place, under the lock (a node's allocation may be freed here): the heap
+        // keeps its room for the next deadlines, within `trim`'s bound.
+        if self.live.load(Ordering::Relaxed) == 0 {
+            st.heap.0.clear();
         } else {
             while st.heap.peek().is_some_and(Entry::is_dead) {
                 st.heap.pop();
             }
-            st.heap.trim();
-            Heap::default()
-        };
+        }
+        st.heap.trim();
         let Some(first) = st.heap.peek().map(|e| e.deadline) else {
             let until = deadline_after(Instant::now(), LINGER);
             st.armed = Some(until);
-            drop(st);
-            // Their nodes' allocations may be freed here: with no lock held.
-            drop(dropped);
             return Next::Idle(until);
         };
         let wake = first.min(sleeping_until);
