@@ -1,5 +1,7 @@
 //! Overhead of a single successful attempt through the retry ledger, side by side with calling
-//! the future directly and with a bare `tokio::time::timeout` (the anchor: target <= 1.5x).
+//! the future directly and with a bare `tokio::time::timeout` (the anchor: target <= 1.5x),
+//! and in a second group against what a user would write instead, `backon` retrying a
+//! `tokio::time::timeout` under a child `CancellationToken` per attempt (target <= 1.0x).
 //! The sides are measured in the same iterations (`support/paired.rs`), and the group ends
 //! with a `RATIO` line per side.
 //!
@@ -79,6 +81,45 @@ fn single_attempt(c: &mut Criterion) {
             })
         })
         .run(c.benchmark_group("single_successful_attempt"));
+
+    // What a user would write instead: backon retrying a `tokio::time::timeout` (the attempt's
+    // budget) under a child `CancellationToken` of the request's (so that a cancel of the
+    // request stops the attempt), one attempt succeeding.
+    let token = tokio_util::sync::CancellationToken::new();
+    let backon = || {
+        let attempt = token.child_token();
+        async move {
+            tokio::select! {
+                biased;
+                () = attempt.cancelled() => Err(()),
+                out = tokio::time::timeout(Duration::from_secs(1), call()) => out.map_err(|_| ())?,
+            }
+        }
+    };
+    let schedule = backon::ExponentialBuilder::default().with_max_times(2);
+    Paired::new("single_successful_attempt_against_backon", 128)
+        .side("backon_timeout_child_token", |n| {
+            timed(&rt, n, || async {
+                backon::Retryable::retry(backon, schedule)
+                    .sleep(tokio::time::sleep)
+                    .await
+                    .unwrap()
+            })
+        })
+        .side("retry_even_split", |n| {
+            timed(&rt, n, || async {
+                even.run(&request, spec.clone(), |_| call()).await.unwrap()
+            })
+        })
+        .side("retry_greedy", |n| {
+            timed(&rt, n, || async {
+                greedy
+                    .run(&request, spec.clone(), |_| call())
+                    .await
+                    .unwrap()
+            })
+        })
+        .run(c.benchmark_group("single_successful_attempt_against_backon"));
 }
 
 /// `n` calls of one side, one after another in one `block_on`, and how long they took.
