@@ -25,7 +25,8 @@
 //! | [`RECEIPTS`] | counter: the receipts in admitted requests' reports | `kind` (`succeeded`, `failed`, `cancelled`, `quarantined`, `effect_unknown`) |
 //! | [`RETRY_ATTEMPTS`] | counter: retry and hedge attempts, when they end | `outcome` (`succeeded`, `failed`, `timed_out`, `stopped`, `panicked`) |
 //! | [`RETRY_BUDGET_EXHAUSTED`] | counter: retries and hedges a [`RetryBudget`](crate::retry::RetryBudget) refused | |
-//! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) | `reason`, as [`ADMISSION_REJECTED`] |
+//! | [`ADMISSION_REJECTION_CAPPED`] | counter: refusals the rejection cap let through ([`RejectionCap`](crate::wire::RejectionCap)): the request ran shadowed | `reason`, as [`ADMISSION_REJECTED`] |
+//! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) or beyond the rejection cap | `reason`, as [`ADMISSION_REJECTED`] |
 //! | [`SHADOW_CALL_REFUSED`] | counter: outgoing calls that would not have been sent, in shadow mode | |
 //! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests whose handler answered after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
 //!
@@ -66,7 +67,8 @@
 //!   `cancel_scope.clamped`, `cancel_scope.priority`, `cancel_scope.priority_source`,
 //!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`), in shadow
 //!   mode `cancel_scope.would_be_budget_ms` (the budget enforcing admission would have given)
-//!   or `cancel_scope.would_be_refused = true`, and, recorded at the answer, `http.response.status_code`
+//!   or `cancel_scope.would_be_refused = true`, `cancel_scope.over_rejection_cap = true` for a
+//!   refusal the rejection cap let through, and, recorded at the answer, `http.response.status_code`
 //!   or `rpc.response.status_code` (the gRPC status name, where the head carries it) and
 //!   `error.type = "deadline_exceeded"` when the request's own deadline stopped it;
 //! * a DEBUG span [`CALL_SPAN`] per outgoing call (a child of the current span: the request's,
@@ -113,6 +115,8 @@ pub const ADMISSION_BUDGET: &str = "cancel_scope.admission.budget";
 pub const ADMISSION_QUEUE_WAIT: &str = "cancel_scope.admission.queue_wait";
 /// `cancel_scope.admission.rejected`: counter.
 pub const ADMISSION_REJECTED: &str = "cancel_scope.admission.rejected";
+/// `cancel_scope.admission.rejection_capped`: counter.
+pub const ADMISSION_REJECTION_CAPPED: &str = "cancel_scope.admission.rejection_capped";
 /// `cancel_scope.call.budget`: histogram, seconds.
 pub const CALL_BUDGET: &str = "cancel_scope.call.budget";
 /// `cancel_scope.call.refused`: counter.
@@ -166,7 +170,7 @@ pub const CALL_SPAN: &str = "cancel_scope.call";
 pub const UNNAMED_DEPENDENCY: &str = "unnamed";
 
 /// Every metric name, with its description and whether it is a histogram of seconds.
-const METRICS: [(&str, &str, Kind); 14] = [
+const METRICS: [(&str, &str, Kind); 15] = [
     (
         ADMISSION_BUDGET,
         "The budget a request was admitted with.",
@@ -180,6 +184,11 @@ const METRICS: [(&str, &str, Kind); 14] = [
     (
         ADMISSION_REJECTED,
         "Requests refused at admission.",
+        Kind::Count,
+    ),
+    (
+        ADMISSION_REJECTION_CAPPED,
+        "Refusals the rejection cap let through (run as shadow decisions).",
         Kind::Count,
     ),
     (
@@ -483,6 +492,8 @@ pub(crate) struct Admitted<'a> {
     pub(crate) policy_version: u32,
     /// In shadow mode: the would-be budget, `None` if admission would have refused.
     pub(crate) shadow: Option<Option<Duration>>,
+    /// A refusal the rejection cap let through.
+    pub(crate) over_rejection_cap: bool,
 }
 
 /// Whether metrics are recorded (feature `metrics`): a counted cancel keeps its cause's label.

@@ -72,6 +72,7 @@ impl RequestSpans {
             cancel_scope.mode = if a.shadow.is_some() { "shadow" } else { "enforce" },
             cancel_scope.would_be_budget_ms = Empty,
             cancel_scope.would_be_refused = Empty,
+            cancel_scope.over_rejection_cap = Empty,
             http.response.status_code = Empty,
             rpc.response.status_code = Empty,
             "error.type" = Empty,
@@ -87,6 +88,9 @@ impl RequestSpans {
                 own.record("cancel_scope.would_be_refused", true);
             }
             None => {}
+        }
+        if a.over_rejection_cap {
+            own.record("cancel_scope.over_rejection_cap", true);
         }
         let outer = Span::current();
         let outer_declares = outer

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::admission::Admission;
+use super::admission::{Admission, AdmissionError};
 use crate::scope::Note;
 use crate::{Report, Scope};
 
@@ -86,6 +86,8 @@ pub struct WouldBe {
 #[cfg_attr(not(feature = "tower"), allow(dead_code))]
 enum Kind {
     Refused,
+    /// An enforcing policy's refusal beyond the rejection cap.
+    RefusedOverCap,
     Clamped,
     NotSent,
     LateBy(Duration),
@@ -95,6 +97,15 @@ impl WouldBe {
     pub(crate) fn refused(at: Instant, why: String) -> WouldBe {
         WouldBe {
             kind: Kind::Refused,
+            at,
+            why,
+        }
+    }
+
+    /// A refusal of an enforcing policy that its rejection cap let through.
+    pub(crate) fn refused_over_cap(at: Instant, why: String) -> WouldBe {
+        WouldBe {
+            kind: Kind::RefusedOverCap,
             at,
             why,
         }
@@ -125,13 +136,25 @@ impl WouldBe {
         }
     }
 
-    /// Admission would have refused the request.
+    /// Admission would have refused the request (in shadow mode, or beyond the
+    /// [rejection cap](super::RejectionCap): [`is_over_rejection_cap`](Self::is_over_rejection_cap)).
     ///
     /// # Examples
     ///
     /// See [`Mode`].
     pub fn is_refusal(&self) -> bool {
-        self.kind == Kind::Refused
+        matches!(self.kind, Kind::Refused | Kind::RefusedOverCap)
+    }
+
+    /// An enforcing policy refused the request, and its [`RejectionCap`](super::RejectionCap)
+    /// let it through: the refusals of its window were at the cap. Also
+    /// [`is_refusal`](Self::is_refusal).
+    ///
+    /// # Examples
+    ///
+    /// See [`RejectionCap`](super::RejectionCap).
+    pub fn is_over_rejection_cap(&self) -> bool {
+        self.kind == Kind::RefusedOverCap
     }
 
     /// Admission would have clamped the declared budget to a shorter one than the request
@@ -197,6 +220,11 @@ impl fmt::Display for WouldBe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
             Kind::Refused => write!(f, "shadow: would have refused at admission: {}", self.why),
+            Kind::RefusedOverCap => write!(
+                f,
+                "over the rejection cap: would have refused at admission: {}",
+                self.why
+            ),
             Kind::Clamped => write!(f, "shadow: would have clamped: {}", self.why),
             Kind::NotSent => write!(f, "shadow: would not have sent: {}", self.why),
             Kind::LateBy(d) => write!(
@@ -214,6 +242,19 @@ impl fmt::Display for WouldBe {
 pub(crate) struct Shadowed {
     pub(crate) would_be_deadline: Option<Instant>,
     pub(crate) decisions: Vec<WouldBe>,
+    /// An enforcing policy's refusal that the rejection cap let through.
+    pub(crate) over_rejection_cap: bool,
+}
+
+impl Shadowed {
+    /// What a refusal `refused` that the rejection cap let through at `now` records.
+    pub(crate) fn over_rejection_cap(now: Instant, refused: &AdmissionError) -> Shadowed {
+        Shadowed {
+            would_be_deadline: None,
+            decisions: vec![WouldBe::refused_over_cap(now, refused.to_string())],
+            over_rejection_cap: true,
+        }
+    }
 }
 
 impl Admission {
@@ -257,7 +298,20 @@ impl Admission {
         (at > deadline).then(|| WouldBe::late(deadline, at - deadline))
     }
 
-    /// Whether the request was admitted in [`Mode::Shadow`].
+    /// Whether an enforcing policy refused the request and its
+    /// [`RejectionCap`](super::RejectionCap) let it through: it runs shadowed, bounded by
+    /// `min(declared or default, default, maximum − queued)`, its refusal in
+    /// [`would_be`](Self::would_be). Also [`is_shadowed`](Self::is_shadowed).
+    ///
+    /// # Examples
+    ///
+    /// See [`RejectionCap`](super::RejectionCap).
+    pub fn is_over_rejection_cap(&self) -> bool {
+        self.shadow.as_ref().is_some_and(|s| s.over_rejection_cap)
+    }
+
+    /// Whether the request was admitted in [`Mode::Shadow`] (or shadowed by staged
+    /// enforcement, or let through by the rejection cap).
     ///
     /// # Examples
     ///

@@ -227,6 +227,7 @@ impl Admission {
                 s.would_be_deadline
                     .map(|d| d.saturating_duration_since(self.admitted_at))
             }),
+            over_rejection_cap: self.shadow.as_ref().is_some_and(|s| s.over_rejection_cap),
         }
     }
 
