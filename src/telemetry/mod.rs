@@ -65,10 +65,14 @@
 //!   `cancel_scope.operation_id`, `cancel_scope.budget_in_ms` (what the caller declared),
 //!   `cancel_scope.budget_out_ms` (what the request was given), `cancel_scope.budget_source`,
 //!   `cancel_scope.clamped`, `cancel_scope.priority`, `cancel_scope.priority_source`,
-//!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`), in shadow
-//!   mode `cancel_scope.would_be_budget_ms` (the budget enforcing admission would have given)
-//!   or `cancel_scope.would_be_refused = true`, `cancel_scope.over_rejection_cap = true` for a
-//!   refusal the rejection cap let through, and, recorded at the answer, `http.response.status_code`
+//!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`: in shadow
+//!   mode, shadowed by staged enforcement, or let through by the rejection cap), for a
+//!   shadowed request `cancel_scope.would_be` (the decision enforcing admission would have
+//!   made: `admitted`, `clamped` or `refused`), `cancel_scope.would_be_budget_ms` (the budget
+//!   it would have given) or `cancel_scope.would_be_refused = true`,
+//!   `cancel_scope.over_rejection_cap = true` for a refusal the rejection cap let through, and
+//!   `cancel_scope.would_be_late_ms` when the handler answered after the would-be deadline
+//!   (how long after), and, recorded at the answer, `http.response.status_code`
 //!   or `rpc.response.status_code` (the gRPC status name, where the head carries it) and
 //!   `error.type = "deadline_exceeded"` when the request's own deadline stopped it;
 //! * a DEBUG span [`CALL_SPAN`] per outgoing call (a child of the current span: the request's,
@@ -87,8 +91,9 @@
 //!
 //! What is known only after the response (the report) is an event, not a span held open.
 //! `tracing` records only the fields a span declared when it was made: to have the request's
-//! fields on the server's own request span too, make that span with `RequestSpan` (features `tracing`, `tower`) (a
-//! `MakeSpan` for tower-http's `TraceLayer`, or a function for tonic's `trace_fn`).
+//! fields on the server's own request span too (the shadow fields included), make that span
+//! with `RequestSpan` (features `tracing`, `tower`) (a `MakeSpan` for tower-http's
+//! `TraceLayer`, or a function for tonic's `trace_fn`).
 
 // Each feature uses its part of the labels and records.
 #![cfg_attr(not(all(feature = "tracing", feature = "metrics")), allow(dead_code))]
@@ -492,6 +497,8 @@ pub(crate) struct Admitted<'a> {
     pub(crate) policy_version: u32,
     /// In shadow mode: the would-be budget, `None` if admission would have refused.
     pub(crate) shadow: Option<Option<Duration>>,
+    /// In shadow mode: admission would have clamped the declared budget.
+    pub(crate) would_be_clamped: bool,
     /// A refusal the rejection cap let through.
     pub(crate) over_rejection_cap: bool,
 }
@@ -529,6 +536,14 @@ impl Request {
             _entered: self.span.own.enter(),
             _life: std::marker::PhantomData,
         }
+    }
+
+    /// The request, shadowed, answered `late` after its would-be deadline.
+    #[inline]
+    pub(crate) fn late(&self, late: Duration) {
+        #[cfg(feature = "tracing")]
+        self.span.late(late);
+        let _ = late;
     }
 
     /// The request was answered with `status` (and, for gRPC, the status code in its head, if

@@ -135,6 +135,9 @@ impl Finish {
         // Shadow mode: an answer after the would-be deadline is the cancel that did not happen
         // (noted while the handler's unit still holds the request open).
         if let Some(late) = self.admission.late_by(tokio::time::Instant::now()) {
+            if let Some(by) = late.late_by() {
+                self.telemetry.late(by);
+            }
             self.scope.note_would_be(late);
             telemetry::shadow_deadline_exceeded();
         }
