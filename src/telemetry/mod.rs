@@ -28,7 +28,7 @@
 //! | [`ADMISSION_REJECTION_CAPPED`] | counter: refusals the rejection cap let through ([`RejectionCap`](crate::wire::RejectionCap)): the request ran shadowed | `reason`, as [`ADMISSION_REJECTED`] |
 //! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) or beyond the rejection cap | `reason`, as [`ADMISSION_REJECTED`] |
 //! | [`SHADOW_CALL_REFUSED`] | counter: outgoing calls that would not have been sent, in shadow mode | |
-//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests whose handler answered after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
+//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests that ended (answered, or stopped: the client gone, the hard cap) after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
 //!
 //! A budget that was not valid and replaced by the policy's fallback
 //! ([`BudgetSource::Fallback`](crate::wire::BudgetSource::Fallback)) counts as `default`: the
@@ -71,7 +71,7 @@
 //!   made: `admitted`, `clamped` or `refused`), `cancel_scope.would_be_budget_ms` (the budget
 //!   it would have given) or `cancel_scope.would_be_refused = true`,
 //!   `cancel_scope.over_rejection_cap = true` for a refusal the rejection cap let through, and
-//!   `cancel_scope.would_be_late_ms` when the handler answered after the would-be deadline
+//!   `cancel_scope.would_be_late_ms` when the request ended after the would-be deadline
 //!   (how long after), and, recorded at the answer, `http.response.status_code`
 //!   or `rpc.response.status_code` (the gRPC status name, where the head carries it) and
 //!   `error.type = "deadline_exceeded"` when the request's own deadline stopped it;

@@ -33,8 +33,9 @@ use crate::{Report, Scope};
 /// * each decision that would have acted is a [`WouldBe`] in the
 ///   [`Admission`](Admission::would_be) and in the [`Report`] ([`Report::would_be`]): a
 ///   refusal at admission, a clamp, a call that would not have been sent, and (for a request
-///   through [`AdmitLayer`](crate::integrations::tower::AdmitLayer)) a handler that answered
-///   after the would-be deadline, with how long after — the delta that justifies enforcing.
+///   through [`AdmitLayer`](crate::integrations::tower::AdmitLayer)) a request that ended
+///   after the would-be deadline — its handler answered, or it was stopped (its client gone,
+///   the hard cap) — with how long after: the delta that justifies enforcing.
 ///
 /// Always enforced, in every mode: the hard cap, an operation's generation refusals (with a
 /// registry), no registration after a cancel, and reconciliation of unknown effects. A client
