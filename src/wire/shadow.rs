@@ -1,15 +1,11 @@
 //! Shadow mode: every admission decision computed as when enforcing, none enforced; the
 //! request runs bounded by the hard cap, and what would have happened is recorded.
 
-use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
-
 use tokio::time::Instant;
 
 use super::admission::{Admission, AdmissionError};
-use crate::scope::Note;
-use crate::{Report, Scope};
+pub use crate::scope::WouldBe;
+use crate::Report;
 
 /// Whether an endpoint enforces its budget decisions or only records them
 /// ([`EndpointPolicy::mode`](super::EndpointPolicy::mode)). An enforcing policy can also
@@ -42,9 +38,12 @@ use crate::{Report, Scope};
 /// that disconnects cannot be shadowed: the server drops the request's future, and the
 /// request ends as `ClientGone` whatever the mode.
 ///
-/// Shadow mode covers the decisions of admission and egress. Child budgets, `min_useful`
-/// refusals of children and retry-ledger stops inside the handler are enforced against the
-/// enforced bound.
+/// Inside the handler the mode travels in the request's scope (set at admission, shared by
+/// its descendants): a child scope that the would-be budget would have refused (below its
+/// `min_useful`, or its reserve eating what is left) is made with the enforced bound and
+/// recorded ([`WouldBe::is_child_refusal`]), and so is a retry or hedge the would-be budget
+/// would have stopped ([`WouldBe::is_retry_stop`], once a call). A shielded cleanup and
+/// detached work are bounded by their own budgets, in every mode.
 ///
 /// # Examples
 ///
@@ -69,172 +68,6 @@ pub enum Mode {
     Enforce,
     /// Every decision computed and recorded, none enforced but the hard cap.
     Shadow,
-}
-
-/// What a decision that was not enforced would have done.
-///
-/// # Examples
-///
-/// See [`Mode`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WouldBe {
-    kind: Kind,
-    at: Instant,
-    why: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
-enum Kind {
-    Refused,
-    /// An enforcing policy's refusal beyond the rejection cap.
-    RefusedOverCap,
-    Clamped,
-    NotSent,
-    LateBy(Duration),
-}
-
-impl WouldBe {
-    pub(crate) fn refused(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::Refused,
-            at,
-            why,
-        }
-    }
-
-    /// A refusal of an enforcing policy that its rejection cap let through.
-    pub(crate) fn refused_over_cap(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::RefusedOverCap,
-            at,
-            why,
-        }
-    }
-
-    pub(crate) fn clamped(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::Clamped,
-            at,
-            why,
-        }
-    }
-
-    pub(crate) fn not_sent(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::NotSent,
-            at,
-            why,
-        }
-    }
-
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    pub(crate) fn late(at: Instant, by: Duration) -> WouldBe {
-        WouldBe {
-            kind: Kind::LateBy(by),
-            at,
-            why: "the would-be deadline passed first".to_owned(),
-        }
-    }
-
-    /// Admission would have refused the request (in shadow mode, or beyond the
-    /// [rejection cap](super::RejectionCap): [`is_over_rejection_cap`](Self::is_over_rejection_cap)).
-    ///
-    /// # Examples
-    ///
-    /// See [`Mode`].
-    pub fn is_refusal(&self) -> bool {
-        matches!(self.kind, Kind::Refused | Kind::RefusedOverCap)
-    }
-
-    /// An enforcing policy refused the request, and its [`RejectionCap`](super::RejectionCap)
-    /// let it through: the refusals of its window were at the cap. Also
-    /// [`is_refusal`](Self::is_refusal).
-    ///
-    /// # Examples
-    ///
-    /// See [`RejectionCap`](super::RejectionCap).
-    pub fn is_over_rejection_cap(&self) -> bool {
-        self.kind == Kind::RefusedOverCap
-    }
-
-    /// Admission would have clamped the declared budget to a shorter one than the request
-    /// runs with.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).mode(Mode::Shadow);
-    /// let (_, a) = p.admit(Incoming::new().grpc_timeout(b"9S"), tokio::time::Instant::now()).unwrap();
-    /// assert!(a.would_be()[0].is_clamp());
-    /// # }
-    /// ```
-    pub fn is_clamp(&self) -> bool {
-        self.kind == Kind::Clamped
-    }
-
-    /// An outgoing call would not have been sent (too little would-be budget left).
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn is_not_sent(&self) -> bool {
-        self.kind == Kind::NotSent
-    }
-
-    /// How long after the would-be deadline the handler answered: the request would have been
-    /// cancelled at that deadline.
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn late_by(&self) -> Option<Duration> {
-        match self.kind {
-            Kind::LateBy(d) => Some(d),
-            _ => None,
-        }
-    }
-
-    /// When the decision would have acted (the would-be deadline, for a late answer).
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn at(&self) -> Instant {
-        self.at
-    }
-
-    /// Why (the refusal's detail, the clamp, the call's budget).
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn why(&self) -> &str {
-        &self.why
-    }
-}
-
-impl fmt::Display for WouldBe {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            Kind::Refused => write!(f, "shadow: would have refused at admission: {}", self.why),
-            Kind::RefusedOverCap => write!(
-                f,
-                "over the rejection cap: would have refused at admission: {}",
-                self.why
-            ),
-            Kind::Clamped => write!(f, "shadow: would have clamped: {}", self.why),
-            Kind::NotSent => write!(f, "shadow: would not have sent: {}", self.why),
-            Kind::LateBy(d) => write!(
-                f,
-                "shadow: would have cancelled at the deadline: finished {} ms after the would-be deadline",
-                d.as_millis()
-            ),
-        }
-    }
 }
 
 /// What admission in shadow mode decided: the would-be deadline (none if it would have
@@ -326,14 +159,6 @@ impl Admission {
     /// ```
     pub fn is_shadowed(&self) -> bool {
         self.shadow.is_some()
-    }
-}
-
-impl Scope {
-    /// Records a decision that was not enforced, for the report of this scope (the caller
-    /// holds a unit of it, or it is not closed yet).
-    pub(crate) fn note_would_be(&self, decision: WouldBe) {
-        self.add_note(Note::shown(Arc::new(decision)));
     }
 }
 
