@@ -29,6 +29,13 @@ fn scaled() -> Options {
     }
 }
 
+/// Every one of `lines` is in `out`.
+fn assert_has_lines(out: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
+}
+
 fn went_through(r: &RequestRun) -> bool {
     matches!(
         r.client(),
@@ -196,17 +203,18 @@ async fn the_program_runs_shadow_mode_alone_and_compares_before_and_after_the_sw
     .await;
     let out = String::from_utf8(out).unwrap();
     assert_eq!(status, EXIT_OK, "{out}");
-    for line in [
-        "== shadow mode ==",
-        "request shadow/failure (client budget 500 ms)",
-        "-- every hop's policy switched to version 2 (enforcing); no server restarted --",
-        "request shadow/enforced (client budget 500 ms)",
-        "shadow: would have cancelled at the deadline",
-        "then enforced (no restart)",
-        "Every claim holds.",
-    ] {
-        assert!(out.contains(line), "{line:?} missing from\n{out}");
-    }
+    assert_has_lines(
+        &out,
+        &[
+            "== shadow mode ==",
+            "request shadow/failure (client budget 500 ms)",
+            "-- every hop's policy switched to version 2 (enforcing); no server restarted --",
+            "request shadow/enforced (client budget 500 ms)",
+            "shadow: would have cancelled at the deadline",
+            "then enforced (no restart)",
+            "Every claim holds.",
+        ],
+    );
     assert!(!out.contains("== per-hop timeouts =="), "{out}");
 }
 
@@ -216,18 +224,19 @@ async fn the_program_reports_both_modes_and_exits_zero() {
     let status = cli(args(&["--time-scale", SCALE]), &mut out, &mut err).await;
     let out = String::from_utf8(out).unwrap();
     assert_eq!(status, EXIT_OK, "{out}");
-    for line in [
-        "== per-hop timeouts ==",
-        "== scoped budgets ==",
-        "Every duration is 5 times the default's (--time-scale 5).",
-        "request per-hop/failure (client budget 500 ms)",
-        "request scoped/failure (client budget 500 ms)",
-        "== per-hop timeouts vs scoped budgets: the failure request (client budget 500 ms, \
+    assert_has_lines(
+        &out,
+        &[
+            "== per-hop timeouts ==",
+            "== scoped budgets ==",
+            "Every duration is 5 times the default's (--time-scale 5).",
+            "request per-hop/failure (client budget 500 ms)",
+            "request scoped/failure (client budget 500 ms)",
+            "== per-hop timeouts vs scoped budgets: the failure request (client budget 500 ms, \
          inventory quote 1750 ms)",
-        "Every claim holds.",
-    ] {
-        assert!(out.contains(line), "{line:?} missing from\n{out}");
-    }
+            "Every claim holds.",
+        ],
+    );
     assert!(!out.contains("FAIL"), "{out}");
 }
 

@@ -21,7 +21,7 @@ use crate::Report;
 /// of them:
 ///
 /// * the request runs bounded by the **hard cap** alone (the policy's maximum, less what it
-///   queued); [`Scope::remaining`], the sqlx `statement_timeout` and the `grpc-timeout` and
+///   queued); [`Scope::remaining`](crate::Scope::remaining), the sqlx `statement_timeout` and the `grpc-timeout` and
 ///   `rem` of its outgoing calls follow that enforced bound (peers such as grpc-go, tonic and
 ///   Envoy enforce `grpc-timeout`);
 /// * the would-be budget travels in an extra `service-budget` member, `wb`, that version 1
@@ -164,8 +164,8 @@ impl Admission {
 
 impl Report {
     /// The decisions that were computed and not enforced for the request this report is of
-    /// (its endpoint in [`Mode::Shadow`]), oldest first: at admission, at its outgoing calls,
-    /// and a late answer.
+    /// (its endpoint in [`Mode::Shadow`]), oldest first: at admission, at its children,
+    /// retries and outgoing calls, and a late end.
     ///
     /// # Examples
     ///
@@ -184,7 +184,9 @@ impl Report {
     /// drop(call);
     /// scope.close();
     /// let report = scope.quiesce().await;
-    /// let not_sent = &report.would_be()[0];
+    /// // The call's scope would have been refused (no would-be budget left), and the call not sent.
+    /// let [child, not_sent] = &report.would_be()[..] else { panic!("{report}") };
+    /// assert!(child.is_child_refusal() && !child.is_retry_stop());
     /// assert!(not_sent.is_not_sent() && not_sent.why().contains("would-be budget"));
     /// assert_eq!(not_sent.late_by(), None);
     /// assert!(not_sent.at() > tokio::time::Instant::now() - ms(1));

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use cancel_scope::wire::{EgressPolicy, EndpointPolicy, Incoming, Mode, OverCap, ServiceBudget};
+use cancel_scope::wire::{
+    EgressPolicy, EndpointPolicy, Incoming, Mode, OverCap, ServiceBudget, WouldBe,
+};
 use proptest::prelude::*;
 use tokio::time::{advance, Instant};
 
@@ -185,6 +187,22 @@ async fn the_wire_carries_the_enforced_bound_and_the_would_be_budget_beside_it()
     let _ = ServiceBudget::parse(out.service_budget().unwrap().to_header_value()).unwrap();
 }
 
+/// `scope` closed and quiet: its report, and the decisions of it that `kind` says.
+async fn quiet_with(
+    scope: &cancel_scope::Scope,
+    kind: fn(&WouldBe) -> bool,
+) -> (cancel_scope::Report, Vec<WouldBe>) {
+    scope.close();
+    let report = scope.quiesce().await;
+    let of_kind = report
+        .would_be()
+        .into_iter()
+        .filter(|d| kind(d))
+        .cloned()
+        .collect();
+    (report, of_kind)
+}
+
 /// A request admitted in shadow mode with a would-be budget of 100 ms (hard cap 5 s).
 fn shadowed_request() -> cancel_scope::Scope {
     let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
@@ -206,13 +224,7 @@ async fn inside_the_handler_a_child_the_would_be_budget_refuses_is_made_and_reco
     // One the would-be budget allows: nothing recorded.
     let fits = scope.child().min_useful(ms(10)).build().unwrap();
     drop((child, reserved, fits));
-    scope.close();
-    let report = scope.quiesce().await;
-    let refused: Vec<_> = report
-        .would_be()
-        .into_iter()
-        .filter(|d| d.is_child_refusal())
-        .collect();
+    let (report, refused) = quiet_with(&scope, WouldBe::is_child_refusal).await;
     assert_eq!(refused.len(), 2, "{report}");
     assert!(refused[0].why().contains("50ms"), "{}", refused[0]);
     assert!(
@@ -252,13 +264,7 @@ async fn inside_the_handler_a_retry_the_would_be_budget_stops_runs_on_and_is_rec
         .unwrap();
     assert!(result.is_err());
     assert_eq!(ledger.started(), 3, "shadowed: every attempt ran");
-    scope.close();
-    let report = scope.quiesce().await;
-    let stops: Vec<_> = report
-        .would_be()
-        .into_iter()
-        .filter(|d| d.is_retry_stop())
-        .collect();
+    let (report, stops) = quiet_with(&scope, WouldBe::is_retry_stop).await;
     assert_eq!(stops.len(), 1, "{report}");
     assert!(stops[0].why().contains("before attempt 3"), "{}", stops[0]);
 }
