@@ -1,6 +1,6 @@
 //! The four services: real axum servers on 127.0.0.1, calling each other with reqwest.
 //!
-//! The handlers are the same in both modes; what differs is marked `Mode::PerHop` /
+//! The handlers are the same in every mode; what differs is marked `Mode::PerHop` /
 //! `Mode::Scoped`, and is small:
 //!
 //! | | per-hop timeouts | scoped budgets |
@@ -8,6 +8,10 @@
 //! | server | plain axum router | the same router under [`AdmitLayer`]: the request's scope is [`Scope::current`] |
 //! | outgoing call | `.timeout(fixed)` | `.send_scoped()`: a child scope, the budget in `grpc-timeout` / `service-budget` |
 //! | inventory's work | `tokio::spawn(work)`: nothing can stop it | `Scope::current().spawn(work)`: stopped with the request |
+//!
+//! `Mode::Shadow` is the scoped chain whose layers read their policy from a [`PolicyHandle`]
+//! ([`AdmitLayer::versioned`]): version 1 in shadow mode, then version 2 enforcing, set while
+//! the servers run ([`Chain::enforce`]).
 
 use std::io;
 use std::sync::Arc;
@@ -22,7 +26,7 @@ use axum::Router;
 use cancel_scope::integrations::reqwest::RequestBuilderExt;
 use cancel_scope::integrations::tower::AdmitLayer;
 use cancel_scope::integrations::CallError;
-use cancel_scope::wire::{EndpointPolicy, Trust};
+use cancel_scope::wire::{EndpointPolicy, PolicyHandle, Trust};
 use cancel_scope::Scope;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -61,6 +65,19 @@ fn inner_policy(t: &Timing) -> EndpointPolicy {
     edge_policy(t).trust(Trust::Trusted)
 }
 
+/// The policy version a shadow chain starts with (in shadow mode), and the one it is switched
+/// to (enforcing).
+pub(crate) const SHADOW_VERSION: u32 = 1;
+pub(crate) const ENFORCED_VERSION: u32 = 2;
+
+/// `hop`'s policy in a scoped chain.
+fn policy(hop: Hop, t: &Timing) -> EndpointPolicy {
+    match hop {
+        Hop::Frontend => edge_policy(t),
+        _ => inner_policy(t),
+    }
+}
+
 /// One service of one chain.
 #[derive(Clone, Debug)]
 struct Service {
@@ -80,6 +97,9 @@ pub(crate) struct Chain {
     /// The edge's address.
     pub(crate) frontend: String,
     servers: Vec<JoinHandle<()>>,
+    /// Shadow mode: each hop's policy versions, read by its layer per request.
+    policies: Vec<(Hop, PolicyHandle)>,
+    timing: Timing,
 }
 
 impl Chain {
@@ -125,6 +145,8 @@ impl Chain {
         let mut chain = Chain {
             frontend: frontend.url.clone(),
             servers: Vec::new(),
+            policies: Vec::new(),
+            timing: *timing,
         };
         let (inventory_url, external_url) = (inventory.url.clone(), external.url.clone());
         chain.serve(service(Hop::External, vec![]), external);
@@ -165,13 +187,40 @@ impl Drop for Chain {
 impl Chain {
     /// Serves `svc` on `on`; the server stops when the chain is dropped.
     fn serve(&mut self, svc: Service, on: Listening) {
-        let task = server(svc, on.listener);
+        let versions = (svc.mode == Mode::Shadow).then(|| {
+            let shadow = policy(svc.hop, &svc.timing)
+                .version(SHADOW_VERSION)
+                .mode(cancel_scope::wire::Mode::Shadow);
+            // A bounded policy: its maximum is the edge's, far below `MAX_CAP`.
+            let handle = PolicyHandle::new(shadow).expect("a bounded policy");
+            self.policies.push((svc.hop, handle.clone()));
+            handle
+        });
+        let task = server(svc, on.listener, versions);
         self.servers.push(tokio::spawn(task));
+    }
+
+    /// Shadow mode: makes every hop's policy enforcing (version 2, the same rules), from its
+    /// next request on, while its server keeps running.
+    pub(crate) fn enforce(&self) {
+        for (hop, handle) in &self.policies {
+            let enforcing = policy(*hop, &self.timing).version(ENFORCED_VERSION);
+            // Version 2 is above 1, and bounded as version 1 is.
+            if let Err(e) = handle.set(enforcing) {
+                tracing::error!(%hop, error = %e, "could not switch to enforcing");
+            } else {
+                tracing::info!(%hop, version = ENFORCED_VERSION, "policy switched to enforcing");
+            }
+        }
     }
 }
 
-/// The server of `svc` on `listener`.
-fn server(svc: Service, listener: TcpListener) -> impl std::future::Future<Output = ()> {
+/// The server of `svc` on `listener` (shadow mode: under the policy `versions`).
+fn server(
+    svc: Service,
+    listener: TcpListener,
+    versions: Option<PolicyHandle>,
+) -> impl std::future::Future<Output = ()> {
     let handler = match svc.hop {
         Hop::Frontend => get(frontend),
         Hop::Orders => get(orders),
@@ -180,21 +229,24 @@ fn server(svc: Service, listener: TcpListener) -> impl std::future::Future<Outpu
     };
     let (hop, mode, rec, timing) = (svc.hop, svc.mode, svc.rec.clone(), svc.timing);
     let mut app = Router::new().route("/", handler).with_state(svc);
-    if mode == Mode::Scoped {
-        let policy = match hop {
-            Hop::Frontend => edge_policy(&timing),
-            _ => inner_policy(&timing),
+    if mode != Mode::PerHop {
+        let layer = match versions {
+            Some(versions) => AdmitLayer::versioned(&versions),
+            None => AdmitLayer::new(policy(hop, &timing)),
         };
         // Once a request's scope is quiet (its handler answered or was stopped, and all its
         // work has a receipt), the layer hands over the report.
         let rec = rec.clone();
-        app = app.layer(AdmitLayer::new(policy).on_report(move |admission, report| {
+        app = app.layer(layer.on_report(move |admission, report| {
             let id = rec.request_of(admission.operation_id());
             rec.record(
                 hop,
                 &id,
                 What::Quiet {
                     report: report.clone(),
+                    would_be_deadline: admission
+                        .is_shadowed()
+                        .then(|| admission.would_be_deadline()),
                 },
             );
         }));
@@ -290,7 +342,7 @@ async fn inventory(State(svc): State<Service>, headers: HeaderMap) -> Response {
         Mode::PerHop => tokio::spawn(work).await.map_err(|e| e.to_string()),
         // The same work as a task of the request's scope: stopped at its next `.await` when
         // the scope is cancelled (deadline or client gone), and receipted.
-        Mode::Scoped => match Scope::current().spawn(work) {
+        Mode::Scoped | Mode::Shadow => match Scope::current().spawn(work) {
             Ok(task) => task.await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         },
@@ -453,7 +505,7 @@ impl Service {
                     Err(e) => Err(per_hop_failure(to, timeout, &e)),
                 }
             }
-            Mode::Scoped => match request.send_scoped().await {
+            Mode::Scoped | Mode::Shadow => match request.send_scoped().await {
                 Ok(res) => {
                     let status = res.status();
                     res.text()

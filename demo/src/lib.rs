@@ -30,6 +30,16 @@
 //!   innermost deadline fires first; inventory stops within milliseconds of it,
 //!   external-stub never sees the request, and every hop reports stable quiescence.
 //!
+//! * **Shadow mode** (`--mode shadow`, not part of `both`): the scoped chain, with every
+//!   hop's [`PolicyHandle`](cancel_scope::wire::PolicyHandle) at version 1 in
+//!   [shadow mode](cancel_scope::wire::Mode::Shadow): the failure request runs as with
+//!   per-hop timeouts (no deadline is enforced below the hard cap; the client times out on its
+//!   own, and only its leaving stops inventory's quote), while every hop's report says what
+//!   its budget would have done ("would have cancelled at the deadline: finished N ms after
+//!   the would-be deadline"). Then every hop's handle is set to version 2, enforcing, while
+//!   the servers run on, and the failure request is sent again: stopped at its deadline, as in
+//!   scoped mode, each hop's report naming version 2.
+//!
 //! The services are in `chain.rs`; what differs between the modes is a few marked lines.
 //! The report checks its own claims; [`cli`] returns 1 if one does not hold. The claims are
 //! about order and causes, with margins of tens of milliseconds at the default scale; on a

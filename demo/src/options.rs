@@ -1,4 +1,4 @@
-//! The command line: `--mode per-hop|scoped|both`, `--client-ms N`, `--inventory-ms N`,
+//! The command line: `--mode per-hop|scoped|both|shadow`, `--client-ms N`, `--inventory-ms N`,
 //! `--time-scale N`.
 
 use std::fmt;
@@ -23,6 +23,11 @@ pub enum Mode {
     /// The edge admits the client's budget, every hop runs its request in a scope, calls pass
     /// what is left on, and inventory's work runs inside its request's scope.
     Scoped,
+    /// The scoped chain with its policies in shadow mode: every budget decision is computed
+    /// and recorded in each hop's report, none is enforced (the hard cap aside); then every
+    /// hop's policy is switched to enforcing (`PolicyHandle::set`) without restarting its
+    /// server, and the failure request is sent again.
+    Shadow,
 }
 
 impl Mode {
@@ -38,6 +43,7 @@ impl Mode {
         match self {
             Mode::PerHop => "per-hop",
             Mode::Scoped => "scoped",
+            Mode::Shadow => "shadow",
         }
     }
 
@@ -46,6 +52,7 @@ impl Mode {
         match self {
             Mode::PerHop => "per-hop timeouts",
             Mode::Scoped => "scoped budgets",
+            Mode::Shadow => "shadow mode",
         }
     }
 }
@@ -70,9 +77,12 @@ pub const MAX_TIME_SCALE: u32 = 20;
 
 /// The usage text.
 pub const USAGE: &str = "\
-usage: cargo run --example service_chain -- [--mode per-hop|scoped|both] [--client-ms N] [--inventory-ms N] [--time-scale N]
+usage: cargo run --example service_chain -- [--mode per-hop|scoped|both|shadow] [--client-ms N] [--inventory-ms N] [--time-scale N]
 
-  --mode MODE        which chain to run (default: both)
+  --mode MODE        which chain to run (default: both, per-hop then scoped); shadow: the
+                     scoped chain in shadow mode (every hop reports what its budget would
+                     have done, nothing is enforced), then switched to enforcing without
+                     restarting its servers
   --client-ms N      the failure group's client budget in ms, 1..=60000 (default: 100)
   --inventory-ms N   inventory's work per request in ms, 0..=60000 (default: 350)
   --time-scale N     multiplies every duration of the run, 1..=20 (default: 1): the client
@@ -248,6 +258,7 @@ impl Options {
                         "per-hop" => Some(Mode::PerHop),
                         "scoped" => Some(Mode::Scoped),
                         "both" => None,
+                        "shadow" => Some(Mode::Shadow),
                         _ => return Err(OptionsError::BadMode(value)),
                     }
                 }
@@ -306,7 +317,7 @@ pub enum OptionsError {
     Unknown(String),
     /// An option without its value.
     MissingValue(&'static str),
-    /// `--mode` with something other than `per-hop`, `scoped` or `both`.
+    /// `--mode` with something other than `per-hop`, `scoped`, `both` or `shadow`.
     BadMode(String),
     /// Not a whole number of milliseconds between `min` and [`MAX_MS`].
     BadMillis {
@@ -328,7 +339,7 @@ impl fmt::Display for OptionsError {
             OptionsError::Unknown(o) => write!(f, "unknown option {o:?}"),
             OptionsError::MissingValue(o) => write!(f, "{o} needs a value"),
             OptionsError::BadMode(m) => {
-                write!(f, "--mode takes per-hop, scoped or both, not {m:?}")
+                write!(f, "--mode takes per-hop, scoped, both or shadow, not {m:?}")
             }
             OptionsError::BadMillis { option, value, min } => write!(
                 f,

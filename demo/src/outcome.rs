@@ -18,6 +18,8 @@ pub enum Group {
     Success,
     /// The short client budget (`--client-ms`): the client gives up.
     Failure,
+    /// Shadow mode: the failure request again, once every hop's policy enforces.
+    Enforced,
 }
 
 impl Group {
@@ -25,6 +27,7 @@ impl Group {
         match self {
             Group::Success => "success",
             Group::Failure => "failure",
+            Group::Enforced => "enforced",
         }
     }
 }
@@ -218,7 +221,19 @@ impl RequestRun {
     /// The quiescence report of `hop`'s request scope (scoped mode).
     pub fn report(&self, hop: Hop) -> Option<&Report> {
         self.of(hop).find_map(|e| match &e.what {
-            What::Quiet { report } => Some(report),
+            What::Quiet { report, .. } => Some(report),
+            _ => None,
+        })
+    }
+
+    /// Shadow mode: the deadline `hop`'s request would have had if its policy enforced
+    /// (`Some(None)`: admission would have refused it); `None` if `hop` enforced (or did not
+    /// report).
+    pub fn would_be_deadline(&self, hop: Hop) -> Option<Option<Instant>> {
+        self.of(hop).find_map(|e| match &e.what {
+            What::Quiet {
+                would_be_deadline, ..
+            } => *would_be_deadline,
             _ => None,
         })
     }
@@ -287,6 +302,7 @@ pub struct ModeRun {
     pub(crate) options: Options,
     pub(crate) success: RequestRun,
     pub(crate) failure: RequestRun,
+    pub(crate) enforced: Option<RequestRun>,
     pub(crate) checks: Vec<Check>,
 }
 
@@ -304,6 +320,12 @@ impl ModeRun {
     /// The request with the short budget.
     pub fn failure(&self) -> &RequestRun {
         &self.failure
+    }
+
+    /// Shadow mode: the failure request sent again after every hop's policy was switched to
+    /// enforcing, its server running on.
+    pub fn enforced(&self) -> Option<&RequestRun> {
+        self.enforced.as_ref()
     }
 
     /// The claims, checked.

@@ -82,8 +82,13 @@ pub(crate) enum What {
         worked: Duration,
         cause: Option<Cause>,
     },
-    /// The request's scope is quiet (scoped mode): the `Admit` layer's report.
-    Quiet { report: Report },
+    /// The request's scope is quiet (scoped mode): the `Admit` layer's report, and (shadow
+    /// mode) the deadline the request would have had, `None` inside if admission would have
+    /// refused it.
+    Quiet {
+        report: Report,
+        would_be_deadline: Option<Option<Instant>>,
+    },
 }
 
 /// An event: when, which service, which request.
@@ -227,7 +232,7 @@ fn trace(hop: Hop, id: &str, what: &What) {
                 "quote work stopped"
             )
         }
-        What::Quiet { report } => {
+        What::Quiet { report, .. } => {
             tracing::info!(%hop, request_id = %id, %report, "request scope quiet")
         }
     }

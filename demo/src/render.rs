@@ -7,7 +7,7 @@ use cancel_scope::{Cause, Report};
 use tokio::time::Instant;
 
 use crate::options::Mode;
-use crate::outcome::{describe_work, millis, yes, ClientOutcome, ModeRun, RequestRun, Work};
+use crate::outcome::{describe_work, millis, yes, Check, ClientOutcome, ModeRun, RequestRun, Work};
 use crate::record::{Hop, What};
 
 impl ModeRun {
@@ -34,6 +34,15 @@ impl ModeRun {
                 t.reserve.as_millis(),
                 t.pad.as_millis(),
             ),
+            Mode::Shadow => writeln!(
+                s,
+                "The scoped chain, every hop's policy (version 1) in shadow mode: each budget decision is\n\
+                 computed and recorded in the hop's report, none is enforced below the hard cap of {} ms;\n\
+                 a client that leaves still stops the work it left (that cannot be shadowed). Then every\n\
+                 hop's policy is set to version 2, enforcing, while its server runs on, and the failure\n\
+                 request is sent again.",
+                t.edge_max.as_millis(),
+            ),
         };
         if t.scale > 1 {
             let _ = writeln!(
@@ -42,7 +51,16 @@ impl ModeRun {
                 t.scale, t.scale
             );
         }
-        for r in [&self.success, &self.failure] {
+        for r in [&self.success, &self.failure]
+            .into_iter()
+            .chain(self.enforced.as_ref())
+        {
+            if r.group == crate::outcome::Group::Enforced {
+                let _ = writeln!(
+                    s,
+                    "\n-- every hop's policy switched to version 2 (enforcing); no server restarted --"
+                );
+            }
             request(&mut s, r);
         }
         let _ = writeln!(s, "\n  checks");
@@ -210,6 +228,26 @@ pub fn summary(runs: &[ModeRun]) -> String {
         return "nothing ran\n".to_owned();
     };
     let t = first.options.timing();
+    // One column per failure request: each mode's, and shadow mode's after the switch.
+    let columns: Vec<Column<'_>> = runs
+        .iter()
+        .flat_map(|r| {
+            // A mode's claims; shadow mode's after the switch in a column of their own.
+            let after = |c: &&Check| r.enforced().is_some_and(|e| c.request() == e.id());
+            std::iter::once(Column {
+                title: r.mode.title().to_owned(),
+                mode: r.mode,
+                failure: r.failure(),
+                checks: r.checks().iter().filter(|c| !after(c)).collect(),
+            })
+            .chain(r.enforced().map(|e| Column {
+                title: "then enforced (no restart)".to_owned(),
+                mode: Mode::Scoped,
+                failure: e,
+                checks: r.checks().iter().filter(after).collect(),
+            }))
+        })
+        .collect();
     let _ = writeln!(
         s,
         "\n== {}: the failure request (client budget {} ms, inventory quote {} ms) ==",
@@ -220,36 +258,39 @@ pub fn summary(runs: &[ModeRun]) -> String {
         t.client.as_millis(),
         t.quote.as_millis()
     );
-    let mut row = |label: &str, cell: &dyn Fn(&ModeRun) -> String| {
+    let mut row = |label: &str, cell: &dyn Fn(&Column<'_>) -> String| {
         let mut line = format!("  {label:<29}");
-        for r in runs {
-            let _ = write!(line, " {:<34}", cell(r));
+        for c in &columns {
+            let _ = write!(line, " {:<34}", cell(c));
         }
         let _ = writeln!(s, "{}", line.trim_end());
     };
-    row("", &|r| r.mode.title().to_owned());
-    row("client", &|r| client_cell(r.failure()));
-    row("inventory told to stop", &|r| told_cell(r.failure()));
-    row("inventory's quote ended", &|r| quote_cell(r.failure()));
-    row("  after being told", &|r| after_told_cell(r.failure()));
-    row("  vs the client's budget", &|r| vs_client_cell(r.failure()));
-    row("external-stub saw the id", &|r| {
-        yes(r.failure().saw(Hop::External)).to_owned()
+    row("", &|c| c.title.clone());
+    row("client", &|c| client_cell(c.failure));
+    row("inventory told to stop", &|c| told_cell(c.failure));
+    row("inventory's quote ended", &|c| quote_cell(c.failure));
+    row("  after being told", &|c| after_told_cell(c.failure));
+    row("  vs the client's budget", &|c| vs_client_cell(c.failure));
+    row("external-stub saw the id", &|c| {
+        yes(c.failure.saw(Hop::External)).to_owned()
     });
-    row("inventory quiescence report", &|r| {
-        quiescence_cell(r, Hop::Inventory, |rep| match rep.cancel_to_quiet() {
+    row("inventory quiescence report", &|c| {
+        quiescence_cell(c, Hop::Inventory, |rep| match rep.cancel_to_quiet() {
             Some(d) => format!("{:?}, quiet {} after", rep.state(), ms(d)),
             None => format!("{:?}", rep.state()),
         })
     });
-    row("edge quiescence report", &|r| {
-        quiescence_cell(r, Hop::Frontend, |rep| {
+    row("edge quiescence report", &|c| {
+        quiescence_cell(c, Hop::Frontend, |rep| {
             format!("{:?} (stable)", rep.state())
         })
     });
-    row("claims", &|r| {
-        let held = r.checks().iter().filter(|c| c.passed()).count();
-        format!("{held} of {} hold", r.checks().len())
+    if columns.iter().any(|c| c.mode == Mode::Shadow) {
+        row("inventory would have", &would_be_cell);
+    }
+    row("claims", &|c| {
+        let held = c.checks.iter().filter(|k| k.passed()).count();
+        format!("{held} of {} hold", c.checks.len())
     });
 
     let failed: Vec<_> = runs
@@ -268,18 +309,41 @@ pub fn summary(runs: &[ModeRun]) -> String {
     s
 }
 
+/// One column of the comparison: a failure request, and how its chain ran it.
+struct Column<'a> {
+    title: String,
+    mode: Mode,
+    failure: &'a RequestRun,
+    checks: Vec<&'a Check>,
+}
+
+/// What inventory's report says its budget would have done (shadow mode).
+fn would_be_cell(c: &Column<'_>) -> String {
+    if c.mode != Mode::Shadow {
+        return "-".to_owned();
+    }
+    let Some(rep) = c.failure.report(Hop::Inventory) else {
+        return "-".to_owned();
+    };
+    match rep.would_be().into_iter().find_map(|d| d.late_by()) {
+        Some(late) => format!("cancelled it, {} sooner", ms(late)),
+        None => "done nothing".to_owned(),
+    }
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", millis(d))
 }
 
-fn quiescence_cell(r: &ModeRun, hop: Hop, cell: impl Fn(&Report) -> String) -> String {
-    match r.failure().report(hop) {
+fn quiescence_cell(c: &Column<'_>, hop: Hop, cell: impl Fn(&Report) -> String) -> String {
+    let r = c.failure;
+    match r.report(hop) {
         Some(rep) => cell(rep),
-        None if r.mode == Mode::PerHop => "none (no scope)".to_owned(),
-        None if hop == Hop::Frontend && r.failure().received(hop) && !r.failure().saw(hop) => {
+        None if c.mode == Mode::PerHop => "none (no scope)".to_owned(),
+        None if hop == Hop::Frontend && r.received(hop) && !r.saw(hop) => {
             "none: refused at admission".to_owned()
         }
-        None if !r.failure().saw(hop) => "-".to_owned(),
+        None if !r.saw(hop) => "-".to_owned(),
         None => "missing".to_owned(),
     }
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use cancel_scope::wire::grpc_timeout;
 use tokio::time::Instant;
 
-use crate::chain::{Chain, REQUEST_ID};
+use cancel_scope::Report;
+
+use crate::chain::{Chain, ENFORCED_VERSION, REQUEST_ID, SHADOW_VERSION};
 use crate::options::{Mode, Options};
 use crate::outcome::{
     describe_work, millis, yes, Check, ClientOutcome, Group, ModeRun, RequestRun, Work,
@@ -44,7 +46,9 @@ impl std::error::Error for DemoError {
 
 /// Starts `mode`'s chain, sends the success request (2 s budget) and then the failure request
 /// (`options.client_budget`), waits until the services are done with each, and checks the
-/// claims. Every duration is multiplied by `options.time_scale`.
+/// claims. In [`Mode::Shadow`] it then switches every hop's policy to enforcing, without
+/// restarting the servers, and sends the failure request again ([`ModeRun::enforced`]).
+/// Every duration is multiplied by `options.time_scale`.
 ///
 /// # Errors
 ///
@@ -76,13 +80,22 @@ pub async fn run_mode(mode: Mode, options: &Options) -> Result<ModeRun, DemoErro
     };
     let success = bench.send(Group::Success, t.success).await;
     let failure = bench.send(Group::Failure, t.client).await;
+    // Shadow mode: every hop's policy becomes enforcing, its server running on; the failure
+    // request again.
+    let enforced = if mode == Mode::Shadow {
+        chain.enforce();
+        Some(bench.send(Group::Enforced, t.client).await)
+    } else {
+        None
+    };
     drop(chain);
-    let checks = checks(mode, options, &success, &failure);
+    let checks = checks(mode, options, &success, &failure, enforced.as_ref());
     Ok(ModeRun {
         mode,
         options: *options,
         success,
         failure,
+        enforced,
         checks,
     })
 }
@@ -214,10 +227,16 @@ fn check(r: &RequestRun, claim: String, passed: bool, detail: String) -> Check {
 }
 
 /// The claims of a mode, checked against what the client got and the services logged.
-fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &RequestRun) -> Vec<Check> {
+fn checks(
+    mode: Mode,
+    options: &Options,
+    success: &RequestRun,
+    failure: &RequestRun,
+    enforced: Option<&RequestRun>,
+) -> Vec<Check> {
     let ms = |d: Duration| d.as_millis();
     let mut out = Vec::new();
-    for r in [success, failure] {
+    for r in [success, failure].into_iter().chain(enforced) {
         if !r.settled {
             out.push(check(
                 r,
@@ -252,26 +271,28 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
     ));
 
     // The failure group: the client gives up, external-stub never hears of the request.
-    out.push(check(
-        failure,
-        format!(
-            "the client got no quote within its {} ms (it timed out, or was told 504)",
-            ms(failure.budget)
-        ),
-        failure.client.gave_up(),
-        format!("{} after {:.1} ms", failure.client, millis(failure.elapsed)),
-    ));
-    let external = failure.saw(Hop::External) || failure.called(Hop::Orders, Hop::External);
-    out.push(check(
-        failure,
-        "external-stub never saw the request id".to_owned(),
-        !external,
-        format!(
-            "orders called it: {}, it logged the id: {}",
-            yes(failure.called(Hop::Orders, Hop::External)),
-            yes(failure.saw(Hop::External))
-        ),
-    ));
+    for failure in [failure].into_iter().chain(enforced) {
+        out.push(check(
+            failure,
+            format!(
+                "the client got no quote within its {} ms (it timed out, or was told 504)",
+                ms(failure.budget)
+            ),
+            failure.client.gave_up(),
+            format!("{} after {:.1} ms", failure.client, millis(failure.elapsed)),
+        ));
+        let external = failure.saw(Hop::External) || failure.called(Hop::Orders, Hop::External);
+        out.push(check(
+            failure,
+            "external-stub never saw the request id".to_owned(),
+            !external,
+            format!(
+                "orders called it: {}, it logged the id: {}",
+                yes(failure.called(Hop::Orders, Hop::External)),
+                yes(failure.saw(Hop::External))
+            ),
+        ));
+    }
 
     let quote = options.timing().quote;
     let work = ms(quote);
@@ -304,46 +325,160 @@ fn checks(mode: Mode, options: &Options, success: &RequestRun, failure: &Request
             ));
         }
         Mode::Scoped => {
-            // Only a quote that started and then stopped shows that the scope stopped it: one
-            // that never started (the request refused, or its budget spent before inventory)
-            // proves nothing.
-            let w = failure.inventory_work();
-            let passed = match &w {
-                Work::Stopped { worked, .. } => *worked < quote,
-                Work::NotStarted | Work::Running | Work::Finished { .. } => false,
-            };
-            out.push(check(
-                failure,
-                format!("inventory started its {work} ms quote and stopped before finishing it"),
-                passed,
-                describe_work(&w, failure),
-            ));
+            out.push(stopped_by_its_scope(failure, quote));
             for r in [success, failure] {
-                let missing: Vec<_> = Hop::ALL
-                    .into_iter()
-                    .filter(|&h| r.saw(h) && !r.report(h).is_some_and(|rep| rep.state().is_final()))
-                    .map(Hop::name)
-                    .collect();
-                let passed = missing.is_empty();
-                let detail = match r.report(Hop::Frontend) {
-                    _ if !passed => format!("no report from {}", missing.join(", ")),
-                    Some(rep) => format!("edge: {:?}", rep.state()),
-                    // Refused at admission: no scope was made, nothing ran.
-                    None if r.received(Hop::Frontend) => {
-                        "no handler ran: the edge refused the request".to_owned()
-                    }
-                    None => "no handler ran: the request never reached the edge".to_owned(),
-                };
-                out.push(check(
-                    r,
-                    "every hop's request scope reported stable quiescence".to_owned(),
-                    passed,
-                    detail,
-                ));
+                out.push(quiescence(r));
+            }
+        }
+        Mode::Shadow => {
+            out.extend(shadow_checks(failure, quote));
+            for r in [success, failure].into_iter().chain(enforced) {
+                out.push(quiescence(r));
+            }
+            if let Some(enforced) = enforced {
+                out.push(stopped_by_its_scope(enforced, quote));
+                out.push(versions(success, failure, enforced));
             }
         }
     }
     out
+}
+
+/// Only a quote that started and then stopped shows that the scope stopped it: one that never
+/// started (the request refused, or its budget spent before inventory) proves nothing.
+fn stopped_by_its_scope(failure: &RequestRun, quote: Duration) -> Check {
+    let w = failure.inventory_work();
+    let passed = match &w {
+        Work::Stopped { worked, .. } => *worked < quote,
+        Work::NotStarted | Work::Running | Work::Finished { .. } => false,
+    };
+    check(
+        failure,
+        format!(
+            "inventory started its {} ms quote and stopped before finishing it",
+            quote.as_millis()
+        ),
+        passed,
+        describe_work(&w, failure),
+    )
+}
+
+/// Every hop that ran the request reported its scope's stable quiescence.
+fn quiescence(r: &RequestRun) -> Check {
+    let missing: Vec<_> = Hop::ALL
+        .into_iter()
+        .filter(|&h| r.saw(h) && !r.report(h).is_some_and(|rep| rep.state().is_final()))
+        .map(Hop::name)
+        .collect();
+    let passed = missing.is_empty();
+    let detail = match r.report(Hop::Frontend) {
+        _ if !passed => format!("no report from {}", missing.join(", ")),
+        Some(rep) => format!("edge: {:?}", rep.state()),
+        // Refused at admission: no scope was made, nothing ran.
+        None if r.received(Hop::Frontend) => {
+            "no handler ran: the edge refused the request".to_owned()
+        }
+        None => "no handler ran: the request never reached the edge".to_owned(),
+    };
+    check(
+        r,
+        "every hop's request scope reported stable quiescence".to_owned(),
+        passed,
+        detail,
+    )
+}
+
+/// Shadow mode's claims on the failure request: nothing was enforced — the client timed out
+/// on its own, as with per-hop timeouts, and inventory's quote ran past the deadline its
+/// budget would have had — and every hop recorded what its budget would have done.
+fn shadow_checks(failure: &RequestRun, quote: Duration) -> Vec<Check> {
+    let mut out = Vec::new();
+    out.push(check(
+        failure,
+        "no hop answered 504: the client timed out on its own, as with per-hop timeouts".to_owned(),
+        failure.client == ClientOutcome::TimedOut,
+        format!("{} after {:.1} ms", failure.client, millis(failure.elapsed)),
+    ));
+    let would_be = failure.would_be_deadline(Hop::Inventory).flatten();
+    let w = failure.inventory_work();
+    let (passed, detail) = match (&w, would_be) {
+        (Work::Finished { at, .. } | Work::Stopped { at, .. }, Some(d)) if *at > d => {
+            let deadline = matches!(&w, Work::Stopped { cause: Some(c), .. } if c.origin().is_deadline_exceeded());
+            (
+                !deadline,
+                format!(
+                    "{}, {:.1} ms past its would-be deadline",
+                    describe_work(&w, failure),
+                    millis(*at - d)
+                ),
+            )
+        }
+        (_, None) => (false, "inventory has no would-be deadline".to_owned()),
+        _ => (false, describe_work(&w, failure)),
+    };
+    out.push(check(
+        failure,
+        format!(
+            "inventory's {} ms quote ran past its would-be deadline: no budget stopped it",
+            quote.as_millis()
+        ),
+        passed,
+        detail,
+    ));
+    let shadowed: Vec<_> = Hop::ALL
+        .into_iter()
+        .filter(|&h| failure.saw(h) && failure.would_be_deadline(h).is_none())
+        .map(Hop::name)
+        .collect();
+    out.push(check(
+        failure,
+        "every hop that ran the request ran it in shadow mode (policy version 1)".to_owned(),
+        shadowed.is_empty() && failure.saw(Hop::Frontend),
+        if shadowed.is_empty() {
+            "each hop's admission has its would-be deadline".to_owned()
+        } else {
+            format!("enforced at {}", shadowed.join(", "))
+        },
+    ));
+    let late = failure
+        .report(Hop::Inventory)
+        .and_then(|rep| rep.would_be().into_iter().find_map(|d| d.late_by()));
+    out.push(check(
+        failure,
+        "inventory's report says its budget would have cancelled the request".to_owned(),
+        late.is_some(),
+        late.map_or_else(
+            || "no would-be cancel in inventory's report".to_owned(),
+            |d| format!("ended {:.1} ms after the would-be deadline", millis(d)),
+        ),
+    ));
+    out
+}
+
+/// The policy version each hop's report names: 1 (shadow) before the switch, 2 (enforcing)
+/// after it, from the same servers.
+fn versions(success: &RequestRun, failure: &RequestRun, enforced: &RequestRun) -> Check {
+    let of = |r: &RequestRun| -> Vec<u32> {
+        Hop::ALL
+            .into_iter()
+            .filter_map(|h| r.report(h).and_then(Report::policy_version))
+            .collect()
+    };
+    let (before, after) = ([of(success), of(failure)].concat(), of(enforced));
+    let passed = !before.is_empty()
+        && before.iter().all(|&v| v == SHADOW_VERSION)
+        && !after.is_empty()
+        && after.iter().all(|&v| v == ENFORCED_VERSION)
+        && Hop::ALL
+            .into_iter()
+            .all(|h| enforced.would_be_deadline(h).is_none());
+    check(
+        enforced,
+        "after the switch every hop enforced its budget (policy version 2), no server restarted"
+            .to_owned(),
+        passed,
+        format!("versions before: {before:?}, after: {after:?}"),
+    )
 }
 
 #[cfg(test)]
@@ -456,7 +591,7 @@ mod tests {
                 ClientOutcome::TimedOut,
                 work(3, 398),
             );
-            checks(Mode::PerHop, &Options::default(), &success, &failure)
+            checks(Mode::PerHop, &Options::default(), &success, &failure, None)
                 .into_iter()
                 .find(|c| c.claim.starts_with("inventory still finished"))
                 .unwrap()

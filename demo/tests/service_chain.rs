@@ -29,6 +29,13 @@ fn scaled() -> Options {
     }
 }
 
+/// Every one of `lines` is in `out`.
+fn assert_has_lines(out: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(out.contains(line), "{line:?} missing from\n{out}");
+    }
+}
+
 fn went_through(r: &RequestRun) -> bool {
     matches!(
         r.client(),
@@ -124,23 +131,112 @@ async fn scoped_budgets_stop_inventory_and_every_hop_goes_quiet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_runs_as_per_hop_timeouts_reports_the_would_be_cancels_then_enforces() {
+    let options = scaled();
+    let run = run_mode(Mode::Shadow, &options).await.unwrap();
+    assert!(run.passed(), "{}", run.render());
+
+    // Shadowed, the success request goes through as in every mode.
+    assert!(went_through(run.success()), "{:?}", run.success().client());
+    // The failure request: nothing enforced. The client timed out on its own (no 504), and
+    // only its leaving stopped inventory's quote, past the deadline its budget would have had.
+    let failed = run.failure();
+    assert_eq!(
+        failed.client(),
+        &ClientOutcome::TimedOut,
+        "{}",
+        run.render()
+    );
+    assert!(!failed.saw(Hop::External));
+    for hop in [Hop::Frontend, Hop::Orders, Hop::Inventory] {
+        // Each hop ran bounded by the hard cap (5 s, less what the hops before it used), far
+        // past the client's budget, and knows its would-be deadline.
+        let budget = failed.budget_at(hop).unwrap();
+        assert!(
+            budget > options.scaled(Duration::from_secs(4)),
+            "{hop}: {budget:?}"
+        );
+        assert!(failed.would_be_deadline(hop).flatten().is_some(), "{hop}");
+    }
+    let would_be = failed.would_be_deadline(Hop::Inventory).flatten().unwrap();
+    match failed.inventory_work() {
+        Work::Stopped { at, cause, .. } => {
+            assert!(at > would_be, "{}", run.render());
+            assert!(cause.unwrap().is_client_gone(), "{}", run.render());
+        }
+        w => panic!("{w:?}\n{}", run.render()),
+    }
+    // Inventory, whose would-be deadline came first, reports the cancel that did not happen.
+    let inventory = failed.report(Hop::Inventory).unwrap();
+    assert!(
+        inventory.would_be().iter().any(|d| d.late_by().is_some()),
+        "{inventory}"
+    );
+    assert_eq!(inventory.policy_version(), Some(1));
+
+    // Switched to enforcing, the same servers stop the same request at its deadline.
+    let enforced = run.enforced().unwrap();
+    assert!(enforced.client().gave_up(), "{:?}", enforced.client());
+    assert!(!enforced.saw(Hop::External));
+    match enforced.inventory_work() {
+        Work::Stopped { worked, .. } => {
+            assert!(worked < options.scaled(options.inventory_work));
+        }
+        w => panic!("{w:?}\n{}", run.render()),
+    }
+    for hop in Hop::ALL.into_iter().filter(|&h| enforced.saw(h)) {
+        let report = enforced.report(hop).unwrap();
+        assert_eq!(report.policy_version(), Some(2), "{hop}");
+        assert!(report.would_be().is_empty(), "{hop}: {report}");
+        assert_eq!(enforced.would_be_deadline(hop), None, "{hop}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_runs_shadow_mode_alone_and_compares_before_and_after_the_switch() {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = cli(
+        args(&["--mode", "shadow", "--time-scale", SCALE]),
+        &mut out,
+        &mut err,
+    )
+    .await;
+    let out = String::from_utf8(out).unwrap();
+    assert_eq!(status, EXIT_OK, "{out}");
+    assert_has_lines(
+        &out,
+        &[
+            "== shadow mode ==",
+            "request shadow/failure (client budget 500 ms)",
+            "-- every hop's policy switched to version 2 (enforcing); no server restarted --",
+            "request shadow/enforced (client budget 500 ms)",
+            "shadow: would have cancelled at the deadline",
+            "then enforced (no restart)",
+            "Every claim holds.",
+        ],
+    );
+    assert!(!out.contains("== per-hop timeouts =="), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_program_reports_both_modes_and_exits_zero() {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let status = cli(args(&["--time-scale", SCALE]), &mut out, &mut err).await;
     let out = String::from_utf8(out).unwrap();
     assert_eq!(status, EXIT_OK, "{out}");
-    for line in [
-        "== per-hop timeouts ==",
-        "== scoped budgets ==",
-        "Every duration is 5 times the default's (--time-scale 5).",
-        "request per-hop/failure (client budget 500 ms)",
-        "request scoped/failure (client budget 500 ms)",
-        "== per-hop timeouts vs scoped budgets: the failure request (client budget 500 ms, \
+    assert_has_lines(
+        &out,
+        &[
+            "== per-hop timeouts ==",
+            "== scoped budgets ==",
+            "Every duration is 5 times the default's (--time-scale 5).",
+            "request per-hop/failure (client budget 500 ms)",
+            "request scoped/failure (client budget 500 ms)",
+            "== per-hop timeouts vs scoped budgets: the failure request (client budget 500 ms, \
          inventory quote 1750 ms)",
-        "Every claim holds.",
-    ] {
-        assert!(out.contains(line), "{line:?} missing from\n{out}");
-    }
+            "Every claim holds.",
+        ],
+    );
     assert!(!out.contains("FAIL"), "{out}");
 }
 

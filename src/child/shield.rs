@@ -237,11 +237,12 @@ impl Scope {
         // The cleanup is still the request's: its operation identity (and priority) go with
         // it, as with `detach`; the cancel does not.
         // And its effect flag: an effectful call the cleanup dispatches is the request's.
+        // Its own budget bounds its children in every mode: not the request's shadow state.
         let shielded = Scope::root_after(
             tokio::time::Instant::now(),
             budget,
             self.shared_name(),
-            self.context().cloned(),
+            self.context().map(crate::scope::unshadowed),
             self.effect_flag().cloned(),
         );
         let run = shielded.run(fut);
@@ -302,7 +303,7 @@ impl Scope {
             tokio::time::Instant::now(),
             timeout,
             self.shared_name(),
-            self.context().cloned(),
+            self.context().map(crate::scope::unshadowed),
             None,
         )
     }

@@ -104,6 +104,9 @@ pub(crate) struct Call<'s> {
     /// A retry-budget token already taken for the next attempt (see
     /// [`prepay_retry`](Self::prepay_retry)).
     prepaid: bool,
+    /// Shadow mode: the request's would-be budget would have stopped the call, and that is
+    /// recorded (once a call).
+    would_have_stopped: bool,
 }
 
 impl<'s> Call<'s> {
@@ -144,6 +147,7 @@ impl<'s> Call<'s> {
             hold: None,
             opened_at: Some(now),
             prepaid: false,
+            would_have_stopped: false,
         }
     }
 
@@ -235,6 +239,26 @@ impl<'s> Call<'s> {
         Ok(())
     }
 
+    /// Shadow mode: whether the request's would-be budget (`left` at `now`, within the
+    /// scope's `remaining`) would have stopped the call before this attempt; recorded for the
+    /// report, the attempt starting with the enforced bound. Out of line: only a shadowed
+    /// request's calls come here.
+    #[cold]
+    #[inline(never)]
+    fn shadow_stop(&mut self, remaining: Option<Duration>, left: Duration, now: Instant) {
+        let would_be = remaining.map_or(left, |r| r.min(left));
+        if let Err(stop) = attempt_budget(&self.limits, Some(would_be), self.attempts_left()) {
+            self.would_have_stopped = true;
+            let why = format!(
+                "{} before attempt {}: {stop}",
+                self.ledger.spec.name(),
+                self.started() + 1
+            );
+            self.scope
+                .note_would_be(crate::scope::WouldBe::retry_stopped(now, why));
+        }
+    }
+
     /// Why no attempt can start in the scope any more, if its watermark is closed: its cancel
     /// (a cancel closes the watermark before the cause is readable, so the state decides), or
     /// its close.
@@ -268,6 +292,11 @@ impl<'s> Call<'s> {
         let deadline = self.scope.deadline();
         let remaining = deadline.map(|d| d.saturating_duration_since(now));
         let budget = attempt_budget(&limits, remaining, self.attempts_left())?;
+        if !self.would_have_stopped {
+            if let Some(left) = self.scope.would_be_left(now) {
+                self.shadow_stop(remaining, left, now);
+            }
+        }
         if self.started() > 0 {
             // A closed scope refuses the attempt below: no token is spent on it.
             if let Some(stop) = self.closed() {

@@ -325,6 +325,9 @@ impl<'a> ChildBuilder<'a> {
             }
             let remaining = pext.deadline.map(|d| d.saturating_duration_since(now));
             let b = budget.compute(remaining).map_err(Error::exhausted)?;
+            if let Some(left) = parent.would_be_left(now) {
+                shadow_child(parent, &budget, remaining, left, now);
+            }
             within_parent(b.map(|b| deadline_after(now, b)), pext)
         } else {
             // Unbounded parent and child: an unbounded budget is always useful.
@@ -354,6 +357,25 @@ impl<'a> ChildBuilder<'a> {
         }
         let deadline = within_parent(budget.map(|b| deadline_after(now, b)), &parent.node.ext);
         link(parent, deadline, Some(now), None, None, true, Some(spec))
+    }
+}
+
+/// Shadow mode: the decision `budget` would have made on the request's would-be budget,
+/// `left` at `now` (within the parent's `remaining`), recorded for the report if it would
+/// have refused the child; the child is made with the enforced bound. Out of line: only a
+/// shadowed request's children come here.
+#[cold]
+#[inline(never)]
+fn shadow_child(
+    parent: &Scope,
+    budget: &ChildBudget,
+    remaining: Option<Duration>,
+    left: Duration,
+    now: Instant,
+) {
+    let would_be = remaining.map_or(left, |r| r.min(left));
+    if let Err(e) = budget.compute(Some(would_be)) {
+        parent.note_would_be(super::WouldBe::child_refused(now, e.to_string()));
     }
 }
 

@@ -12,7 +12,40 @@ use crate::sync::{Arc, AtomicU8, LazyBox, Mutex};
 use crate::tree;
 
 /// Request-wide data of a root scope, inherited by its descendants (see `ScopeExt::context`).
-pub(crate) type Context = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+pub(crate) type Context = std::sync::Arc<dyn RequestContext>;
+
+/// What the scope layer reads of a request's context (the `wire` layer's operation, opaque
+/// here): the request's shadow state, set at admission, so that the layers above the scope
+/// (children, retries) shadow their own decisions by reading the scope, never the policy.
+pub(crate) trait RequestContext: std::any::Any + Send + Sync + std::fmt::Debug {
+    /// The context, to downcast to what the layer that set it put there.
+    fn as_any(&self) -> &dyn std::any::Any;
+
+    /// `Some` if the request runs in shadow mode: its would-be deadline (`None` inside:
+    /// admission would have refused it). `None` when its decisions are enforced.
+    fn shadow(&self) -> Option<Option<Instant>>;
+}
+
+/// A request's context with its shadow state left out: for a root that is the request's but
+/// not bounded by its budget (a shielded cleanup, detached work), whose children are judged
+/// against its own deadline in every mode.
+#[derive(Debug)]
+struct Unshadowed(Context);
+
+impl RequestContext for Unshadowed {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.0.as_any()
+    }
+
+    fn shadow(&self) -> Option<Option<Instant>> {
+        None
+    }
+}
+
+/// `context` without its shadow state (see [`Unshadowed`]).
+pub(crate) fn unshadowed(context: &Context) -> Context {
+    std::sync::Arc::new(Unshadowed(context.clone()))
+}
 
 /// [`ScopeExt::timer`]: the scope has an entry in its tree's timers.
 pub(super) const ARMED: u8 = 1;

@@ -42,6 +42,7 @@ mod future;
 mod note;
 mod quiet;
 mod request;
+mod shadow;
 #[cfg(feature = "stream")]
 mod stream;
 mod timer;
@@ -52,10 +53,11 @@ pub use builder::ChildBuilder;
 pub use carry::{Carried, CarryScope};
 pub(crate) use current::with_current;
 pub(crate) use effect::EffectFlag;
-pub(crate) use ext::{Context, ScopeExt};
+pub(crate) use ext::{unshadowed, Context, RequestContext, ScopeExt};
 pub use future::{Cancelled, OnCancel, Run};
 pub(crate) use note::Note;
 pub(crate) use quiet::Quiet;
+pub use shadow::WouldBe;
 #[cfg(feature = "stream")]
 pub use stream::RunStream;
 pub(crate) use timer::Timers;

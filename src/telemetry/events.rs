@@ -29,6 +29,14 @@ pub(crate) fn shadow_rejected(reason: Rejected) {
     let _ = reason;
 }
 
+/// An enforcing policy refused a request for `reason`, and its rejection cap let it through.
+#[inline]
+pub(crate) fn rejection_capped(reason: Rejected) {
+    #[cfg(feature = "metrics")]
+    handles::shadow(ADMISSION_REJECTION_CAPPED, &[("reason", reason.label())]);
+    let _ = reason;
+}
+
 /// An outgoing call in shadow mode would not have been sent.
 #[inline]
 pub(crate) fn shadow_call_refused() {

@@ -4,7 +4,9 @@ use tracing::field::Empty;
 use tracing::{Level, Span};
 
 /// Makes a server's request span (method, URI, version, as tower-http's default one) that
-/// also declares the request's `cancel_scope.*` fields and `error.type`, so that
+/// also declares the request's `cancel_scope.*` fields (the budget, its source, priority,
+/// policy version, the mode and, shadowed, the would-be decision, budget and lateness, and
+/// whether the rejection cap let it through; see [the module docs](super)) and `error.type`, so that
 /// [`Admit`](crate::integrations::tower::Admit) records them on it (`tracing` records only the
 /// fields a span declared when it was made).
 ///
@@ -82,6 +84,12 @@ impl RequestSpan {
                     cancel_scope.priority = Empty,
                     cancel_scope.priority_source = Empty,
                     cancel_scope.policy_version = Empty,
+                    cancel_scope.mode = Empty,
+                    cancel_scope.would_be = Empty,
+                    cancel_scope.would_be_budget_ms = Empty,
+                    cancel_scope.would_be_refused = Empty,
+                    cancel_scope.would_be_late_ms = Empty,
+                    cancel_scope.over_rejection_cap = Empty,
                     "error.type" = Empty,
                 )
             };

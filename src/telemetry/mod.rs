@@ -25,9 +25,10 @@
 //! | [`RECEIPTS`] | counter: the receipts in admitted requests' reports | `kind` (`succeeded`, `failed`, `cancelled`, `quarantined`, `effect_unknown`) |
 //! | [`RETRY_ATTEMPTS`] | counter: retry and hedge attempts, when they end | `outcome` (`succeeded`, `failed`, `timed_out`, `stopped`, `panicked`) |
 //! | [`RETRY_BUDGET_EXHAUSTED`] | counter: retries and hedges a [`RetryBudget`](crate::retry::RetryBudget) refused | |
-//! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) | `reason`, as [`ADMISSION_REJECTED`] |
+//! | [`ADMISSION_REJECTION_CAPPED`] | counter: refusals the rejection cap let through ([`RejectionCap`](crate::wire::RejectionCap)): the request ran shadowed | `reason`, as [`ADMISSION_REJECTED`] |
+//! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) or beyond the rejection cap | `reason`, as [`ADMISSION_REJECTED`] |
 //! | [`SHADOW_CALL_REFUSED`] | counter: outgoing calls that would not have been sent, in shadow mode | |
-//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests whose handler answered after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
+//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests that ended (answered, or stopped: the client gone, the hard cap) after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
 //!
 //! A budget that was not valid and replaced by the policy's fallback
 //! ([`BudgetSource::Fallback`](crate::wire::BudgetSource::Fallback)) counts as `default`: the
@@ -64,9 +65,14 @@
 //!   `cancel_scope.operation_id`, `cancel_scope.budget_in_ms` (what the caller declared),
 //!   `cancel_scope.budget_out_ms` (what the request was given), `cancel_scope.budget_source`,
 //!   `cancel_scope.clamped`, `cancel_scope.priority`, `cancel_scope.priority_source`,
-//!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`), in shadow
-//!   mode `cancel_scope.would_be_budget_ms` (the budget enforcing admission would have given)
-//!   or `cancel_scope.would_be_refused = true`, and, recorded at the answer, `http.response.status_code`
+//!   `cancel_scope.policy_version`, `cancel_scope.mode` (`enforce` or `shadow`: in shadow
+//!   mode, shadowed by staged enforcement, or let through by the rejection cap), for a
+//!   shadowed request `cancel_scope.would_be` (the decision enforcing admission would have
+//!   made: `admitted`, `clamped` or `refused`), `cancel_scope.would_be_budget_ms` (the budget
+//!   it would have given) or `cancel_scope.would_be_refused = true`,
+//!   `cancel_scope.over_rejection_cap = true` for a refusal the rejection cap let through, and
+//!   `cancel_scope.would_be_late_ms` when the request ended after the would-be deadline
+//!   (how long after), and, recorded at the answer, `http.response.status_code`
 //!   or `rpc.response.status_code` (the gRPC status name: from the head of a trailers-only
 //!   answer, else from the trailers the answer's body ends with, the layer's own at a cut) and
 //!   `error.type = "deadline_exceeded"` when the request's own deadline stopped it;
@@ -86,8 +92,9 @@
 //!
 //! What is known only after the response (the report) is an event, not a span held open.
 //! `tracing` records only the fields a span declared when it was made: to have the request's
-//! fields on the server's own request span too, make that span with `RequestSpan` (features `tracing`, `tower`) (a
-//! `MakeSpan` for tower-http's `TraceLayer`, or a function for tonic's `trace_fn`).
+//! fields on the server's own request span too (the shadow fields included), make that span
+//! with `RequestSpan` (features `tracing`, `tower`) (a `MakeSpan` for tower-http's
+//! `TraceLayer`, or a function for tonic's `trace_fn`).
 
 // Each feature uses its part of the labels and records.
 #![cfg_attr(not(all(feature = "tracing", feature = "metrics")), allow(dead_code))]
@@ -114,6 +121,8 @@ pub const ADMISSION_BUDGET: &str = "cancel_scope.admission.budget";
 pub const ADMISSION_QUEUE_WAIT: &str = "cancel_scope.admission.queue_wait";
 /// `cancel_scope.admission.rejected`: counter.
 pub const ADMISSION_REJECTED: &str = "cancel_scope.admission.rejected";
+/// `cancel_scope.admission.rejection_capped`: counter.
+pub const ADMISSION_REJECTION_CAPPED: &str = "cancel_scope.admission.rejection_capped";
 /// `cancel_scope.call.budget`: histogram, seconds.
 pub const CALL_BUDGET: &str = "cancel_scope.call.budget";
 /// `cancel_scope.call.refused`: counter.
@@ -167,7 +176,7 @@ pub const CALL_SPAN: &str = "cancel_scope.call";
 pub const UNNAMED_DEPENDENCY: &str = "unnamed";
 
 /// Every metric name, with its description and whether it is a histogram of seconds.
-const METRICS: [(&str, &str, Kind); 14] = [
+const METRICS: [(&str, &str, Kind); 15] = [
     (
         ADMISSION_BUDGET,
         "The budget a request was admitted with.",
@@ -181,6 +190,11 @@ const METRICS: [(&str, &str, Kind); 14] = [
     (
         ADMISSION_REJECTED,
         "Requests refused at admission.",
+        Kind::Count,
+    ),
+    (
+        ADMISSION_REJECTION_CAPPED,
+        "Refusals the rejection cap let through (run as shadow decisions).",
         Kind::Count,
     ),
     (
@@ -484,6 +498,10 @@ pub(crate) struct Admitted<'a> {
     pub(crate) policy_version: u32,
     /// In shadow mode: the would-be budget, `None` if admission would have refused.
     pub(crate) shadow: Option<Option<Duration>>,
+    /// In shadow mode: admission would have clamped the declared budget.
+    pub(crate) would_be_clamped: bool,
+    /// A refusal the rejection cap let through.
+    pub(crate) over_rejection_cap: bool,
 }
 
 /// Whether metrics are recorded (feature `metrics`): a counted cancel keeps its cause's label.
@@ -519,6 +537,14 @@ impl Request {
             _entered: self.span.own.enter(),
             _life: std::marker::PhantomData,
         }
+    }
+
+    /// The request, shadowed, answered `late` after its would-be deadline.
+    #[inline]
+    pub(crate) fn late(&self, late: Duration) {
+        #[cfg(feature = "tracing")]
+        self.span.late(late);
+        let _ = late;
     }
 
     /// The request was answered with `status` (and, for gRPC, the status code in its head, if

@@ -47,6 +47,35 @@ pub(super) fn deadline(span: &Span) {
     span.record("error.type", "deadline_exceeded");
 }
 
+/// Records on `span` the request's mode and, shadowed, its would-be decision at admission:
+/// `admitted`, `clamped` or `refused`, the would-be budget or `would_be_refused`, and whether
+/// the rejection cap let it through.
+fn shadow(span: &Span, a: &Admitted<'_>) {
+    let Some(would_be) = a.shadow else {
+        span.record("cancel_scope.mode", "enforce");
+        return;
+    };
+    span.record("cancel_scope.mode", "shadow");
+    match would_be {
+        Some(budget) => {
+            span.record("cancel_scope.would_be_budget_ms", ms(budget));
+            let decision = if a.would_be_clamped {
+                "clamped"
+            } else {
+                "admitted"
+            };
+            span.record("cancel_scope.would_be", decision);
+        }
+        None => {
+            span.record("cancel_scope.would_be", "refused");
+            span.record("cancel_scope.would_be_refused", true);
+        }
+    }
+    if a.over_rejection_cap {
+        span.record("cancel_scope.over_rejection_cap", true);
+    }
+}
+
 /// The spans of an admitted request: its own, and the one that was current when it was
 /// admitted (the server's request span), with whether that one declared our fields.
 #[derive(Clone, Debug)]
@@ -69,9 +98,12 @@ impl RequestSpans {
             cancel_scope.priority = a.priority,
             cancel_scope.priority_source = a.priority_source,
             cancel_scope.policy_version = a.policy_version,
-            cancel_scope.mode = if a.shadow.is_some() { "shadow" } else { "enforce" },
+            cancel_scope.mode = Empty,
+            cancel_scope.would_be = Empty,
             cancel_scope.would_be_budget_ms = Empty,
             cancel_scope.would_be_refused = Empty,
+            cancel_scope.would_be_late_ms = Empty,
+            cancel_scope.over_rejection_cap = Empty,
             http.response.status_code = Empty,
             rpc.response.status_code = Empty,
             "error.type" = Empty,
@@ -79,15 +111,7 @@ impl RequestSpans {
         if let Some(d) = a.declared {
             own.record("cancel_scope.budget_in_ms", ms(d));
         }
-        match a.shadow {
-            Some(Some(would_be)) => {
-                own.record("cancel_scope.would_be_budget_ms", ms(would_be));
-            }
-            Some(None) => {
-                own.record("cancel_scope.would_be_refused", true);
-            }
-            None => {}
-        }
+        shadow(&own, a);
         let outer = Span::current();
         let outer_declares = outer
             .metadata()
@@ -103,11 +127,20 @@ impl RequestSpans {
             outer.record("cancel_scope.priority", a.priority);
             outer.record("cancel_scope.priority_source", a.priority_source);
             outer.record("cancel_scope.policy_version", a.policy_version);
+            shadow(&outer, a);
         }
         RequestSpans {
             own,
             outer,
             outer_declares,
+        }
+    }
+
+    /// The request, shadowed, answered `late` after its would-be deadline.
+    pub(super) fn late(&self, late: Duration) {
+        self.own.record("cancel_scope.would_be_late_ms", ms(late));
+        if self.outer_declares {
+            self.outer.record("cancel_scope.would_be_late_ms", ms(late));
         }
     }
 

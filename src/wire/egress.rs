@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::grpc_timeout;
-use super::operation::Operation;
 use super::service_budget::ServiceBudget;
 use super::shadow::WouldBe;
 use crate::budget::ChildBudget;
@@ -329,7 +328,7 @@ impl EgressPolicy {
             .map_err(Error::exhausted)?
             .unwrap_or(Duration::ZERO);
         let mut budget = service_budget(call, remaining);
-        if let Some(would_be) = call.operation().and_then(Operation::shadow_deadline) {
+        if let Some(would_be) = call.shadow_state() {
             budget = budget.with_would_be(self.would_be(call, would_be));
         }
         Ok(Outgoing {

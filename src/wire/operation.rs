@@ -62,12 +62,6 @@ impl Operation {
         self
     }
 
-    /// In shadow mode, the would-be deadline: `Some(None)` if admission would have refused
-    /// the request; `None` when enforcing.
-    pub(crate) fn shadow_deadline(&self) -> Option<Option<tokio::time::Instant>> {
-        self.would_be
-    }
-
     /// The operation, admitted under policy version `version`.
     pub(crate) fn admitted_under(mut self, version: u32) -> Self {
         self.policy_version = version;
@@ -208,7 +202,18 @@ impl Scope {
     /// assert!(Scope::new().operation().is_none());
     /// ```
     pub fn operation(&self) -> Option<&Operation> {
-        self.context().and_then(|c| c.downcast_ref::<Operation>())
+        self.context()
+            .and_then(|c| c.as_any().downcast_ref::<Operation>())
+    }
+}
+
+impl crate::scope::RequestContext for Operation {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn shadow(&self) -> Option<Option<tokio::time::Instant>> {
+        self.would_be
     }
 }
 

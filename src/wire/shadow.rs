@@ -1,15 +1,11 @@
 //! Shadow mode: every admission decision computed as when enforcing, none enforced; the
 //! request runs bounded by the hard cap, and what would have happened is recorded.
 
-use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
-
 use tokio::time::Instant;
 
-use super::admission::Admission;
-use crate::scope::Note;
-use crate::{Report, Scope};
+use super::admission::{Admission, AdmissionError};
+pub use crate::scope::WouldBe;
+use crate::Report;
 
 /// Whether an endpoint enforces its budget decisions or only records them
 /// ([`EndpointPolicy::mode`](super::EndpointPolicy::mode)). An enforcing policy can also
@@ -25,7 +21,7 @@ use crate::{Report, Scope};
 /// of them:
 ///
 /// * the request runs bounded by the **hard cap** alone (the policy's maximum, less what it
-///   queued); [`Scope::remaining`], the sqlx `statement_timeout` and the `grpc-timeout` and
+///   queued); [`Scope::remaining`](crate::Scope::remaining), the sqlx `statement_timeout` and the `grpc-timeout` and
 ///   `rem` of its outgoing calls follow that enforced bound (peers such as grpc-go, tonic and
 ///   Envoy enforce `grpc-timeout`);
 /// * the would-be budget travels in an extra `service-budget` member, `wb`, that version 1
@@ -33,17 +29,21 @@ use crate::{Report, Scope};
 /// * each decision that would have acted is a [`WouldBe`] in the
 ///   [`Admission`](Admission::would_be) and in the [`Report`] ([`Report::would_be`]): a
 ///   refusal at admission, a clamp, a call that would not have been sent, and (for a request
-///   through [`AdmitLayer`](crate::integrations::tower::AdmitLayer)) a handler that answered
-///   after the would-be deadline, with how long after — the delta that justifies enforcing.
+///   through [`AdmitLayer`](crate::integrations::tower::AdmitLayer)) a request that ended
+///   after the would-be deadline — its handler answered, or it was stopped (its client gone,
+///   the hard cap) — with how long after: the delta that justifies enforcing.
 ///
 /// Always enforced, in every mode: the hard cap, an operation's generation refusals (with a
 /// registry), no registration after a cancel, and reconciliation of unknown effects. A client
 /// that disconnects cannot be shadowed: the server drops the request's future, and the
 /// request ends as `ClientGone` whatever the mode.
 ///
-/// Shadow mode covers the decisions of admission and egress. Child budgets, `min_useful`
-/// refusals of children and retry-ledger stops inside the handler are enforced against the
-/// enforced bound.
+/// Inside the handler the mode travels in the request's scope (set at admission, shared by
+/// its descendants): a child scope that the would-be budget would have refused (below its
+/// `min_useful`, or its reserve eating what is left) is made with the enforced bound and
+/// recorded ([`WouldBe::is_child_refusal`]), and so is a retry or hedge the would-be budget
+/// would have stopped ([`WouldBe::is_retry_stop`], once a call). A shielded cleanup and
+/// detached work are bounded by their own budgets, in every mode.
 ///
 /// # Examples
 ///
@@ -70,150 +70,25 @@ pub enum Mode {
     Shadow,
 }
 
-/// What a decision that was not enforced would have done.
-///
-/// # Examples
-///
-/// See [`Mode`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WouldBe {
-    kind: Kind,
-    at: Instant,
-    why: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
-enum Kind {
-    Refused,
-    Clamped,
-    NotSent,
-    LateBy(Duration),
-}
-
-impl WouldBe {
-    pub(crate) fn refused(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::Refused,
-            at,
-            why,
-        }
-    }
-
-    pub(crate) fn clamped(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::Clamped,
-            at,
-            why,
-        }
-    }
-
-    pub(crate) fn not_sent(at: Instant, why: String) -> WouldBe {
-        WouldBe {
-            kind: Kind::NotSent,
-            at,
-            why,
-        }
-    }
-
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    pub(crate) fn late(at: Instant, by: Duration) -> WouldBe {
-        WouldBe {
-            kind: Kind::LateBy(by),
-            at,
-            why: "the would-be deadline passed first".to_owned(),
-        }
-    }
-
-    /// Admission would have refused the request.
-    ///
-    /// # Examples
-    ///
-    /// See [`Mode`].
-    pub fn is_refusal(&self) -> bool {
-        self.kind == Kind::Refused
-    }
-
-    /// Admission would have clamped the declared budget to a shorter one than the request
-    /// runs with.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).mode(Mode::Shadow);
-    /// let (_, a) = p.admit(Incoming::new().grpc_timeout(b"9S"), tokio::time::Instant::now()).unwrap();
-    /// assert!(a.would_be()[0].is_clamp());
-    /// # }
-    /// ```
-    pub fn is_clamp(&self) -> bool {
-        self.kind == Kind::Clamped
-    }
-
-    /// An outgoing call would not have been sent (too little would-be budget left).
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn is_not_sent(&self) -> bool {
-        self.kind == Kind::NotSent
-    }
-
-    /// How long after the would-be deadline the handler answered: the request would have been
-    /// cancelled at that deadline.
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn late_by(&self) -> Option<Duration> {
-        match self.kind {
-            Kind::LateBy(d) => Some(d),
-            _ => None,
-        }
-    }
-
-    /// When the decision would have acted (the would-be deadline, for a late answer).
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn at(&self) -> Instant {
-        self.at
-    }
-
-    /// Why (the refusal's detail, the clamp, the call's budget).
-    ///
-    /// # Examples
-    ///
-    /// See [`Report::would_be`].
-    pub fn why(&self) -> &str {
-        &self.why
-    }
-}
-
-impl fmt::Display for WouldBe {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            Kind::Refused => write!(f, "shadow: would have refused at admission: {}", self.why),
-            Kind::Clamped => write!(f, "shadow: would have clamped: {}", self.why),
-            Kind::NotSent => write!(f, "shadow: would not have sent: {}", self.why),
-            Kind::LateBy(d) => write!(
-                f,
-                "shadow: would have cancelled at the deadline: finished {} ms after the would-be deadline",
-                d.as_millis()
-            ),
-        }
-    }
-}
-
 /// What admission in shadow mode decided: the would-be deadline (none if it would have
 /// refused) and the decisions it did not enforce.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Shadowed {
     pub(crate) would_be_deadline: Option<Instant>,
     pub(crate) decisions: Vec<WouldBe>,
+    /// An enforcing policy's refusal that the rejection cap let through.
+    pub(crate) over_rejection_cap: bool,
+}
+
+impl Shadowed {
+    /// What a refusal `refused` that the rejection cap let through at `now` records.
+    pub(crate) fn over_rejection_cap(now: Instant, refused: &AdmissionError) -> Shadowed {
+        Shadowed {
+            would_be_deadline: None,
+            decisions: vec![WouldBe::refused_over_cap(now, refused.to_string())],
+            over_rejection_cap: true,
+        }
+    }
 }
 
 impl Admission {
@@ -257,7 +132,20 @@ impl Admission {
         (at > deadline).then(|| WouldBe::late(deadline, at - deadline))
     }
 
-    /// Whether the request was admitted in [`Mode::Shadow`].
+    /// Whether an enforcing policy refused the request and its
+    /// [`RejectionCap`](super::RejectionCap) let it through: it runs shadowed, bounded by
+    /// `min(declared or default, default, maximum − queued)`, its refusal in
+    /// [`would_be`](Self::would_be). Also [`is_shadowed`](Self::is_shadowed).
+    ///
+    /// # Examples
+    ///
+    /// See [`RejectionCap`](super::RejectionCap).
+    pub fn is_over_rejection_cap(&self) -> bool {
+        self.shadow.as_ref().is_some_and(|s| s.over_rejection_cap)
+    }
+
+    /// Whether the request was admitted in [`Mode::Shadow`] (or shadowed by staged
+    /// enforcement, or let through by the rejection cap).
     ///
     /// # Examples
     ///
@@ -274,18 +162,10 @@ impl Admission {
     }
 }
 
-impl Scope {
-    /// Records a decision that was not enforced, for the report of this scope (the caller
-    /// holds a unit of it, or it is not closed yet).
-    pub(crate) fn note_would_be(&self, decision: WouldBe) {
-        self.add_note(Note::shown(Arc::new(decision)));
-    }
-}
-
 impl Report {
     /// The decisions that were computed and not enforced for the request this report is of
-    /// (its endpoint in [`Mode::Shadow`]), oldest first: at admission, at its outgoing calls,
-    /// and a late answer.
+    /// (its endpoint in [`Mode::Shadow`]), oldest first: at admission, at its children,
+    /// retries and outgoing calls, and a late end.
     ///
     /// # Examples
     ///
@@ -304,7 +184,9 @@ impl Report {
     /// drop(call);
     /// scope.close();
     /// let report = scope.quiesce().await;
-    /// let not_sent = &report.would_be()[0];
+    /// // The call's scope would have been refused (no would-be budget left), and the call not sent.
+    /// let [child, not_sent] = &report.would_be()[..] else { panic!("{report}") };
+    /// assert!(child.is_child_refusal() && !child.is_retry_stop());
     /// assert!(not_sent.is_not_sent() && not_sent.why().contains("would-be budget"));
     /// assert_eq!(not_sent.late_by(), None);
     /// assert!(not_sent.at() > tokio::time::Instant::now() - ms(1));

@@ -17,3 +17,4 @@ mod outcomes;
 mod recorder;
 mod retry;
 mod scopes;
+mod shadow;

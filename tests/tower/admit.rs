@@ -112,6 +112,28 @@ async fn dropping_the_response_future_is_client_gone() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_shadowed_request_whose_client_leaves_past_the_would_be_deadline_records_the_cancel() {
+    use cancel_scope::wire::Mode;
+    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    let (layer, mut reports) = reporting(policy);
+    let mut svc = layer.layer(Fn_(stuck));
+    let req = Request::builder()
+        .header("grpc-timeout", "100m")
+        .body(())
+        .unwrap();
+    let mut fut = Box::pin(svc.call(req));
+    assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+    // The would-be deadline passes (not enforced), then the client goes away.
+    advance(ms(130)).await;
+    assert!(poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+    drop(fut);
+    let (_, report) = reports.recv().await.unwrap();
+    assert_eq!(report.cause(), Some(&Cause::ClientGone));
+    let late = report.would_be().iter().find_map(|d| d.late_by());
+    assert_eq!(late, Some(ms(30)), "{report}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_handler_sees_its_scope_and_admission() {
     let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
         |req: Request<()>| async move {

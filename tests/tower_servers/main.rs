@@ -24,6 +24,7 @@ mod grpc;
 mod http;
 mod journal;
 mod registry;
+mod rejection_cap;
 mod shadow;
 mod shutdown;
 mod stage;

@@ -17,6 +17,7 @@ mod wire_decode_checks;
 mod admission;
 mod envoy;
 mod grpc_timeout;
+mod rejection_cap;
 mod service_budget;
 mod service_effect;
 mod shadow;

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use cancel_scope::wire::{EgressPolicy, EndpointPolicy, Incoming, Mode, OverCap, ServiceBudget};
+use cancel_scope::wire::{
+    EgressPolicy, EndpointPolicy, Incoming, Mode, OverCap, ServiceBudget, WouldBe,
+};
 use proptest::prelude::*;
 use tokio::time::{advance, Instant};
 
@@ -183,4 +185,107 @@ async fn the_wire_carries_the_enforced_bound_and_the_would_be_budget_beside_it()
     let out = EgressPolicy::new().outgoing(&scope).unwrap();
     assert_eq!(out.service_budget().unwrap().would_be(), None);
     let _ = ServiceBudget::parse(out.service_budget().unwrap().to_header_value()).unwrap();
+}
+
+/// `scope` closed and quiet: its report, and the decisions of it that `kind` says.
+async fn quiet_with(
+    scope: &cancel_scope::Scope,
+    kind: fn(&WouldBe) -> bool,
+) -> (cancel_scope::Report, Vec<WouldBe>) {
+    scope.close();
+    let report = scope.quiesce().await;
+    let of_kind = report
+        .would_be()
+        .into_iter()
+        .filter(|d| kind(d))
+        .cloned()
+        .collect();
+    (report, of_kind)
+}
+
+/// A request admitted in shadow mode with a would-be budget of 100 ms (hard cap 5 s).
+fn shadowed_request() -> cancel_scope::Scope {
+    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    let (scope, _) = policy
+        .admit(Incoming::new().grpc_timeout(b"100m"), Instant::now())
+        .unwrap();
+    scope
+}
+
+#[tokio::test(start_paused = true)]
+async fn inside_the_handler_a_child_the_would_be_budget_refuses_is_made_and_recorded() {
+    let scope = shadowed_request();
+    advance(ms(60)).await; // 40 ms of the would-be budget left
+                           // Needs 50 ms: enforcing would refuse it; shadowed, it is made with the enforced bound.
+    let child = scope.child().min_useful(ms(50)).build().unwrap();
+    assert_eq!(child.remaining(), Some(ms(4_940)));
+    // A reserve that eats the would-be budget: refused too.
+    let reserved = scope.child().reserve(ms(45)).build().unwrap();
+    // One the would-be budget allows: nothing recorded.
+    let fits = scope.child().min_useful(ms(10)).build().unwrap();
+    drop((child, reserved, fits));
+    let (report, refused) = quiet_with(&scope, WouldBe::is_child_refusal).await;
+    assert_eq!(refused.len(), 2, "{report}");
+    assert!(refused[0].why().contains("50ms"), "{}", refused[0]);
+    assert!(
+        report.to_string().contains("would have refused a child"),
+        "{report}"
+    );
+
+    // Enforcing, the same child is refused.
+    let enforced = EndpointPolicy::new(ms(5_000), ms(1_000));
+    let (scope, _) = enforced
+        .admit(Incoming::new().grpc_timeout(b"100m"), Instant::now())
+        .unwrap();
+    advance(ms(60)).await;
+    assert!(scope.child().min_useful(ms(50)).build().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn inside_the_handler_a_retry_the_would_be_budget_stops_runs_on_and_is_recorded() {
+    use cancel_scope::budget::Split;
+    use cancel_scope::retry::{Decision, Retry};
+    use cancel_scope::ChildSpec;
+    let scope = shadowed_request();
+    let retry = Retry::new(|_: &()| Decision::RetryNow)
+        .max_attempts(3)
+        .split(Split::Greedy { cap: None })
+        .min_useful(ms(30));
+    // Each attempt fails after 40 ms: the second one would start with 60 ms of the would-be
+    // budget left, the third with 20 ms, under the 30 ms minimum: enforcing would stop there.
+    let (result, ledger) = scope
+        .run(
+            retry.run_with_ledger(&scope, ChildSpec::read_only("inventory"), |_| async {
+                tokio::time::sleep(ms(40)).await;
+                Err::<(), ()>(())
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(result.is_err());
+    assert_eq!(ledger.started(), 3, "shadowed: every attempt ran");
+    let (report, stops) = quiet_with(&scope, WouldBe::is_retry_stop).await;
+    assert_eq!(stops.len(), 1, "{report}");
+    assert!(stops[0].why().contains("before attempt 3"), "{}", stops[0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shielded_cleanup_is_judged_on_its_own_budget_in_shadow_mode() {
+    let scope = shadowed_request();
+    advance(ms(200)).await; // past the would-be deadline
+    let shielded = scope
+        .shield(ms(500), async {
+            // The cleanup's own 500 ms bound its call in every mode: no would-be budget goes
+            // out with it (one would tell a shadowed next hop to refuse it).
+            let cleanup = cancel_scope::Scope::current();
+            let call = cleanup.child().min_useful(ms(100)).build().unwrap();
+            let out = EgressPolicy::new().outgoing(&call).unwrap();
+            out.service_budget().unwrap().would_be()
+        })
+        .unwrap();
+    assert_eq!(shielded.await.unwrap(), None);
+    // A call of the request's own, past its would-be deadline, says it would not be sent.
+    let call = scope.child().build().unwrap();
+    let out = EgressPolicy::new().outgoing(&call).unwrap();
+    assert_eq!(out.service_budget().unwrap().would_be(), Some(ms(0)));
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::super::envoy::{self, EnvoyTimeoutError};
 use super::super::grpc_timeout::{self, GrpcTimeoutError};
+use super::super::rejection_cap::RejectionCap;
 use super::super::service_budget::{ServiceBudget, ServiceBudgetError};
 use super::super::stage::RequestClass;
 
@@ -68,6 +69,8 @@ pub struct Incoming {
     pub(super) caller: Option<ServiceBudget>,
     /// What the request does, as its server layer says (for staged enforcement).
     pub(super) class: RequestClass,
+    /// The rejection cap the request's refusal counts in, if the endpoint has one.
+    pub(super) cap: Option<RejectionCap>,
 }
 
 impl Incoming {
@@ -100,7 +103,20 @@ impl Incoming {
             envoy: Field::new(),
             caller: None,
             class: RequestClass::SideEffecting,
+            cap: None,
         }
+    }
+
+    /// The endpoint's [`RejectionCap`]: the request counts in its window, and a refusal of
+    /// the budget rules beyond the cap becomes a shadow decision. Not a header: the server
+    /// layer sets it ([`AdmitLayer::rejection_cap`](crate::integrations::tower::AdmitLayer::rejection_cap)).
+    ///
+    /// # Examples
+    ///
+    /// See [`RejectionCap`].
+    pub fn rejection_cap(mut self, cap: &RejectionCap) -> Self {
+        self.cap = Some(cap.clone());
+        self
     }
 
     /// What the request does (see [`RequestClass`]): what staged enforcement

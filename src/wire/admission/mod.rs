@@ -14,6 +14,7 @@ use super::envoy;
 use super::grpc_timeout;
 use super::operation::Operation;
 use super::policy::{EndpointPolicy, OnBadInput, OverCap};
+use super::rejection_cap::RejectionCap;
 use super::server::ServerScope;
 use super::service_budget::{self, ServiceBudget};
 use super::shadow::{Mode, Shadowed, WouldBe};
@@ -134,8 +135,14 @@ pub(super) struct Prepared {
     priority_source: PrioritySource,
     /// In shadow mode: the enforcing decision, not enforced.
     shadow: Option<Shadowed>,
-    /// The enforcing decision's refusal, if it refused (shadowed, or enforced by a stage).
+    /// The enforcing decision's refusal, if it refused (shadowed, enforced by a stage, or let
+    /// through by the rejection cap).
     refusal: Option<AdmissionError>,
+    /// The budget of a refusal the rejection cap lets through (see [`RejectionCap`]).
+    overflow: Duration,
+    /// The rejection cap the decision is yet to be counted in (once the operation is settled:
+    /// a staged decision depends on it).
+    cap: Option<RejectionCap>,
     /// What the request does (for staged enforcement).
     class: RequestClass,
 }
@@ -355,11 +362,12 @@ impl EndpointPolicy {
     /// the hard cap's, and the enforcing decision is kept beside it.
     pub(super) fn prepare(
         &self,
-        incoming: Incoming,
+        mut incoming: Incoming,
         ingress: Instant,
     ) -> Result<Prepared, AdmissionError> {
         let now = Instant::now();
         let class = incoming.class;
+        let mut cap = incoming.cap.take();
         let Decoded {
             mut declared,
             caller,
@@ -368,8 +376,28 @@ impl EndpointPolicy {
         } = decode(incoming, self);
         let queued = now.saturating_duration_since(ingress);
         let mut refusal = None;
+        let mut overflow = Duration::ZERO;
         let (decided, shadow) = match self.enforcement() {
-            Mode::Enforce if !self.is_staged() => (self.decide(&mut declared, queued)?, None),
+            Mode::Enforce if !self.is_staged() => match self.decide(&mut declared, queued) {
+                Ok(decided) => {
+                    if let Some(cap) = cap.take() {
+                        cap.admitted(now);
+                    }
+                    (decided, None)
+                }
+                Err(e) => {
+                    let Some(cap) = cap.take() else {
+                        return Err(e);
+                    };
+                    let decided = self.let_through(&declared, queued);
+                    if cap.refuse(now, decided.remaining.is_zero()) {
+                        return Err(e);
+                    }
+                    let shadow = Shadowed::over_rejection_cap(now, &e);
+                    refusal = Some(e);
+                    (decided, Some(shadow))
+                }
+            },
             // Shadow mode, or staged enforcement that may shadow this request (decided once
             // its operation is settled).
             _ => {
@@ -395,6 +423,9 @@ impl EndpointPolicy {
                     budget_source: heard.map_or(BudgetSource::Default, |(_, s)| s),
                 };
                 let shadow = self.shadow_of(&would_be, now);
+                if would_be.is_err() {
+                    overflow = self.let_through(&declared, queued).remaining;
+                }
                 refusal = would_be.err();
                 (enforced, Some(shadow))
             }
@@ -414,8 +445,27 @@ impl EndpointPolicy {
             priority_source,
             shadow,
             refusal,
+            overflow,
+            cap,
             class,
         })
+    }
+
+    /// The budget of a refusal that the rejection cap lets through:
+    /// `min(declared or default, default, maximum − queued)` (the queue and the reserve are not
+    /// taken off the declared budget: that is what refused it).
+    fn let_through(&self, declared: &Declared, queued: Duration) -> Decided {
+        let asked = declared.best.map(|(d, _)| d);
+        let default = self.default_budget();
+        let remaining = asked
+            .map_or(default, |d| d.min(default))
+            .min(self.max_budget().saturating_sub(queued));
+        Decided {
+            remaining,
+            asked,
+            clamped: asked.is_some_and(|d| d > self.max_budget()),
+            budget_source: declared.best.map_or(BudgetSource::Default, |(_, s)| s),
+        }
     }
 
     /// The enforcing decision on the declared budgets: bad input, the maximum, the queue, the
@@ -457,6 +507,7 @@ impl EndpointPolicy {
     fn shadow_of(&self, would_be: &Result<Decided, AdmissionError>, now: Instant) -> Shadowed {
         match would_be {
             Ok(d) => Shadowed {
+                over_rejection_cap: false,
                 would_be_deadline: Some(deadline_after(now, d.remaining)),
                 decisions: d
                     .clamped
@@ -476,6 +527,7 @@ impl EndpointPolicy {
             Err(e) => Shadowed {
                 would_be_deadline: None,
                 decisions: vec![WouldBe::refused(now, e.to_string())],
+                over_rejection_cap: false,
             },
         }
     }
@@ -518,18 +570,36 @@ impl EndpointPolicy {
     ) -> Result<(Scope, Admission), AdmissionError> {
         let now = prepared.now;
         let mut shadow = prepared.shadow.take();
+        let cap = prepared.cap.take();
         // Staged enforcement: by the request's class and its operation's bucket.
         if self.is_staged() && self.enforces(prepared.class, settled.id.as_str()) {
             if let Some(refused) = prepared.refusal.take() {
-                return Err(refused);
+                // Beyond the rejection cap, the refusal runs as a shadow decision.
+                let Some(cap) = cap else {
+                    return Err(refused);
+                };
+                if cap.refuse(now, prepared.overflow.is_zero()) {
+                    return Err(refused);
+                }
+                prepared.remaining = prepared.overflow;
+                shadow = Some(Shadowed::over_rejection_cap(now, &refused));
+                prepared.refusal = Some(refused);
+            } else {
+                if let Some(cap) = cap {
+                    cap.admitted(now);
+                }
+                if let Some(d) = shadow.take().and_then(|s| s.would_be_deadline) {
+                    prepared.remaining = d.saturating_duration_since(now);
+                }
             }
-            if let Some(d) = shadow.take().and_then(|s| s.would_be_deadline) {
-                prepared.remaining = d.saturating_duration_since(now);
-            }
+        } else if let Some(cap) = cap {
+            // Shadowed: admitted, whatever it would have been.
+            cap.admitted(now);
         }
-        if shadow.is_some() {
-            if let Some(refused) = &prepared.refusal {
-                telemetry::shadow_rejected(refused.telemetry_reason());
+        if let (Some(s), Some(refused)) = (&shadow, &prepared.refusal) {
+            telemetry::shadow_rejected(refused.telemetry_reason());
+            if s.over_rejection_cap {
+                telemetry::rejection_capped(refused.telemetry_reason());
             }
         }
         if let (Some(s), Some(d)) = (&mut shadow, settled.deadline) {
@@ -547,9 +617,23 @@ impl EndpointPolicy {
             _ => Instant::now().max(now),
         };
         let left = deadline.saturating_duration_since(admitted_at);
+        let over_cap = shadow.as_ref().is_some_and(|s| s.over_rejection_cap);
         if settled.registry != RegistryTerm::None {
-            // The registry may have shortened it, and its answer took time.
-            self.check_useful(left)?;
+            // The registry may have shortened it, and its answer took time. A refusal the
+            // rejection cap let through was below the minimum already: it is refused only if
+            // the registry's term shortened it, or nothing is left.
+            let shortened = settled
+                .deadline
+                .is_some_and(|d| d < deadline_after(now, prepared.remaining));
+            if !over_cap || shortened {
+                self.check_useful(left)?;
+            } else if left.is_zero() {
+                ChildBudget::new()
+                    .compute(Some(left))
+                    .map_err(|e| AdmissionError {
+                        kind: ErrorKind::Exhausted(e),
+                    })?;
+            }
         }
         let operation = Arc::new(
             Operation::new(

@@ -227,6 +227,11 @@ impl Admission {
                 s.would_be_deadline
                     .map(|d| d.saturating_duration_since(self.admitted_at))
             }),
+            would_be_clamped: self
+                .shadow
+                .as_ref()
+                .is_some_and(|s| s.decisions.iter().any(super::super::WouldBe::is_clamp)),
+            over_rejection_cap: self.shadow.as_ref().is_some_and(|s| s.over_rejection_cap),
         }
     }
 

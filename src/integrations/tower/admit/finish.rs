@@ -29,6 +29,8 @@ pub(super) struct Finish {
     /// `on_report` waits for the report anyway; handed to a tracked response body, whose end
     /// is the request's.
     reporter: Option<Reporter>,
+    /// Whether the request's end was checked against its would-be deadline (shadow mode).
+    late_noted: bool,
 }
 
 /// Records a request's report in telemetry once the request is quiet: at once if it is quiet
@@ -89,6 +91,7 @@ impl Finish {
             handler: Some(handler),
             telemetry,
             reporter,
+            late_noted: false,
         }
     }
 
@@ -141,18 +144,29 @@ impl Finish {
         )
     }
 
+    /// Shadow mode: a request that ends (answered, stopped by the hard cap, its client gone)
+    /// after its would-be deadline meets the cancel that did not happen; noted once, while the
+    /// handler's unit still holds the request open.
+    fn note_late(&mut self) {
+        if std::mem::replace(&mut self.late_noted, true) {
+            return;
+        }
+        if let Some(late) = self.admission.late_by(tokio::time::Instant::now()) {
+            if let Some(by) = late.late_by() {
+                self.telemetry.late(by);
+            }
+            self.scope.note_would_be(late);
+            telemetry::shadow_deadline_exceeded();
+        }
+    }
+
     /// The handler answered with `status` (for gRPC, `headers` may hold a trailers-only
     /// status): `Succeeded`, or `Failed` for a server error of its own.
     pub(super) fn answered(&mut self, status: StatusCode, headers: &HeaderMap, grpc: bool) {
         let Some(handler) = self.handler.take() else {
             return;
         };
-        // Shadow mode: an answer after the would-be deadline is the cancel that did not happen
-        // (noted while the handler's unit still holds the request open).
-        if let Some(late) = self.admission.late_by(tokio::time::Instant::now()) {
-            self.scope.note_would_be(late);
-            telemetry::shadow_deadline_exceeded();
-        }
+        self.note_late();
         let grpc_error = grpc
             .then(|| headers.get("grpc-status"))
             .flatten()
@@ -215,6 +229,7 @@ impl Finish {
     /// reports once it is quiet. The close may make the scope quiet and wake its
     /// `quiesce()`s: the panic of one of their wakers comes out once the report is on its way.
     pub(super) fn done(mut self, close: bool) {
+        self.note_late();
         let mut caught = Caught::default();
         if close {
             caught.run(|| self.scope.close());

@@ -7,7 +7,9 @@ use super::service::{Admit, Hooks};
 use crate::registry::Operations;
 #[cfg(feature = "rollout")]
 use crate::wire::PolicyHandle;
-use crate::wire::{Admission, AdmissionError, EndpointPolicy, PolicySource, ServerScope};
+use crate::wire::{
+    Admission, AdmissionError, EndpointPolicy, PolicySource, RejectionCap, ServerScope,
+};
 use crate::Report;
 
 /// Applies [`Admit`] to a service: admission of every request under an
@@ -54,6 +56,7 @@ impl AdmitLayer {
                 on_report: None,
                 on_refusal: None,
                 server: None,
+                cap: None,
             },
             registry: (),
         }
@@ -165,6 +168,43 @@ impl<R> AdmitLayer<R> {
     pub fn server(mut self, server: &ServerScope) -> Self {
         self.hooks.server = Some(server.clone());
         self
+    }
+
+    /// Caps the layer's refusals: at most `cap`'s percentage of the requests over its window
+    /// are refused by the budget rules (a malformed, repeated or over-long budget header, too
+    /// little budget left); beyond it a refusal runs as a shadow decision, bounded by
+    /// `min(declared or default, default, maximum − queued)`, recorded in its
+    /// [`Admission`] and [`Report`] (see [`RejectionCap`]). The window is `cap`'s, shared by
+    /// its clones: give each endpoint its own. It belongs to the layer, not to a policy
+    /// version: a [versioned](AdmitLayer::versioned) layer keeps its window across swaps and
+    /// rollbacks. Without a cap, every refusal is enforced.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::integrations::tower::AdmitLayer;
+    /// use cancel_scope::wire::{EndpointPolicy, RejectionCap};
+    /// let cap = RejectionCap::default(); // 20 % over 10 s, as Finagle's DeadlineFilter
+    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    ///     .rejection_cap(&cap);
+    /// assert_eq!(layer.rejections().map(RejectionCap::percent), Some(20));
+    /// # }
+    /// ```
+    pub fn rejection_cap(mut self, cap: &RejectionCap) -> Self {
+        self.hooks.cap = Some(cap.clone());
+        self
+    }
+
+    /// The rejection cap the layer's refusals count in, if any (see
+    /// [`rejection_cap`](Self::rejection_cap)).
+    ///
+    /// # Examples
+    ///
+    /// See [`rejection_cap`](Self::rejection_cap).
+    pub fn rejections(&self) -> Option<&RejectionCap> {
+        self.hooks.cap.as_ref()
     }
 
     /// The server the layer admits requests under, if any.
@@ -297,6 +337,7 @@ impl<R: fmt::Debug> fmt::Debug for AdmitLayer<R> {
             .field("on_report", &self.hooks.on_report.is_some())
             .field("on_refusal", &self.hooks.on_refusal.is_some())
             .field("server", &self.hooks.server)
+            .field("rejection_cap", &self.hooks.cap)
             .field("registry", &self.registry)
             .finish()
     }

@@ -15,7 +15,8 @@ use crate::integrations::effect::{Class, IDEMPOTENCY_KEY};
 use crate::integrations::tower::headers;
 use crate::registry::Operations;
 use crate::wire::{
-    Admission, AdmissionError, EndpointPolicy, Incoming, PolicySource, RequestClass, ServerScope,
+    Admission, AdmissionError, EndpointPolicy, Incoming, PolicySource, RejectionCap, RequestClass,
+    ServerScope,
 };
 use crate::Report;
 
@@ -28,6 +29,8 @@ pub(super) struct Hooks {
     pub(super) on_report: Option<ReportFn>,
     pub(super) on_refusal: Option<RefusalFn>,
     pub(super) server: Option<ServerScope>,
+    /// The rejection cap the layer's refusals count in.
+    pub(super) cap: Option<RejectionCap>,
 }
 
 /// When a request arrived, if an outer layer (or the accept loop) knows better than
@@ -115,6 +118,7 @@ impl<S> Admit<S> {
                 on_report: None,
                 on_refusal: None,
                 server: None,
+                cap: None,
             },
             registry: (),
             not_ready_since: None,
@@ -238,7 +242,10 @@ impl<S, R> Admit<S, R> {
         let not_ready_since = self.not_ready_since.take();
         // The handler never sees the raw budget headers: a handler that copies its incoming
         // headers onto a call of its own would pass the caller's claims on unchecked.
-        let incoming = Incoming::take_from(req.headers_mut()).class(class_of(req));
+        let mut incoming = Incoming::take_from(req.headers_mut()).class(class_of(req));
+        if let Some(cap) = &self.hooks.cap {
+            incoming = incoming.rejection_cap(cap);
+        }
         // One version for the whole request (a swap in between must not mix two).
         let policy = self.policy.for_request(&incoming);
         let ingress = match req.extensions().get::<Ingress>() {
