@@ -71,6 +71,13 @@ pub struct Observations {
     pub quarantined: u64,
     /// Effects pending reconciliation (`EffectUnknown` receipts) over all reports.
     pub pending_effects: u64,
+    /// Client requests with a malformed budget header (phase 2), not in the figures above.
+    pub hostile: u64,
+    /// Of those, refused at admission (the rejection cap allowed the refusal).
+    pub hostile_refused: u64,
+    /// Requests an edge admitted past its rejection cap (refusals it turned into shadow
+    /// decisions): counted in a row of their own.
+    pub over_rejection_cap: u64,
 }
 
 impl Observations {
@@ -96,6 +103,9 @@ impl Observations {
         self.cancelled_receipts += other.cancelled_receipts;
         self.quarantined += other.quarantined;
         self.pending_effects += other.pending_effects;
+        self.hostile += other.hostile;
+        self.hostile_refused += other.hostile_refused;
+        self.over_rejection_cap += other.over_rejection_cap;
     }
 }
 
@@ -371,7 +381,7 @@ pub fn rollout_rows(r: Rollout) -> Vec<Row> {
         rollout_row(
             "requests admitted past the rejection cap",
             r.over_rejection_cap,
-            "the library has no rejection cap",
+            "no rejection cap in this run",
         ),
     ]
 }

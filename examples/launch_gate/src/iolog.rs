@@ -35,6 +35,8 @@ pub struct Hop {
     pub entered: bool,
     pub ingress: Option<Instant>,
     pub deadline: Option<Instant>,
+    /// Admitted past the rejection cap (a refusal turned into a shadow decision).
+    pub over_cap: bool,
     pub report: Option<Report>,
 }
 
@@ -100,6 +102,7 @@ pub fn enter(log: &Shared, key: u64, admission: Option<&Admission>) -> u64 {
     hop.entered = true;
     hop.deadline = scope.deadline();
     hop.ingress = admission.map(Admission::ingress);
+    hop.over_cap = admission.is_some_and(Admission::is_over_rejection_cap);
     if early.is_some() {
         hop.report = early;
     }

@@ -27,7 +27,7 @@ use cancel_scope::integrations::reqwest::RequestBuilderExt as _;
 use cancel_scope::integrations::sqlx::GuardedPool;
 use cancel_scope::integrations::tower::{AdmitLayer, Propagate};
 use cancel_scope::wire::service_budget::{self, ServiceBudget};
-use cancel_scope::wire::{Admission, EndpointPolicy};
+use cancel_scope::wire::{Admission, EndpointPolicy, RejectionCap};
 use cancel_scope::{Lifecycle, Scope};
 use http::StatusCode;
 use rand::rngs::SmallRng;
@@ -228,15 +228,21 @@ fn admit(log: &Shared, policy: EndpointPolicy) -> AdmitLayer {
     })
 }
 
-/// Serves one service on a loopback port; returns its URL. With [`Sabotage::LateAnswer`],
-/// the `edge`'s answers take 20 ms more on the way back (outside its server layer).
+/// Serves one service on a loopback port; returns its URL. The `edge` has a rejection cap;
+/// with [`Sabotage::LateAnswer`], its answers take 20 ms more on the way back (outside its
+/// server layer).
 async fn serve(s: Service, policy: EndpointPolicy, edge: bool) -> String {
     let log = s.log.clone();
     let late = edge && s.sabotage == Sabotage::LateAnswer;
     let app = Router::new()
         .route("/", any(handler))
         .with_state(s)
-        .layer(admit(&log, policy))
+        .layer(if edge {
+            // At the edge, the default cap (as Finagle's: 20 % over 10 s) of refusals.
+            admit(&log, policy).rejection_cap(&RejectionCap::default())
+        } else {
+            admit(&log, policy)
+        })
         .layer(axum::middleware::map_response(
             move |res: Response| async move {
                 if late {
@@ -258,9 +264,20 @@ fn ms(n: u64) -> Duration {
 
 /// How one client request ended.
 enum Ended {
-    Answered { late_by: Option<Duration> },
+    Answered {
+        late_by: Option<Duration>,
+    },
     Cancelled(Instant),
+    /// A request with a malformed budget header: refused (`400`), or let through by the
+    /// edge's rejection cap.
+    Hostile {
+        refused: bool,
+    },
 }
+
+/// The share of client requests that send a malformed `service-budget`: more than the edge's
+/// rejection cap (20 % over 10 s) lets it refuse, so that the cap decides some of them.
+const HOSTILE: f64 = 0.25;
 
 async fn client(
     http: &reqwest::Client,
@@ -269,6 +286,17 @@ async fn client(
     id: u64,
     rng: &mut SmallRng,
 ) -> Ended {
+    if rng.random_bool(HOSTILE) {
+        let res = http
+            .get(url)
+            .header(service_budget::HEADER, "v=1, rem=-5")
+            .header(REQ, id)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        let refused = res.is_ok_and(|r| r.status() == StatusCode::BAD_REQUEST);
+        return Ended::Hostile { refused };
+    }
     let budget = ms(rng.random_range(30..=500));
     let header = ServiceBudget::new(budget).to_header_value();
     let cancel = rng
@@ -480,6 +508,7 @@ fn judge(log: &Log, ended: &[(u64, Ended)], orphans: u64, requests: u64) -> Obse
     let mut sends_from: HashMap<u64, u64> = HashMap::new();
     for h in &log.hops {
         o.admitted += u64::from(h.entered);
+        o.over_rejection_cap += u64::from(h.over_cap);
         let Some((parent, seq)) = h.parent else {
             continue;
         };
@@ -529,6 +558,10 @@ fn judge(log: &Log, ended: &[(u64, Ended)], orphans: u64, requests: u64) -> Obse
                 o.missed += u64::from(late_by.is_some());
                 o.late_by.extend(*late_by);
             }
+            Ended::Hostile { refused } => {
+                o.hostile += 1;
+                o.hostile_refused += u64::from(*refused);
+            }
             Ended::Cancelled(at) => {
                 o.client_cancels += 1;
                 let (last, what) = log.last_io.get(id).copied().unwrap_or((*at, "nothing"));
@@ -565,6 +598,24 @@ mod tests {
             .filter(|r| r.verdict == Verdict::Fail)
             .map(|r| r.gate)
             .collect()
+    }
+
+    /// The edge's rejection cap refuses malformed budgets up to 20 % of the requests and lets
+    /// the rest through: counted apart, none of them in the miss figures.
+    #[test]
+    fn the_edges_rejection_cap_lets_through_what_it_does_not_refuse() {
+        let cfg = LoadConfig {
+            requests: 200,
+            concurrency: 8,
+            seed: 27,
+            sabotage: Sabotage::None,
+        };
+        let o = run_load(&cfg, &|_| {}).observations;
+        assert!(o.hostile > cfg.requests / 5, "{o:?}");
+        assert!(100 * o.hostile_refused <= 20 * (cfg.requests + 1), "{o:?}");
+        assert_eq!(o.hostile_refused + o.over_rejection_cap, o.hostile, "{o:?}");
+        assert!(o.over_rejection_cap > 0, "{o:?}");
+        assert_eq!(o.answered + o.client_cancels + o.hostile, cfg.requests);
     }
 
     #[test]

@@ -145,10 +145,11 @@ fn main() -> ExitCode {
     let mut rows = gates::phase_rows(Phase::Trees, &trees);
     rows.extend(gates::phase_rows(Phase::Load, &load.observations));
     // Every endpoint policy of both phases enforces (`Mode::Enforce`, the default): no request
-    // of this run is shadowed. The library has no rejection cap yet.
+    // of this run is shadowed. Phase 2's edge has a rejection cap, which lets some of the
+    // malformed budgets through.
     rows.extend(gates::rollout_rows(Rollout {
         shadow: Some(0),
-        over_rejection_cap: None,
+        over_rejection_cap: Some(load.observations.over_rejection_cap),
     }));
     let run = report::Run {
         params: &params,

@@ -71,6 +71,14 @@ pub fn text(run: &Run<'_>) -> String {
             o.quarantined,
             o.pending_effects
         );
+        if o.hostile > 0 {
+            let _ = writeln!(
+                s,
+                "  {:<21} {} requests with a malformed budget: {} refused, {} admitted past the \
+                 edge's rejection cap (20 % over 10 s) with the endpoint's default budget",
+                "", o.hostile, o.hostile_refused, o.over_rejection_cap
+            );
+        }
         if let (Some(p50), Some(p99), Some(max)) = (
             quantile(&o.cancel_to_quiet, 0.5),
             quantile(&o.cancel_to_quiet, 0.99),
@@ -162,6 +170,9 @@ fn json(run: &Run<'_>) -> serde_json::Value {
                 "cancelled_receipts": o.cancelled_receipts,
                 "quarantined": o.quarantined,
                 "pending_effects": o.pending_effects,
+                "malformed_budget_requests": o.hostile,
+                "malformed_budget_refused": o.hostile_refused,
+                "over_rejection_cap": o.over_rejection_cap,
                 "outlived_by_connection_waits": o.outlived,
                 "cancel_to_quiet_ms": { "p50": q(0.5), "p99": q(0.99), "max": q(1.0) },
                 "missed_late_by_ms": {
