@@ -41,6 +41,21 @@ fn single_attempt(c: &mut Criterion) {
     // Greedy without cap or reserve: the attempt keeps the request's deadline (no own timer).
     let greedy = Retry::new(|_: &()| Decision::Backoff).split(Split::Greedy { cap: None });
 
+    // Both groups measure these two (the closures only borrow: each group gets a copy).
+    let even_side = |n| {
+        timed(&rt, n, || async {
+            even.run(&request, spec.clone(), |_| call()).await.unwrap()
+        })
+    };
+    let greedy_side = |n| {
+        timed(&rt, n, || async {
+            greedy
+                .run(&request, spec.clone(), |_| call())
+                .await
+                .unwrap()
+        })
+    };
+
     Paired::new("single_successful_attempt", 128)
         .side("tokio_timeout", |n| {
             timed(&rt, n, || async {
@@ -67,19 +82,8 @@ fn single_attempt(c: &mut Criterion) {
                 out.unwrap().unwrap()
             })
         })
-        .side("retry_even_split", |n| {
-            timed(&rt, n, || async {
-                even.run(&request, spec.clone(), |_| call()).await.unwrap()
-            })
-        })
-        .side("retry_greedy", |n| {
-            timed(&rt, n, || async {
-                greedy
-                    .run(&request, spec.clone(), |_| call())
-                    .await
-                    .unwrap()
-            })
-        })
+        .side("retry_even_split", even_side)
+        .side("retry_greedy", greedy_side)
         .run(c.benchmark_group("single_successful_attempt"));
 
     // What a user would write instead: backon retrying a `tokio::time::timeout` (the attempt's
@@ -106,19 +110,8 @@ fn single_attempt(c: &mut Criterion) {
                     .unwrap()
             })
         })
-        .side("retry_even_split", |n| {
-            timed(&rt, n, || async {
-                even.run(&request, spec.clone(), |_| call()).await.unwrap()
-            })
-        })
-        .side("retry_greedy", |n| {
-            timed(&rt, n, || async {
-                greedy
-                    .run(&request, spec.clone(), |_| call())
-                    .await
-                    .unwrap()
-            })
-        })
+        .side("retry_even_split", even_side)
+        .side("retry_greedy", greedy_side)
         .run(c.benchmark_group("single_successful_attempt_against_backon"));
 }
 
