@@ -82,14 +82,20 @@ impl OperationId {
         Ok(OperationId(id))
     }
 
+    /// Whether `id` is a valid operation id, without making one.
+    pub(crate) fn check(id: &str) -> Result<(), RegistryError> {
+        validate(id)
+    }
+
     /// A fresh id of 128 random bits from the operating system's random source, as 32
     /// lowercase hex digits: what an edge issues to a new operation, so that nobody can guess
     /// another client's id (and cancel, or shorten, its operation).
     ///
     /// The bits are the operating system's own, read 256 ids' worth (4 KiB) at a time per
     /// thread (one `getrandom` call per that many ids: a call for one id's 16 bytes takes
-    /// about half a microsecond, several times the rest of an id's cost) and used once each. A process that forks (without exec) after issuing ids shares
-    /// what is left of the calling thread's pool with its child; tokio programs do not fork.
+    /// about half a microsecond, several times the rest of an id's cost) and used once each.
+    /// A process that forks (without exec) after issuing ids shares what is left of the
+    /// calling thread's pool with its child; tokio programs do not fork.
     ///
     /// # Panics
     ///
@@ -188,13 +194,6 @@ fn random_bits() -> [u8; 16] {
         fill(&mut out);
         out
     })
-}
-
-impl OperationId {
-    /// Whether `id` is a valid operation id, without making one.
-    pub(crate) fn check(id: &str) -> Result<(), RegistryError> {
-        validate(id)
-    }
 }
 
 fn validate(id: &str) -> Result<(), RegistryError> {

@@ -25,10 +25,10 @@
 //! and sleeps until the earlier of its deadline and [`LINGER`] from then, the heap armed at
 //! that instant. A push meanwhile keeps it (one of an earlier deadline notifies it; a later
 //! one is found when the sleep ends, without waking it per push); at the end of that sleep,
-//! with the heap still empty, it exits (a push that comes after starts a new driver). So a program
-//! whose scopes have all gone has no timer task left 100 ms later, and a server's worker
-//! whose requests come and go one at a time — none live between two — keeps one driver
-//! instead of spawning one per request.
+//! with the heap still empty, it exits (a push that comes after starts a new driver). So a
+//! program whose scopes have all gone has no timer task left 100 ms later, and a server's
+//! worker whose requests come and go one at a time — none live between two — keeps one
+//! driver instead of spawning one per request.
 //!
 //! # Disarming without the lock
 //!
@@ -440,8 +440,8 @@ impl Timers {
     /// driver lingers until then, the heap armed at that instant so that only a push of an
     /// earlier deadline notifies it (see the module docs).
     ///
-    /// With no entry live, every entry is dropped, whether or not the nodes are freed yet: the last scope to go notifies the driver before its last
-    /// reference to its node goes (on another thread the driver can look in between, and
+    /// With no entry live, every entry is dropped, whether or not the nodes are freed yet: the
+    /// last scope to go notifies the driver before its last reference to its node goes (on another thread the driver can look in between, and
     /// would then sleep on until that deadline), and the scope of every entry held has gone
     /// (an entry is counted live under the lock before it is pushed, and a scope counts
     /// itself gone after its insert): with no handle and no child left, its cancel reaches

@@ -228,7 +228,7 @@ where
                                     let length = content_length(response.headers());
                                     // A tracked body takes the report with it.
                                     let mut reporter = f.reporter().take();
-                                    let response = response.map(|body| {
+                                    let mut response = response.map(|body| {
                                         ResponseBody::admitted(
                                             body,
                                             f.scope(),
@@ -239,7 +239,6 @@ where
                                         )
                                     });
                                     *f.reporter() = reporter;
-                                    let mut response = response;
                                     if this.answers.grpc
                                         && cfg!(feature = "tracing")
                                         && !response.headers().contains_key("grpc-status")
