@@ -105,3 +105,45 @@ async fn a_write_answered_503_is_not_repeated() {
         "{report}"
     );
 }
+
+/// The gRPC classifier on the answers a proxy in front of a gRPC server gives over HTTP, as
+/// the scoped response's `error_for_status` carries them: `503` and `429` with a pushback are
+/// `UNAVAILABLE` (retried after the pushback), `404` is `UNIMPLEMENTED` (never), and a
+/// `grpc-status` the answer states itself wins over its HTTP status.
+#[tokio::test]
+async fn the_grpc_classifier_reads_an_answer_refused_over_http() {
+    use cancel_scope::integrations::classify::GrpcClassifier;
+    use cancel_scope::retry::{Classify, Decision};
+    let app = Router::new().route(
+        "/{status}/{grpc}",
+        any(
+            |axum::extract::Path((status, grpc)): axum::extract::Path<(u16, String)>| async move {
+                let mut headers = axum::http::HeaderMap::new();
+                headers.insert("grpc-retry-pushback-ms", "40".parse().unwrap());
+                if grpc != "-" {
+                    headers.insert("grpc-status", grpc.parse().unwrap());
+                }
+                (StatusCode::from_u16(status).unwrap(), headers, "")
+            },
+        ),
+    );
+    let url = format!("http://{}", serve(app).await);
+    let scope = Scope::with_timeout(PATIENCE);
+    let client = reqwest::Client::new();
+    let after = Decision::EffectUnknownAfter(Duration::from_millis(40));
+    for (path, want) in [
+        ("503/-", after),
+        ("429/-", after),
+        ("404/-", Decision::Never),
+        ("503/5", Decision::Never), // its own NOT_FOUND
+    ] {
+        let answer = client
+            .post(format!("{url}/{path}"))
+            .scoped_in(&scope)
+            .send()
+            .await
+            .unwrap();
+        let e = answer.error_for_status().unwrap_err();
+        assert_eq!(GrpcClassifier::new().classify(&e), want, "{path}: {e}");
+    }
+}

@@ -1,6 +1,6 @@
 //! The gRPC classifier.
 
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 
 use super::hint::{pushback, Pushback};
 use super::unanswered;
@@ -8,9 +8,14 @@ use crate::integrations::{is_effect_unknown, CallError};
 use crate::retry::{Classify, Decision};
 
 const CANCELLED: i32 = 1;
+const UNKNOWN: i32 = 2;
 const DEADLINE_EXCEEDED: i32 = 4;
+const PERMISSION_DENIED: i32 = 7;
 const RESOURCE_EXHAUSTED: i32 = 8;
+const UNIMPLEMENTED: i32 = 12;
+const INTERNAL: i32 = 13;
 const UNAVAILABLE: i32 = 14;
+const UNAUTHENTICATED: i32 = 16;
 
 /// Classifies the errors of gRPC calls by the table of [the module docs](super#grpc-grpcclassifier):
 /// `UNAVAILABLE` and `RESOURCE_EXHAUSTED` retried after the server's pushback as answers that
@@ -19,14 +24,16 @@ const UNAVAILABLE: i32 = 14;
 ///
 /// A [`Classify`] for `tonic::Status` (feature `tonic`: its code and metadata, where tonic puts
 /// the trailers; a status whose source is a [`CallError`] is judged by it: a connection that
-/// could not be made is retried on another endpoint) and for [`CallError`]. For an error type
-/// of your own, call [`status`](Self::status) with the code and trailers.
+/// could not be made is retried on another endpoint) and for [`CallError`] (a call with no
+/// answer as the HTTP table says; an answer refused with an HTTP status, by
+/// [`answer`](Self::answer)). For an error type of your own, call [`status`](Self::status)
+/// with the code and trailers.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::HeaderMap;
+/// use http::{HeaderMap, StatusCode};
 /// use cancel_scope::integrations::classify::GrpcClassifier;
 /// use cancel_scope::retry::Decision;
 ///
@@ -61,6 +68,58 @@ impl GrpcClassifier {
     ///
     /// See [`GrpcClassifier`].
     pub fn status(&self, code: i32, trailers: &HeaderMap) -> Decision {
+        self.judge(code, trailers)
+    }
+
+    /// The decision after an answer whose HTTP status is not `200` (a proxy's or a server's
+    /// refusal of a gRPC request): its `grpc-status` header if it has one, else the status
+    /// gRPC gives that HTTP status ([the gRPC HTTP-to-status table]: 400 `INTERNAL`, 401
+    /// `UNAUTHENTICATED`, 403 `PERMISSION_DENIED`, 404 `UNIMPLEMENTED`, 429, 502, 503 and 504
+    /// `UNAVAILABLE`, any other `UNKNOWN`), judged with the answer's headers as
+    /// [`status`](Self::status) judges trailers. This is how a [`CallError`] with an answer
+    /// (`ScopedResponse::error_for_status`) is classified.
+    ///
+    /// [the gRPC HTTP-to-status table]: https://github.com/grpc/grpc/blob/master/doc/http-grpc-status-mapping.md
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{HeaderMap, StatusCode};
+    /// use cancel_scope::integrations::classify::GrpcClassifier;
+    /// use cancel_scope::retry::Decision;
+    ///
+    /// let grpc = GrpcClassifier::new();
+    /// let mut headers = HeaderMap::new();
+    /// // A proxy that could not reach the server: UNAVAILABLE, which may have had its effect.
+    /// assert_eq!(grpc.answer(StatusCode::BAD_GATEWAY, &headers), Decision::EffectUnknown);
+    /// assert_eq!(grpc.answer(StatusCode::NOT_FOUND, &headers), Decision::Never); // UNIMPLEMENTED
+    /// headers.insert("grpc-retry-pushback-ms", "40".parse().unwrap());
+    /// assert_eq!(
+    ///     grpc.answer(StatusCode::TOO_MANY_REQUESTS, &headers),
+    ///     Decision::EffectUnknownAfter(Duration::from_millis(40)),
+    /// );
+    /// // A status the answer states itself wins over the HTTP one.
+    /// headers.insert("grpc-status", "5".parse().unwrap()); // NOT_FOUND
+    /// assert_eq!(grpc.answer(StatusCode::SERVICE_UNAVAILABLE, &headers), Decision::Never);
+    /// ```
+    pub fn answer(&self, status: StatusCode, headers: &HeaderMap) -> Decision {
+        let stated = headers
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<i32>().ok());
+        let code = stated.unwrap_or(match status.as_u16() {
+            400 => INTERNAL,
+            401 => UNAUTHENTICATED,
+            403 => PERMISSION_DENIED,
+            404 => UNIMPLEMENTED,
+            429 | 502 | 503 | 504 => UNAVAILABLE,
+            _ => UNKNOWN,
+        });
+        self.judge(code, headers)
+    }
+
+    fn judge(&self, code: i32, trailers: &HeaderMap) -> Decision {
         let dispatched = is_effect_unknown(trailers);
         let retryable = matches!(code, UNAVAILABLE | RESOURCE_EXHAUSTED);
         let unknown = retryable || matches!(code, DEADLINE_EXCEEDED | CANCELLED);
@@ -77,7 +136,13 @@ impl GrpcClassifier {
 
 impl Classify<CallError> for GrpcClassifier {
     fn classify(&self, e: &CallError) -> Decision {
-        unanswered(e).unwrap_or(Decision::Never)
+        if let Some(d) = unanswered(e) {
+            return d;
+        }
+        match (e.status(), e.response_headers()) {
+            (Some(status), Some(headers)) => self.answer(status, headers),
+            _ => Decision::Never,
+        }
     }
 }
 
@@ -144,6 +209,42 @@ mod tests {
             (13, &dispatched[..], EffectUnknown),
         ] {
             assert_eq!(decide(code, headers), want, "{code} {headers:?}");
+        }
+    }
+
+    /// An answer refused with an HTTP status, as a `CallError` carries it: its own
+    /// `grpc-status` if it has one, else gRPC's mapping of the HTTP status, then the table.
+    #[test]
+    fn a_call_error_with_an_answer_is_judged_by_its_status() {
+        use Decision::*;
+        let judge = |status: u16, headers: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in headers {
+                h.append(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            let e = CallError::answered(StatusCode::from_u16(status).unwrap(), h, None);
+            GrpcClassifier::new().classify(&e)
+        };
+        let push = ("grpc-retry-pushback-ms", "40");
+        let after = EffectUnknownAfter(Duration::from_millis(40));
+        for (status, headers, want) in [
+            (503, &[][..], EffectUnknown),
+            (502, &[][..], EffectUnknown),
+            (504, &[][..], EffectUnknown),
+            (429, &[push][..], after),
+            (400, &[][..], Never),                           // INTERNAL
+            (401, &[][..], Never),                           // UNAUTHENTICATED
+            (403, &[][..], Never),                           // PERMISSION_DENIED
+            (404, &[][..], Never),                           // UNIMPLEMENTED
+            (500, &[][..], Never),                           // UNKNOWN
+            (503, &[("grpc-status", "5")][..], Never),       // its own NOT_FOUND wins
+            (500, &[("grpc-status", "8"), push][..], after), // RESOURCE_EXHAUSTED
+            (500, &[("service-effect", "unknown")][..], EffectUnknown),
+        ] {
+            assert_eq!(judge(status, headers), want, "{status} {headers:?}");
         }
     }
 }

@@ -32,6 +32,7 @@
 //! | `DEADLINE_EXCEEDED`, `CANCELLED` (not our own cancel) | `EffectUnknown` |
 //! | any other (`UNKNOWN`, `INTERNAL`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ABORTED`, ...) | `Never` |
 //! | no status: the connection could not be made, or the call was stopped | as HTTP |
+//! | an answer refused with an HTTP status (a proxy's `503`, a `CallError` of `error_for_status`) | its `grpc-status` header, else gRPC's mapping of the HTTP status (`429`, `502`–`504`: `UNAVAILABLE`; `400`: `INTERNAL`; `404`: `UNIMPLEMENTED`; ...), then as above |
 //!
 //! `Retry-After` is read as delay-seconds or an HTTP date (which takes the wall clock to turn
 //! into a delay); a value too large, like a pushback too large, is later than the last moment
