@@ -210,7 +210,9 @@
 )]
 #![cfg_attr(
     feature = "tower",
-    doc = "| [`integrations::tower`] | (re-exports) | `Admit`, `AdmitLayer`, `Ingress`, `Propagate`, `PropagateLayer` from the modules below |
+    doc = "| [`integrations::tower`] | (re-exports) | `Admit`, `AdmitLayer`, `Ingress`, `Detach`, `DetachLayer`, `Detached`, `Propagate`, `PropagateLayer` from the modules below |
+| [`integrations::tower::detach`] | [`DetachLayer`](integrations::tower::detach::DetachLayer) | outside `AdmitLayer`: a request whose client goes away runs on for at most a bound, its answer read and discarded |
+| | [`Detach`](integrations::tower::detach::Detach), [`Detached`](integrations::tower::detach::Detached) | its middleware and response future |
 | [`integrations::tower::admit`] | [`AdmitLayer`](integrations::tower::admit::AdmitLayer) | the server layer: every request admitted into a root scope under an `EndpointPolicy` (with [`server`](integrations::tower::admit::AdmitLayer::server), a child of a `ServerScope`; with [`operations`](integrations::tower::admit::AdmitLayer::operations), the operation registry's term); the handler is one child of it |
 | | [`Admit`](integrations::tower::admit::Admit) | the server middleware `AdmitLayer` makes |
 | | [`Ingress`](integrations::tower::admit::Ingress) | when a request arrived, if an outer layer knows better (a request extension) |

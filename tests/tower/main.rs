@@ -11,5 +11,6 @@ mod support {
 
 mod admit;
 mod body_cut;
+mod detach;
 mod propagate;
 mod streaming;

@@ -18,6 +18,7 @@ static ALLOC: support::alloc::Counting = support::alloc::Counting;
 
 mod body_cut;
 mod classify;
+mod detach;
 mod effect;
 mod extractors;
 mod grpc;

@@ -47,7 +47,8 @@
 //!   instead, and [`on_refusal`](AdmitLayer::on_refusal) gets it in any case. gRPC answers are
 //!   trailers-only responses (HTTP 200 with `grpc-status` in the headers). When the response
 //!   future is dropped (client disconnect, HTTP/2 reset) the scope is cancelled with
-//!   [`Cause::ClientGone`](crate::Cause::ClientGone). Afterwards the scope is closed, and once
+//!   [`Cause::ClientGone`](crate::Cause::ClientGone) — or, on an endpoint with a
+//!   [`DetachLayer`] outside the layer, runs on for a bounded time first. Afterwards the scope is closed, and once
 //!   it is quiet its [`Report`](crate::Report) goes to the optional
 //!   [`on_report`](AdmitLayer::on_report) callback. The response body is bounded by the same
 //!   deadline; at it the handler's body is dropped, also if the client stopped reading.
@@ -89,8 +90,10 @@
 //! ```
 
 pub mod admit;
+pub mod detach;
 mod headers;
 pub mod propagate;
 
 pub use admit::{Admit, AdmitLayer, Ingress};
+pub use detach::{Detach, DetachLayer, Detached};
 pub use propagate::{Propagate, PropagateLayer};

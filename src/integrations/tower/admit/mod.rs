@@ -51,7 +51,10 @@
 //! finishes or the deadline passes, and the report waits for it. The body is bounded by the
 //! same deadline (a gRPC body then ends with `DEADLINE_EXCEEDED` trailers, any other body
 //! with an error), and a client that goes away while it streams cancels the scope with
-//! [`ClientGone`](crate::Cause::ClientGone). At the scope's cancel the handler's body is
+//! [`ClientGone`](crate::Cause::ClientGone). A client that goes away before the answer
+//! cancels the request the same way, unless the endpoint has a
+//! [`DetachLayer`](super::DetachLayer) outside this layer: then the request runs on for at
+//! most that layer's bound. At the scope's cancel the handler's body is
 //! dropped at once — what it holds (a pool's connection, a permit) goes back — and the report
 //! stops waiting for it, also when the server does not poll it (a client that stopped
 //! reading): see [`ResponseBody`].
