@@ -100,6 +100,7 @@ pub fn is_effect_unknown(headers: &HeaderMap) -> bool {
 }
 
 /// Merges what two places of one answer (its head, its trailers) say: `unknown` wins.
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
 pub(crate) fn said_effect(
     a: Option<ServiceEffect>,
     b: Option<ServiceEffect>,

@@ -83,6 +83,7 @@ impl OperationId {
     }
 
     /// Whether `id` is a valid operation id, without making one.
+    #[cfg(feature = "tower")]
     pub(crate) fn check(id: &str) -> Result<(), RegistryError> {
         validate(id)
     }

@@ -127,6 +127,7 @@ pub use shadow::{Mode, WouldBe};
 pub use stage::{fraction_bucket, RequestClass, Stage};
 #[cfg(feature = "rollout")]
 pub use versions::PolicyHandle;
+#[cfg(feature = "tower")]
 pub(crate) use versions::PolicySource;
 #[cfg(feature = "serde")]
 pub use versions::{ModeConfig, OverCapConfig, PolicyConfig, StageConfig, TrustConfig};
