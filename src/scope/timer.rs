@@ -19,16 +19,19 @@
 //! that tightens a deadline in another runtime than its tree's takes the heap of its own thread
 //! and runtime ([`Timers::for_child_of`]): its deadline was read on that runtime's clock.
 //!
-//! The driver exits [`LINGER`] after no entry of its heap is live: the scope whose entry was
-//! the last live one notifies it ([`Timers::count_gone`]), and it reads the live count under
-//! the lock: with none live it drops every entry, whether or not their nodes are freed yet,
-//! and sleeps until the earlier of its deadline and [`LINGER`] from then, the heap armed at
-//! that instant. A push meanwhile keeps it (one of an earlier deadline notifies it; a later
-//! one is found when the sleep ends, without waking it per push); at the end of that sleep,
-//! with the heap still empty, it exits (a push that comes after starts a new driver). So a
-//! program whose scopes have all gone has no timer task left 100 ms later, and a server's
-//! worker whose requests come and go one at a time — none live between two — keeps one
-//! driver instead of spawning one per request.
+//! The driver exits [`LINGER`] after no entry of its heap is live. The scope whose entry was
+//! the last live one does not wake it (a task woken and polled at the end of every request
+//! that has the worker to itself was a fifth of a request root's cost): it stamps the time
+//! ([`Timers::count_gone`]), and the driver, which never sleeps longer than [`LINGER`] at a
+//! time, reads the live count under the lock when it wakes: with none live it drops every
+//! entry, whether or not their nodes are freed yet, and lingers until [`LINGER`] after that
+//! stamp, the heap armed at that instant. A push meanwhile keeps it (one of an earlier
+//! deadline notifies it; a later one is found when the sleep ends, without waking it per
+//! push); at the end of the linger, with the heap still empty, it exits (a push that comes
+//! after starts a new driver). So a program whose scopes have all gone has no timer task left
+//! 100 ms later, a server's worker whose requests come and go one at a time — none live
+//! between two — keeps one driver instead of spawning one per request, and a driver with live
+//! deadlines wakes at most every 100 ms besides them.
 //!
 //! # Disarming without the lock
 //!
@@ -54,8 +57,8 @@ use tokio::time::Instant;
 use super::Core;
 use crate::cause::Cause;
 use crate::panic::contain_panic;
-use crate::sync::{downgrade, Arc, AtomicUsize, Mutex, Ordering, Weak};
-use crate::time::{deadline_after, stamp_of, FAR};
+use crate::sync::{downgrade, Arc, AtomicU64, AtomicUsize, Mutex, Ordering, Weak};
+use crate::time::{deadline_after, instant_of, now_stamp, stamp_of, FAR};
 
 /// The fewest gone scopes that start a compaction: the compaction frees their nodes'
 /// allocations at once, and up to this many fit the allocator's per-thread cache (glibc's
@@ -81,8 +84,12 @@ pub(crate) struct Timers {
     /// The value of `gone` that starts the next compaction.
     compact_at: AtomicUsize,
     /// Entries whose scope has not counted itself gone (counted under the lock, before the
-    /// push): the last one to go notifies the driver, which then reads 0 and exits.
+    /// push): the driver that reads 0 drops every entry and exits [`LINGER`] after `last_gone`.
     live: AtomicUsize,
+    /// When the last live entry's scope went (a clock stamp, see [`crate::time::stamp_of`]),
+    /// stored by that scope without a lock. A driver that reads a stale one lingers less, and
+    /// the next deadline then starts a new driver: never a missed deadline.
+    last_gone: AtomicU64,
     /// The runtime whose thread made these timers (`None`: made outside a runtime): its clock
     /// is the one the driver reads, and the driver is its task. (Under loom a tree keeps one
     /// heap: not read.)
@@ -99,6 +106,7 @@ impl Default for Timers {
             gone: AtomicUsize::new(0),
             compact_at: AtomicUsize::new(MIN_COMPACTION),
             live: AtomicUsize::new(0),
+            last_gone: AtomicU64::new(0),
         }
     }
 }
@@ -355,13 +363,14 @@ impl Timers {
     }
 
     /// Counts a scope with an entry whose last handle went (see the module docs); compacts
-    /// the heap when enough have gone since the last compaction, and notifies the driver when
-    /// no entry is live any more (it then lingers, and exits if none comes).
+    /// the heap when enough have gone since the last compaction, and stamps the time when no
+    /// entry is live any more (the driver finds it at its next wake-up, at most [`LINGER`]
+    /// later, lingers until [`LINGER`] after the stamp, and exits if no deadline comes).
     pub(crate) fn count_gone(&self) {
         if self.live.fetch_sub(1, Ordering::Relaxed) == 1 {
-            // The driver, reading no entry live, drops them all and lingers, even if it runs
-            // before this scope's node is freed (see `notified`).
-            self.wake.notify_one();
+            // The driver, reading no entry live, drops them all, even if it runs before this
+            // scope's node is freed (see `due`).
+            self.last_gone.store(now_stamp(), Ordering::Relaxed);
         }
         // Relaxed, and not a read-modify-write: the count only decides when to compact.
         let gone = self.gone.load(Ordering::Relaxed).saturating_add(1);
@@ -394,12 +403,35 @@ impl Timers {
     }
 
     /// Pops every due entry; returns the scopes to cancel and what the driver does next: sleep
-    /// until the next deadline, or with the heap empty, linger until `idle_until` (or
-    /// [`LINGER`] from now, if it was not idle) or, once that has passed, stop (marked stopped
+    /// until the next deadline (at most [`LINGER`] from now), or with the heap empty, linger
+    /// until `idle_until` (or [`LINGER`] from now, if it was not idle; [`LINGER`] after the
+    /// last live scope went, if none is live) or, once that has passed, stop (marked stopped
     /// under the lock).
+    ///
+    /// With no entry live, every entry is dropped, whether or not the nodes are freed yet: the
+    /// last scope to go counts itself gone before its last reference to its node goes (on
+    /// another thread the driver can look in between), and the scope of every entry held has
+    /// gone (an entry is counted live under the lock before it is pushed, and a scope counts
+    /// itself gone after its insert): with no handle and no child left, its cancel reaches
+    /// nobody.
     fn due(&self, now: Instant, idle_until: Option<Instant>) -> (Vec<Arc<Core>>, Next) {
         let mut st = self.state.lock();
         let mut fired = Vec::new();
+        // Relaxed: an entry's count comes before its push, which the lock orders before this.
+        let none_live = self.live.load(Ordering::Relaxed) == 0;
+        let idle_until = if none_live {
+            // Dropped in place, under the lock (a node's allocation may be freed here): the
+            // heap keeps its room for the next deadlines, within `trim`'s bound.
+            st.heap.0.clear();
+            // 0: not stored yet, as read here (see `last_gone`): lingers from now.
+            let gone = match self.last_gone.load(Ordering::Relaxed) {
+                0 => now,
+                stamp => instant_of(stamp).min(now),
+            };
+            Some(deadline_after(gone, LINGER))
+        } else {
+            idle_until
+        };
         while let Some(top) = st.heap.peek() {
             if top.deadline > now && !top.is_dead() {
                 break;
@@ -412,6 +444,8 @@ impl Timers {
         st.heap.trim();
         let next = match st.heap.peek().map(|e| e.deadline) {
             Some(at) => {
+                // No longer than the linger: the driver finds the heap with none live then.
+                let at = at.min(deadline_after(now, LINGER));
                 st.armed = Some(at);
                 Next::At(at)
             }
@@ -432,32 +466,17 @@ impl Timers {
         (fired, next)
     }
 
-    /// For a driver that was notified (an earlier deadline was pushed, or no entry is live any
-    /// more) while it sleeps until `sleeping_until`: pops the dead entries on top, without
-    /// reading the clock (what is due is handled when the sleep ends). Returns when to wake:
-    /// the earlier of `sleeping_until` and the first live deadline (a sleep that ends before
-    /// it), or if no entry is left, [`LINGER`] from now (the one read of the clock here): the
-    /// driver lingers until then, the heap armed at that instant so that only a push of an
-    /// earlier deadline notifies it (see the module docs).
-    ///
-    /// With no entry live, every entry is dropped, whether or not the nodes are freed yet: the
-    /// last scope to go notifies the driver before its last reference to its node goes (on another thread the driver can look in between, and
-    /// would then sleep on until that deadline), and the scope of every entry held has gone
-    /// (an entry is counted live under the lock before it is pushed, and a scope counts
-    /// itself gone after its insert): with no handle and no child left, its cancel reaches
-    /// nobody.
+    /// For a driver that was notified (an earlier deadline was pushed) while it sleeps until
+    /// `sleeping_until`: pops the dead entries on top, without reading the clock (what is due
+    /// is handled when the sleep ends). Returns when to wake: the earlier of `sleeping_until`
+    /// and the first live deadline (a sleep that ends before it), or if no entry is left,
+    /// [`LINGER`] from now (the one read of the clock here): the driver lingers until then, the
+    /// heap armed at that instant so that only a push of an earlier deadline notifies it (see
+    /// the module docs).
     fn notified(&self, sleeping_until: Instant) -> Next {
         let mut st = self.state.lock();
-        // Relaxed: an entry's count comes before its push, which the lock orders before this;
-        // the last scope's count before its notification, which this driver was woken by.
-        // Dropped in place, under the lock (a node's allocation may be freed here): the heap
-        // keeps its room for the next deadlines, within `trim`'s bound.
-        if self.live.load(Ordering::Relaxed) == 0 {
-            st.heap.0.clear();
-        } else {
-            while st.heap.peek().is_some_and(Entry::is_dead) {
-                st.heap.pop();
-            }
+        while st.heap.peek().is_some_and(Entry::is_dead) {
+            st.heap.pop();
         }
         st.heap.trim();
         let Some(first) = st.heap.peek().map(|e| e.deadline) else {
