@@ -129,5 +129,7 @@ pub use stage::{fraction_bucket, RequestClass, Stage};
 pub use versions::PolicyHandle;
 pub(crate) use versions::PolicySource;
 #[cfg(feature = "serde")]
-pub use versions::{ModeConfig, OverCapConfig, PolicyConfig, StageConfig, TrustConfig};
+pub use versions::{
+    ModeConfig, OverCapConfig, PolicyConfig, RejectionCapConfig, StageConfig, TrustConfig,
+};
 pub use versions::{PolicyError, MAX_CAP};
