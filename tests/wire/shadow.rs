@@ -312,6 +312,9 @@ async fn a_child_past_its_own_would_be_deadline_records_how_late_it_ended() {
     let scope = shadowed_request(); // would-be deadline t0 + 100 ms
     let db = scope.child().name("db").reserve(ms(30)).build().unwrap();
     assert_eq!(db.deadline(), Some(t0 + ms(4_970)), "the enforced bound");
+    // Its calls tell the next hop its own would-be budget, as enforcing would tell `rem`.
+    let out = EgressPolicy::new().outgoing(&db).unwrap();
+    assert_eq!(out.service_budget().unwrap().would_be(), Some(ms(70)));
     // Past its would-be deadline (t0 + 70 ms), within the enforced bound: it runs on.
     work(&db, 85).await.unwrap();
     drop(db);
@@ -378,6 +381,34 @@ async fn a_nested_child_with_its_own_cap_is_bounded_by_its_parents_would_be_dead
             ("child `inner`".to_owned(), t0 + ms(75), ms(5)),
             ("child `outer`".to_owned(), t0 + ms(80), ms(5)),
         ],
+        "{report}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fan_out_branch_past_its_would_be_deadline_records_how_late_it_ended() {
+    use cancel_scope::fanout::FanOut;
+    let t0 = Instant::now();
+    let scope = shadowed_request(); // would-be deadline t0 + 100 ms
+    async fn answer(after: u64) -> Result<u32, std::io::Error> {
+        tokio::time::sleep(ms(after)).await;
+        Ok(7)
+    }
+    // Optional branches end 30 ms before the required ones: at t0 + 70 ms, would-be.
+    let mut fan = FanOut::new(&scope).aggregate_reserve(ms(30));
+    let price = fan.required("price", |_| answer(90));
+    let reviews = fan.optional("reviews", |_| answer(85));
+    let mut page = fan.join().await.unwrap();
+    assert_eq!(page.required(price), 7);
+    assert_eq!(
+        page.optional(reviews),
+        Some(7),
+        "shadowed: it ran to its end"
+    );
+    let (report, _) = quiet_with(&scope, |_| true).await;
+    assert_eq!(
+        late_children(&report),
+        [("child `reviews`".to_owned(), t0 + ms(70), ms(15))],
         "{report}"
     );
 }
