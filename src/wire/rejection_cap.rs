@@ -126,6 +126,7 @@ struct Window {
     /// A slice's length in nanoseconds (at least 1).
     slice: AtomicU64,
     /// Taken to change the window's length (see [`Window::resize`]).
+    #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
     resizing: Mutex<()>,
     /// Where slice 0 begins.
     origin: Instant,
@@ -211,6 +212,7 @@ impl RejectionCap {
     /// request decided at the very instant of the change may go uncounted). Called per
     /// request, so the change takes effect at the first request under the new settings,
     /// with the counts of the slices the new length reaches back to.
+    #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
     pub(crate) fn apply(&self, percent: u8, window: Duration, now: Instant) {
         let w = &*self.inner;
         let percent = percent.min(100);
@@ -317,6 +319,7 @@ impl Window {
     /// `now` (as far back as the slices still hold) go into the slice of `now` in the new
     /// length, the other slices are emptied.
     #[cold]
+    #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
     fn resize(&self, window: u64, now: Instant) {
         let _one_at_a_time = self.resizing.lock();
         if self.window.load(Ordering::Relaxed) == window {
