@@ -80,10 +80,10 @@ const fn unpack(word: u64) -> (u64, u64, u64) {
 /// ([`EndpointPolicy::rejection_cap`](super::EndpointPolicy::rejection_cap), from
 /// configuration too): a new percentage holds from the next decision, a new window length
 /// keeps the counts of the slices it reaches back to; [`percent`](Self::percent) and
-/// [`window`](Self::window) say the settings in force. Each request costs one compare-and-swap on the word
-/// of the current slice (a refusal also reads the other nine): no lock. Concurrent refusals
-/// are serialised by that word, so the cap holds exactly within a slice; at the turn of a
-/// slice it may be passed by the requests decided at that instant.
+/// [`window`](Self::window) say the settings in force. Each request costs one
+/// compare-and-swap on the word of the current slice (a refusal also reads the other nine):
+/// no lock. Concurrent refusals are serialised by that word, so the cap holds exactly within
+/// a slice; at the turn of a slice it may be passed by the requests decided at that instant.
 ///
 /// [`WouldBe`]: super::WouldBe
 /// [`WouldBe::is_over_rejection_cap`]: super::WouldBe::is_over_rejection_cap
@@ -207,11 +207,11 @@ impl RejectionCap {
 
     /// Takes the settings of the policy version that admits a request (a layer's own window,
     /// see `EndpointPolicy::rejection_cap`): `percent` for the decisions from now on, and
-    /// `window` for the length the counts are kept. A new length keeps the counts: what the
-    /// window held goes into the slice of `now`, to leave it a whole new window later (a
-    /// request decided at the very instant of the change may go uncounted). Called per
-    /// request, so the change takes effect at the first request under the new settings,
-    /// with the counts of the slices the new length reaches back to.
+    /// `window` for the length the counts are kept. Called per request, so a change takes
+    /// effect at the first request under the new settings. A new length keeps the counts of
+    /// the slices it reaches back to from `now` (see [`Window::resize`]: they go into the
+    /// slice of `now`, and leave the window a whole new length later); a request decided at
+    /// the very instant of the change may go uncounted.
     #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
     pub(crate) fn apply(&self, percent: u8, window: Duration, now: Instant) {
         let w = &*self.inner;
