@@ -284,7 +284,7 @@
 )]
 #![cfg_attr(
     feature = "serde",
-    doc = "| `wire` (feature `serde`) | [`PolicyConfig`](wire::PolicyConfig), [`TrustConfig`](wire::TrustConfig), [`OverCapConfig`](wire::OverCapConfig), [`ModeConfig`](wire::ModeConfig), [`StageConfig`](wire::StageConfig) | an `EndpointPolicy` as configuration (`EndpointPolicy` deserializes from it) |"
+    doc = "| `wire` (feature `serde`) | [`PolicyConfig`](wire::PolicyConfig), [`TrustConfig`](wire::TrustConfig), [`OverCapConfig`](wire::OverCapConfig), [`ModeConfig`](wire::ModeConfig), [`StageConfig`](wire::StageConfig), [`RejectionCapConfig`](wire::RejectionCapConfig) | an `EndpointPolicy` as configuration (`EndpointPolicy` deserializes from it) |"
 )]
 #![cfg_attr(
     feature = "stream",

@@ -325,7 +325,7 @@ fn would_be_cell(c: &Column<'_>) -> String {
     let Some(rep) = c.failure.report(Hop::Inventory) else {
         return "-".to_owned();
     };
-    match rep.would_be().into_iter().find_map(|d| d.late_by()) {
+    match crate::run::request_late_by(&rep.would_be()) {
         Some(late) => format!("cancelled it, {} sooner", ms(late)),
         None => "done nothing".to_owned(),
     }

@@ -391,6 +391,15 @@ fn quiescence(r: &RequestRun) -> Check {
 /// Shadow mode's claims on the failure request: nothing was enforced — the client timed out
 /// on its own, as with per-hop timeouts, and inventory's quote ran past the deadline its
 /// budget would have had — and every hop recorded what its budget would have done.
+/// How long after its would-be deadline the request of a report ended (not one of its
+/// children, whose own late ends are listed beside it).
+pub(crate) fn request_late_by(decisions: &[&cancel_scope::wire::WouldBe]) -> Option<Duration> {
+    decisions
+        .iter()
+        .filter(|d| !d.is_child_late())
+        .find_map(|d| d.late_by())
+}
+
 fn shadow_checks(failure: &RequestRun, quote: Duration) -> Vec<Check> {
     let mut out = Vec::new();
     out.push(check(
@@ -442,7 +451,7 @@ fn shadow_checks(failure: &RequestRun, quote: Duration) -> Vec<Check> {
     ));
     let late = failure
         .report(Hop::Inventory)
-        .and_then(|rep| rep.would_be().into_iter().find_map(|d| d.late_by()));
+        .and_then(|rep| request_late_by(&rep.would_be()));
     out.push(check(
         failure,
         "inventory's report says its budget would have cancelled the request".to_owned(),

@@ -241,21 +241,31 @@ impl<'s> Call<'s> {
 
     /// Shadow mode: whether the request's would-be budget (`left` at `now`, within the
     /// scope's `remaining`) would have stopped the call before this attempt; recorded for the
-    /// report, the attempt starting with the enforced bound. Out of line: only a shadowed
+    /// report, the attempt starting with the enforced bound. Returns the budget the attempt
+    /// would have had (`None` if it would not have started). Out of line: only a shadowed
     /// request's calls come here.
     #[cold]
     #[inline(never)]
-    fn shadow_stop(&mut self, remaining: Option<Duration>, left: Duration, now: Instant) {
+    fn shadow_stop(
+        &mut self,
+        remaining: Option<Duration>,
+        left: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
         let would_be = remaining.map_or(left, |r| r.min(left));
-        if let Err(stop) = attempt_budget(&self.limits, Some(would_be), self.attempts_left()) {
-            self.would_have_stopped = true;
-            let why = format!(
-                "{} before attempt {}: {stop}",
-                self.ledger.spec.name(),
-                self.started() + 1
-            );
-            self.scope
-                .note_would_be(crate::scope::WouldBe::retry_stopped(now, why));
+        match attempt_budget(&self.limits, Some(would_be), self.attempts_left()) {
+            Ok(budget) => budget,
+            Err(stop) => {
+                self.would_have_stopped = true;
+                let why = format!(
+                    "{} before attempt {}: {stop}",
+                    self.ledger.spec.name(),
+                    self.started() + 1
+                );
+                self.scope
+                    .note_would_be(crate::scope::WouldBe::retry_stopped(now, why));
+                None
+            }
         }
     }
 
@@ -292,9 +302,10 @@ impl<'s> Call<'s> {
         let deadline = self.scope.deadline();
         let remaining = deadline.map(|d| d.saturating_duration_since(now));
         let budget = attempt_budget(&limits, remaining, self.attempts_left())?;
+        let mut would_be = None;
         if !self.would_have_stopped {
             if let Some(left) = self.scope.would_be_left(now) {
-                self.shadow_stop(remaining, left, now);
+                would_be = self.shadow_stop(remaining, left, now);
             }
         }
         if self.started() > 0 {
@@ -315,7 +326,7 @@ impl<'s> Call<'s> {
         // dispatched there: its unit is taken by the CAS that fails once that scope was
         // cancelled (invariant 2), and its receipt is counted there. Named after the
         // dependency (its ticket's name), and marked (one retry owner).
-        let scope = ChildBuilder::attempt(self.scope, &self.ledger.spec, budget, now)
+        let scope = ChildBuilder::attempt(self.scope, &self.ledger.spec, budget, now, would_be)
             .map_err(|e| stop_of(&e))?;
         // Nothing is sent at or after the attempt's own deadline either: a budget with nothing
         // left (no minimum useful budget) is its cancel now, and the attempt never starts.

@@ -307,6 +307,7 @@ impl<'a> ChildBuilder<'a> {
         let pext = &parent.node.ext;
         let bounded = pext.deadline.is_some() || cap.is_some() || deadline.is_some();
         let mut read_at = None;
+        let mut would_be = None;
         let deadline = if bounded {
             let now = *read_at.insert(Instant::now());
             if pext.deadline.is_some_and(|d| d <= now) {
@@ -325,20 +326,23 @@ impl<'a> ChildBuilder<'a> {
             }
             let remaining = pext.deadline.map(|d| d.saturating_duration_since(now));
             let b = budget.compute(remaining).map_err(Error::exhausted)?;
+            let deadline = within_parent(b.map(|b| deadline_after(now, b)), pext);
             if let Some(left) = parent.would_be_left(now) {
-                shadow_child(parent, &budget, remaining, left, now);
+                would_be = shadow_child(parent, &budget, remaining, left, now, deadline);
             }
-            within_parent(b.map(|b| deadline_after(now, b)), pext)
+            deadline
         } else {
             // Unbounded parent and child: an unbounded budget is always useful.
             None
         };
-        link(parent, deadline, read_at, name, grace, false, own)
+        link(parent, deadline, read_at, name, grace, false, own, would_be)
     }
 
     /// [`build_dispatched`](Self::build_dispatched) of a retry attempt: a child of `parent`,
     /// named after `spec` and marked with it (one retry owner: a nested retry of the same
-    /// dependency does not multiply the attempts), with `budget` from `now`.
+    /// dependency does not multiply the attempts), with `budget` from `now`. In shadow mode,
+    /// `would_be` is the budget the attempt would have had on the request's would-be budget
+    /// (`None`: enforced, or none computed).
     ///
     /// The retry layer computed `budget` from `now` against the reserve and the minimum
     /// useful budget already, so nothing is computed twice and no builder is assembled on
@@ -351,18 +355,30 @@ impl<'a> ChildBuilder<'a> {
         spec: &ChildSpec,
         budget: Option<Duration>,
         now: Instant,
+        would_be: Option<Duration>,
     ) -> Result<Scope, Error> {
         if parent.node.state().is_closed() {
             return Err(refused(parent));
         }
         let deadline = within_parent(budget.map(|b| deadline_after(now, b)), &parent.node.ext);
-        link(parent, deadline, Some(now), None, None, true, Some(spec))
+        let would_be = would_be.and_then(|b| own_would_be(parent, now, b, deadline));
+        link(
+            parent,
+            deadline,
+            Some(now),
+            None,
+            None,
+            true,
+            Some(spec),
+            would_be,
+        )
     }
 }
 
 /// Shadow mode: the decision `budget` would have made on the request's would-be budget,
 /// `left` at `now` (within the parent's `remaining`), recorded for the report if it would
-/// have refused the child; the child is made with the enforced bound. Out of line: only a
+/// have refused the child; the child is made with the enforced bound, `deadline`. Returns the
+/// child's would-be deadline if it is its own (see [`own_would_be`]). Out of line: only a
 /// shadowed request's children come here.
 #[cold]
 #[inline(never)]
@@ -372,11 +388,32 @@ fn shadow_child(
     remaining: Option<Duration>,
     left: Duration,
     now: Instant,
-) {
+    deadline: Option<Instant>,
+) -> Option<Instant> {
     let would_be = remaining.map_or(left, |r| r.min(left));
-    if let Err(e) = budget.compute(Some(would_be)) {
-        parent.note_would_be(super::WouldBe::child_refused(now, e.to_string()));
+    match budget.compute(Some(would_be)) {
+        Ok(b) => own_would_be(parent, now, b?, deadline),
+        Err(e) => {
+            parent.note_would_be(super::WouldBe::child_refused(now, e.to_string()));
+            None
+        }
     }
+}
+
+/// The would-be deadline of a child of `parent` given a would-be `budget` at `now`, if it is
+/// its own: earlier than its parent's would-be deadline (else the parent's lateness is the
+/// one to report) and than its enforced `deadline` (else enforcing would change nothing).
+#[cold]
+#[inline(never)]
+fn own_would_be(
+    parent: &Scope,
+    now: Instant,
+    budget: Duration,
+    deadline: Option<Instant>,
+) -> Option<Instant> {
+    let inherited = parent.shadow_state()??;
+    let would_be = deadline_after(now, budget);
+    (would_be < inherited && deadline.is_none_or(|d| would_be < d)).then_some(would_be)
 }
 
 /// `deadline`, never later than the parent's, even if `now + budget` rounded (invariant 4).
@@ -390,10 +427,12 @@ fn within_parent(deadline: Option<Instant>, parent: &ScopeExt) -> Option<Instant
 
 /// Creates the child with its `deadline`, computed from the clock reading `read_at` (if one
 /// was needed), and links it into `parent` (as its ticket too, described by `own`, if given);
-/// its timer is armed if it tightens the parent's deadline. Always inlined, for the same
-/// reason as [`ChildBuilder::build_with`].
+/// its timer is armed if it tightens the parent's deadline. `would_be`: in shadow mode, the
+/// child's own would-be deadline. Always inlined, for the same reason as
+/// [`ChildBuilder::build_with`].
 #[track_caller]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the parts travel in registers (see `build_with`)
 fn link(
     parent: &Scope,
     deadline: Option<Instant>,
@@ -402,10 +441,11 @@ fn link(
     grace: Option<Duration>,
     marked: bool,
     own: Option<&ChildSpec>,
+    would_be: Option<Instant>,
 ) -> Result<Scope, Error> {
     let pext = &parent.node.ext;
     let tightens = ScopeExt::tightens(pext, deadline);
-    let ext = |_| ScopeExt::child_of(pext, deadline, tightens, name, grace, marked);
+    let ext = |_| ScopeExt::child_of(pext, deadline, tightens, name, grace, marked, would_be);
     let node = match own {
         None => tree::new_child(&parent.node, ext),
         Some(spec) => {

@@ -47,6 +47,26 @@ pub(crate) fn unshadowed(context: &Context) -> Context {
     std::sync::Arc::new(Unshadowed(context.clone()))
 }
 
+/// A shadowed request's context under a child with a would-be deadline of its own (shorter
+/// than its parent's): the child and its descendants read that deadline as their shadow state,
+/// so that their own would-be decisions are bounded by it, as enforced ones are by the child's
+/// deadline.
+#[derive(Debug)]
+struct ChildShadow {
+    context: Context,
+    would_be: Instant,
+}
+
+impl RequestContext for ChildShadow {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.context.as_any()
+    }
+
+    fn shadow(&self) -> Option<Option<Instant>> {
+        Some(Some(self.would_be))
+    }
+}
+
 /// [`ScopeExt::timer`]: the scope has an entry in its tree's timers.
 pub(super) const ARMED: u8 = 1;
 
@@ -65,6 +85,10 @@ pub(crate) struct ScopeExt {
     /// Whether the scope's name (its own, or its ticket's: see `name_of`) is also a mark (see
     /// [`Scope::has_mark`](super::Scope::has_mark)).
     pub(super) marked: bool,
+    /// Whether the scope has a would-be deadline of its own (a child of a shadowed request
+    /// that enforcing would have given a shorter deadline than its parent's, in front of the
+    /// request's context: see [`ChildShadow`]), checked when it retires.
+    pub(super) own_would_be: bool,
     /// Immutable values attached for this scope's [`Report`](crate::Report) (retry ledgers,
     /// failures) here or below, oldest first, at most [`MAX_NOTES`](super::note::MAX_NOTES);
     /// allocated by the first.
@@ -146,6 +170,7 @@ impl ScopeExt {
             shared,
             timer: AtomicU8::new(0),
             marked: false,
+            own_would_be: false,
             notes: LazyBox::new(),
             #[cfg(feature = "tokio-util")]
             token: super::token::TokenSlot::new(),
@@ -153,7 +178,7 @@ impl ScopeExt {
     }
 
     /// The data of a child that inherits everything from `parent` (no deadline of its own, no
-    /// name, no mark): what `child_of(parent, parent.deadline, false, None, None, false)`
+    /// name, no mark): what `child_of(parent, parent.deadline, false, None, None, false, None)`
     /// gives, kept apart because every plain child creation runs it (calling `child_of` there
     /// measured about 15 % slower on `child_create_drop`).
     pub(crate) fn plain_child_of(parent: &ScopeExt) -> ScopeExt {
@@ -163,6 +188,7 @@ impl ScopeExt {
             shared: parent.shared.clone(),
             timer: AtomicU8::new(0),
             marked: false,
+            own_would_be: false,
             notes: LazyBox::new(),
             #[cfg(feature = "tokio-util")]
             token: super::token::TokenSlot::new(),
@@ -180,7 +206,8 @@ impl ScopeExt {
 
     /// The data of a child; `tightens`: [`tightens`](Self::tightens) for `deadline` (then the
     /// child needs a timer, and the tree its timers); `marked`: its name is a mark (see
-    /// [`Scope::has_mark`](super::Scope::has_mark)).
+    /// [`Scope::has_mark`](super::Scope::has_mark)); `would_be`: in shadow mode, the child's
+    /// own would-be deadline (see [`ChildShadow`]).
     ///
     /// Returns the data alone: a node built in its allocation then gets it written in place.
     #[inline]
@@ -191,6 +218,7 @@ impl ScopeExt {
         name: Option<std::sync::Arc<str>>,
         grace: Option<Duration>,
         marked: bool,
+        would_be: Option<Instant>,
     ) -> ScopeExt {
         let inherited = parent.shared();
         // Timers of its own for a child that tightens the deadline of a tree with none, or of
@@ -199,13 +227,18 @@ impl ScopeExt {
             .then(|| Timers::for_child_of(inherited.timers.as_ref()))
             .flatten();
         let changed = new_timers.is_some() || grace.is_some_and(|g| g != inherited.grace);
-        let shared = if changed {
-            Some(std::sync::Arc::new(Shared {
+        let own_would_be = would_be.is_some();
+        let shared = if changed || own_would_be {
+            let mut shared = Shared {
                 grace: grace.unwrap_or(inherited.grace),
                 context: inherited.context.clone(),
                 timers: new_timers.or_else(|| inherited.timers.clone()),
                 effect: inherited.effect.clone(),
-            }))
+            };
+            if let Some(w) = would_be {
+                shared.context = shared.context.map(|c| with_would_be(c, w));
+            }
+            Some(std::sync::Arc::new(shared))
         } else {
             parent.shared.clone()
         };
@@ -215,9 +248,20 @@ impl ScopeExt {
             shared,
             timer: AtomicU8::new(0),
             marked,
+            own_would_be,
             notes: LazyBox::new(),
             #[cfg(feature = "tokio-util")]
             token: super::token::TokenSlot::new(),
         }
     }
+}
+
+/// `context` under a child whose own would-be deadline is `would_be` (a [`ChildShadow`]): its
+/// descendants' shadow decisions are bounded by it, and the child, when it retires, is checked
+/// against it (see `shadow::child_retired`). Out of line: only the children of a shadowed
+/// request come here.
+#[cold]
+#[inline(never)]
+fn with_would_be(context: Context, would_be: Instant) -> Context {
+    std::sync::Arc::new(ChildShadow { context, would_be })
 }

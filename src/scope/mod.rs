@@ -648,6 +648,9 @@ impl Drop for Scope {
             if let Some(timers) = node.ext.timers().filter(|_| armed) {
                 timers.count_gone();
             }
+            if node.ext.own_would_be {
+                shadow::child_retired(node);
+            }
         });
     }
 }

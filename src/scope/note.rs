@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::Scope;
+use super::{Core, Scope};
 use crate::tree;
 
 /// The most notes a scope keeps: a long-lived scope drops its oldest notes rather than grow
@@ -112,10 +112,7 @@ impl Scope {
     /// this scope (the work the note is about has no receipt yet), so that no scope on the
     /// way is quiet yet: its report, made once it is, has the note (invariant 6).
     pub(crate) fn add_note(&self, note: Note) {
-        // A request's scope under a server's is the root of its report (see `request`).
-        for node in tree::report_ancestors(&*self.node) {
-            node.ext.notes.get_or_init().lock().push(note.clone());
-        }
+        add_note_at(&self.node, note);
     }
 
     /// The notes attached so far, oldest first, and how many older ones were dropped.
@@ -127,5 +124,13 @@ impl Scope {
                 (n.kept.iter().cloned().collect(), n.dropped)
             },
         )
+    }
+}
+
+/// [`Scope::add_note`] on `node` (held by the caller, a unit of it too, or not closed yet).
+pub(super) fn add_note_at(node: &Core, note: Note) {
+    // A request's scope under a server's is the root of its report (see `request`).
+    for node in tree::report_ancestors(node) {
+        node.ext.notes.get_or_init().lock().push(note.clone());
     }
 }

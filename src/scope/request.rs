@@ -62,6 +62,7 @@ impl Scope {
             shared: Some(shared),
             timer: AtomicU8::new(0),
             marked: false,
+            own_would_be: false,
             notes: LazyBox::new(),
             #[cfg(feature = "tokio-util")]
             token: super::token::TokenSlot::new(),
@@ -97,6 +98,7 @@ impl Scope {
             })),
             timer: AtomicU8::new(0),
             marked: false,
+            own_would_be: false,
             notes: LazyBox::new(),
             #[cfg(feature = "tokio-util")]
             token: super::token::TokenSlot::new(),
@@ -142,6 +144,7 @@ impl Scope {
             shared,
             timer: AtomicU8::new(0),
             marked: false,
+            own_would_be: false,
             notes: LazyBox::new(),
             #[cfg(feature = "tokio-util")]
             token: super::token::TokenSlot::new(),

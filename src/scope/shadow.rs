@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Note;
-use crate::Scope;
+use super::ext::name_of;
+use super::note::add_note_at;
+use super::{Core, Note};
+use crate::time::now_stamp;
+use crate::{tree, Scope};
 
 /// What a decision that was not enforced would have done.
 ///
@@ -37,6 +40,8 @@ enum Kind {
     ChildRefused,
     /// A retry the request's would-be budget would have stopped.
     RetryStopped,
+    /// A child that ended this long after its own would-be deadline.
+    ChildLateBy(Duration),
 }
 
 impl WouldBe {
@@ -95,6 +100,19 @@ impl WouldBe {
             kind: Kind::LateBy(by),
             at,
             why: "the would-be deadline passed first".to_owned(),
+        }
+    }
+
+    /// A child scope that ended `by` after its own would-be deadline, `at`; `name`: the
+    /// child's, if it has one.
+    fn child_late(at: Instant, by: Duration, name: Option<&str>) -> WouldBe {
+        WouldBe {
+            kind: Kind::ChildLateBy(by),
+            at,
+            why: match name {
+                Some(name) => format!("child `{name}`"),
+                None => "an unnamed child".to_owned(),
+            },
         }
     }
 
@@ -183,17 +201,53 @@ impl WouldBe {
         self.kind == Kind::NotSent
     }
 
-    /// How long after the would-be deadline the handler answered: the request would have been
-    /// cancelled at that deadline.
+    /// How long after its would-be deadline the request ended (its handler answered, or it
+    /// was stopped), or, for [`is_child_late`](Self::is_child_late), the child did: it
+    /// would have been cancelled at that deadline ([`at`](Self::at)).
     ///
     /// # Examples
     ///
-    /// See [`Report::would_be`](crate::Report::would_be).
+    /// See [`Report::would_be`](crate::Report::would_be) and
+    /// [`is_child_late`](Self::is_child_late).
     pub fn late_by(&self) -> Option<Duration> {
         match self.kind {
-            Kind::LateBy(d) => Some(d),
+            Kind::LateBy(d) | Kind::ChildLateBy(d) => Some(d),
             _ => None,
         }
+    }
+
+    /// A child scope (a call, a task's scope, a fan-out branch, a retry attempt) ended after a
+    /// would-be deadline of its own: enforcing would have given it a deadline shorter than
+    /// its parent's (a reserve, a cap, a retry's share of the budget), and cancelled it there,
+    /// [`late_by`](Self::late_by) before it ended. [`why`](Self::why) names the child. The
+    /// child ends when its scope retires (its last handle and its children gone); one that
+    /// ended in time records nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
+    /// let ms = Duration::from_millis;
+    /// let p = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    /// let (scope, _) = p.admit(Incoming::new().grpc_timeout(b"100m"), tokio::time::Instant::now()).unwrap();
+    /// // Enforcing, the call would get 100 ms less its 40 ms reserve: 60 ms.
+    /// let call = scope.child().name("inventory").reserve(ms(40)).build().unwrap();
+    /// call.run(tokio::time::sleep(ms(75))).await.unwrap(); // bounded by the hard cap
+    /// drop(call);
+    /// scope.close();
+    /// let report = scope.quiesce().await;
+    /// let late = report.would_be()[0];
+    /// assert!(late.is_child_late() && late.why() == "child `inventory`");
+    /// assert_eq!(late.late_by(), Some(ms(15)));
+    /// assert!(report.to_string().contains(
+    ///     "would have cancelled child `inventory` at its deadline: finished 15 ms after it"
+    /// ));
+    /// # }
+    /// ```
+    pub fn is_child_late(&self) -> bool {
+        matches!(self.kind, Kind::ChildLateBy(_))
     }
 
     /// When the decision would have acted (the would-be deadline, for a late answer).
@@ -205,7 +259,8 @@ impl WouldBe {
         self.at
     }
 
-    /// Why (the refusal's detail, the clamp, the call's budget).
+    /// Why (the refusal's detail, the clamp, the call's budget; for a child that ended late,
+    /// the child: "child \`name\`").
     ///
     /// # Examples
     ///
@@ -231,6 +286,12 @@ impl fmt::Display for WouldBe {
             Kind::LateBy(d) => write!(
                 f,
                 "shadow: would have cancelled at the deadline: finished {} ms after the would-be deadline",
+                d.as_millis()
+            ),
+            Kind::ChildLateBy(d) => write!(
+                f,
+                "shadow: would have cancelled {} at its deadline: finished {} ms after it",
+                self.why,
                 d.as_millis()
             ),
         }
@@ -259,4 +320,30 @@ impl Scope {
     pub(crate) fn note_would_be(&self, decision: WouldBe) {
         self.add_note(Note::shown(Arc::new(decision)));
     }
+}
+
+/// A scope with a would-be deadline of its own (`ScopeExt::own_would_be`) retired (its last
+/// handle and its last child gone): if that was after its would-be deadline, the cancel that
+/// did not happen is noted for its parent's report (and counted, as the deadline cancel would
+/// have been). The note goes in under a unit of the parent, so that no report on the way is
+/// made before it has the note (invariant 6); once the parent is closed and quiet its report
+/// is final, and nothing is noted. Out of line: only a shadowed request's children come here.
+#[cold]
+#[inline(never)]
+pub(super) fn child_retired(node: &Core) {
+    let shadow = node.ext.shared().context.as_ref().and_then(|c| c.shadow());
+    let Some(Some(deadline)) = shadow else {
+        return;
+    };
+    let now = Instant::now();
+    let Some(parent) = node.parent().filter(|_| now > deadline) else {
+        return;
+    };
+    if tree::take_unit_while_busy(&**parent, false).is_err() {
+        return;
+    }
+    let late = WouldBe::child_late(deadline, now - deadline, name_of(node));
+    crate::telemetry::shadow_deadline_exceeded();
+    add_note_at(parent, Note::shown(Arc::new(late)));
+    tree::release_guard(&**parent, now_stamp);
 }

@@ -44,9 +44,9 @@ pub(crate) fn shadow_call_refused() {
     handles::shadow(SHADOW_CALL_REFUSED, &[]);
 }
 
-/// A request in shadow mode answered after its would-be deadline.
+/// A request in shadow mode ended after its would-be deadline, or a child scope of one after
+/// its own.
 #[inline]
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
 pub(crate) fn shadow_deadline_exceeded() {
     #[cfg(feature = "metrics")]
     handles::shadow(SHADOW_DEADLINE_EXCEEDED, &[]);

@@ -28,7 +28,7 @@
 //! | [`ADMISSION_REJECTION_CAPPED`] | counter: refusals the rejection cap let through ([`RejectionCap`](crate::wire::RejectionCap)): the request ran shadowed | `reason`, as [`ADMISSION_REJECTED`] |
 //! | [`SHADOW_ADMISSION_REJECTED`] | counter: requests admission would have refused, in shadow mode ([`Mode::Shadow`](crate::wire::Mode)) or beyond the rejection cap | `reason`, as [`ADMISSION_REJECTED`] |
 //! | [`SHADOW_CALL_REFUSED`] | counter: outgoing calls that would not have been sent, in shadow mode | |
-//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests that ended (answered, or stopped: the client gone, the hard cap) after the would-be deadline, in shadow mode (the cancel `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
+//! | [`SHADOW_DEADLINE_EXCEEDED`] | counter: admitted requests that ended (answered, or stopped: the client gone, the hard cap) after the would-be deadline, in shadow mode, and their child scopes that ended after a would-be deadline of their own ([`WouldBe::is_child_late`](crate::wire::WouldBe::is_child_late)) (the cancels `SCOPE_CANCELLED{cause="deadline_exceeded"}` would have counted) | |
 //!
 //! A budget that was not valid and replaced by the policy's fallback
 //! ([`BudgetSource::Fallback`](crate::wire::BudgetSource::Fallback)) counts as `default`: the
@@ -249,7 +249,7 @@ const METRICS: [(&str, &str, Kind); 15] = [
     ),
     (
         SHADOW_DEADLINE_EXCEEDED,
-        "Requests that answered after their would-be deadline (shadow mode).",
+        "Requests and child scopes that ended after their would-be deadline (shadow mode).",
         Kind::Count,
     ),
 ];

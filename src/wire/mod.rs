@@ -130,5 +130,7 @@ pub use versions::PolicyHandle;
 #[cfg(feature = "tower")]
 pub(crate) use versions::PolicySource;
 #[cfg(feature = "serde")]
-pub use versions::{ModeConfig, OverCapConfig, PolicyConfig, StageConfig, TrustConfig};
+pub use versions::{
+    ModeConfig, OverCapConfig, PolicyConfig, RejectionCapConfig, StageConfig, TrustConfig,
+};
 pub use versions::{PolicyError, MAX_CAP};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 
 /// The slices a window is counted in (as Finagle's `WindowedAdder`): the count drops a slice
 /// at a time, so a request counts for at least nine tenths of the window and at most all of
@@ -75,10 +75,15 @@ const fn unpack(word: u64) -> (u64, u64, u64) {
 /// to ([`AdmitLayer::rejection_cap`](crate::integrations::tower::AdmitLayer::rejection_cap),
 /// [`Incoming::rejection_cap`](super::Incoming::rejection_cap)): give each endpoint its own.
 /// It belongs to the layer, not to a policy version: a [`PolicyHandle`] swap or rollback
-/// keeps its history (feature `rollout`). Each request costs one compare-and-swap on the word
-/// of the current slice (a refusal also reads the other nine): no lock. Concurrent refusals
-/// are serialised by that word, so the cap holds exactly within a slice; at the turn of a
-/// slice it may be passed by the requests decided at that instant.
+/// keeps its history (feature `rollout`). A versioned layer without a cap of its own makes
+/// one, and gives it the settings of the version that admits each request
+/// ([`EndpointPolicy::rejection_cap`](super::EndpointPolicy::rejection_cap), from
+/// configuration too): a new percentage holds from the next decision, a new window length
+/// keeps the counts of the slices it reaches back to; [`percent`](Self::percent) and
+/// [`window`](Self::window) say the settings in force. Each request costs one
+/// compare-and-swap on the word of the current slice (a refusal also reads the other nine):
+/// no lock. Concurrent refusals are serialised by that word, so the cap holds exactly within
+/// a slice; at the turn of a slice it may be passed by the requests decided at that instant.
 ///
 /// [`WouldBe`]: super::WouldBe
 /// [`WouldBe::is_over_rejection_cap`]: super::WouldBe::is_over_rejection_cap
@@ -115,10 +120,14 @@ pub struct RejectionCap {
 }
 
 struct Window {
-    percent: u8,
-    window: Duration,
+    percent: AtomicU8,
+    /// The window's length in nanoseconds (at least [`SLICES`]).
+    window: AtomicU64,
     /// A slice's length in nanoseconds (at least 1).
-    slice: u128,
+    slice: AtomicU64,
+    /// Taken to change the window's length (see [`Window::resize`]).
+    #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
+    resizing: Mutex<()>,
     /// Where slice 0 begins.
     origin: Instant,
     slices: [AtomicU64; SLICES],
@@ -154,12 +163,13 @@ impl RejectionCap {
     /// # }
     /// ```
     pub fn new(percent: u8, window: Duration) -> Self {
-        let window = window.max(Duration::from_nanos(SLICES as u64));
+        let window = window_nanos(window);
         RejectionCap {
             inner: Arc::new(Window {
-                percent: percent.min(100),
-                window,
-                slice: (window.as_nanos() / SLICES as u128).max(1),
+                percent: AtomicU8::new(percent.min(100)),
+                window: AtomicU64::new(window),
+                slice: AtomicU64::new(window / SLICES as u64),
+                resizing: Mutex::new(()),
                 origin: Instant::now(),
                 slices: std::array::from_fn(|_| AtomicU64::new(0)),
                 refused: AtomicU64::new(0),
@@ -178,7 +188,7 @@ impl RejectionCap {
     /// # }
     /// ```
     pub fn percent(&self) -> u8 {
-        self.inner.percent
+        self.inner.percent.load(Ordering::Relaxed)
     }
 
     /// The window the percentage holds over.
@@ -192,7 +202,27 @@ impl RejectionCap {
     /// # }
     /// ```
     pub fn window(&self) -> Duration {
-        self.inner.window
+        Duration::from_nanos(self.inner.window.load(Ordering::Relaxed))
+    }
+
+    /// Takes the settings of the policy version that admits a request (a layer's own window,
+    /// see `EndpointPolicy::rejection_cap`): `percent` for the decisions from now on, and
+    /// `window` for the length the counts are kept. Called per request, so a change takes
+    /// effect at the first request under the new settings. A new length keeps the counts of
+    /// the slices it reaches back to from `now` (see [`Window::resize`]: they go into the
+    /// slice of `now`, and leave the window a whole new length later); a request decided at
+    /// the very instant of the change may go uncounted.
+    #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
+    pub(crate) fn apply(&self, percent: u8, window: Duration, now: Instant) {
+        let w = &*self.inner;
+        let percent = percent.min(100);
+        if w.percent.load(Ordering::Relaxed) != percent {
+            w.percent.store(percent, Ordering::Relaxed);
+        }
+        let window = window_nanos(window);
+        if w.window.load(Ordering::Relaxed) != window {
+            w.resize(window, now);
+        }
     }
 
     /// The refusals enforced since the cap was made.
@@ -238,7 +268,7 @@ impl RejectionCap {
     /// Counts a request admission decided without a refusal.
     pub(crate) fn admitted(&self, now: Instant) {
         let w = &*self.inner;
-        if w.percent == 100 {
+        if w.percent.load(Ordering::Relaxed) == 100 {
             // Every refusal is enforced: nothing to count for.
             return;
         }
@@ -249,7 +279,8 @@ impl RejectionCap {
     /// a request left no time at all) or let through.
     pub(crate) fn refuse(&self, now: Instant, force: bool) -> bool {
         let w = &*self.inner;
-        let refused = if w.percent == 100 {
+        let percent = u64::from(w.percent.load(Ordering::Relaxed));
+        let refused = if percent == 100 {
             // Every refusal is enforced: nothing to count for.
             true
         } else if force {
@@ -258,7 +289,6 @@ impl RejectionCap {
         } else {
             let epoch = w.epoch(now);
             let (decided, refused) = w.live(epoch, Some(epoch));
-            let percent = u64::from(w.percent);
             w.count(epoch, |(here_decided, here_refused)| {
                 100 * (refused + here_refused + 1) <= percent * (decided + here_decided + 1)
             })
@@ -269,11 +299,55 @@ impl RejectionCap {
     }
 }
 
+/// A window's length in nanoseconds: at least one per slice, at most `u64::MAX`.
+fn window_nanos(window: Duration) -> u64 {
+    u64::try_from(window.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(SLICES as u64)
+}
+
 impl Window {
     /// The slice number of `now`.
     fn epoch(&self, now: Instant) -> u64 {
-        let since = now.saturating_duration_since(self.origin).as_nanos() / self.slice;
+        let slice = u128::from(self.slice.load(Ordering::Relaxed).max(1));
+        let since = now.saturating_duration_since(self.origin).as_nanos() / slice;
         u64::try_from(since).unwrap_or(u64::MAX) & EPOCH_MASK
+    }
+
+    /// Changes the window's length to `window` nanoseconds at `now`, keeping its counts: the
+    /// requests decided and refused in the slices that began within the new length before
+    /// `now` (as far back as the slices still hold) go into the slice of `now` in the new
+    /// length, the other slices are emptied.
+    #[cold]
+    #[cfg_attr(not(all(feature = "tower", feature = "rollout")), allow(dead_code))]
+    fn resize(&self, window: u64, now: Instant) {
+        let _one_at_a_time = self.resizing.lock();
+        if self.window.load(Ordering::Relaxed) == window {
+            return;
+        }
+        let slice = u128::from(self.slice.load(Ordering::Relaxed).max(1));
+        let current = self.epoch(now);
+        let (mut decided, mut refused) = (0, 0);
+        for slot in &self.slices {
+            let (e, d, r) = unpack(slot.load(Ordering::Relaxed));
+            let age = u128::from(current.wrapping_sub(e) & EPOCH_MASK);
+            if age * slice < u128::from(window) {
+                decided += d;
+                refused += r;
+            }
+        }
+        self.slice.store(window / SLICES as u64, Ordering::Relaxed);
+        self.window.store(window, Ordering::Relaxed);
+        let epoch = self.epoch(now);
+        let here = usize::try_from(epoch % SLICES as u64).unwrap_or(0);
+        for (i, slot) in self.slices.iter().enumerate() {
+            let word = if i == here {
+                pack(epoch, decided.min(COUNT_MAX), refused.min(COUNT_MAX))
+            } else {
+                0
+            };
+            slot.store(word, Ordering::Relaxed);
+        }
     }
 
     /// The requests decided and refused in the slices of the window that ends in slice
@@ -323,8 +397,8 @@ impl Window {
 impl fmt::Debug for RejectionCap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RejectionCap")
-            .field("percent", &self.inner.percent)
-            .field("window", &self.inner.window)
+            .field("percent", &self.percent())
+            .field("window", &self.window())
             .field("refused", &self.refused())
             .field("let_through", &self.let_through())
             .finish()

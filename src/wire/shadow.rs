@@ -42,8 +42,10 @@ use crate::Report;
 /// its descendants): a child scope that the would-be budget would have refused (below its
 /// `min_useful`, or its reserve eating what is left) is made with the enforced bound and
 /// recorded ([`WouldBe::is_child_refusal`]), and so is a retry or hedge the would-be budget
-/// would have stopped ([`WouldBe::is_retry_stop`], once a call). A shielded cleanup and
-/// detached work are bounded by their own budgets, in every mode.
+/// would have stopped ([`WouldBe::is_retry_stop`], once a call). A child that enforcing would
+/// have given a deadline of its own (a reserve, a cap, a retry attempt's share) and that ends
+/// after it is recorded with how late it ended ([`WouldBe::is_child_late`]). A shielded
+/// cleanup and detached work are bounded by their own budgets, in every mode.
 ///
 /// # Examples
 ///
@@ -165,7 +167,7 @@ impl Admission {
 impl Report {
     /// The decisions that were computed and not enforced for the request this report is of
     /// (its endpoint in [`Mode::Shadow`]), oldest first: at admission, at its children,
-    /// retries and outgoing calls, and a late end.
+    /// retries and outgoing calls, a child's late end, and the request's.
     ///
     /// # Examples
     ///

@@ -186,3 +186,25 @@ async fn shadow_decisions_count_under_their_own_names_not_as_enforced_ones() {
     let deadline = [("cause", "deadline_exceeded")];
     assert_eq!(m.counter(telemetry::SCOPE_CANCELLED, &deadline), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_child_past_its_own_would_be_deadline_counts_as_a_shadow_deadline_cancel() {
+    use cancel_scope::wire::Incoming;
+    let t = Telemetry::install();
+    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    let (scope, _) = policy
+        .admit(
+            Incoming::new().grpc_timeout(b"100m"),
+            tokio::time::Instant::now(),
+        )
+        .unwrap();
+    // Would-be deadlines at 70 ms (late) and 100 ms less 10 ms (in time).
+    for (reserve, runs) in [(30, 85), (10, 0)] {
+        let db = scope.child().reserve(ms(reserve)).build().unwrap();
+        db.run(tokio::time::sleep(ms(runs))).await.unwrap();
+    }
+    let m = t.metrics();
+    assert_eq!(m.counter(telemetry::SHADOW_DEADLINE_EXCEEDED, &[]), 1);
+    let enforced = [("cause", "deadline_exceeded")];
+    assert_eq!(m.counter(telemetry::SCOPE_CANCELLED, &enforced), 0);
+}

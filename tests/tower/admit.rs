@@ -414,3 +414,42 @@ async fn the_response_body_is_polled_and_dropped_with_the_requests_scope_current
     );
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
 }
+
+#[cfg(feature = "rollout")]
+#[tokio::test(start_paused = true)]
+async fn a_versions_longer_rejection_window_keeps_the_counts_it_had() {
+    use cancel_scope::wire::PolicyHandle;
+    async fn ok(_: Request<()>) -> Result<Response<String>, Infallible> {
+        Ok(Response::new("ok".to_owned()))
+    }
+    let at_half = |v, window_ms| {
+        EndpointPolicy::new(ms(5_000), ms(1_000))
+            .version(v)
+            .rejection_cap(50, ms(window_ms))
+    };
+    let policies = PolicyHandle::new(at_half(1, 10_000)).unwrap();
+    let mut svc = AdmitLayer::versioned(&policies).layer(Fn_(ok));
+    let mut status = |bad: bool| {
+        let mut req = Request::builder();
+        if bad {
+            req = req.header("grpc-timeout", "-1S");
+        }
+        svc.call(req.body(()).unwrap())
+    };
+    // Ten requests decided, none refused, in the 10 s window.
+    for _ in 0..10 {
+        assert_eq!(status(false).await.unwrap().status(), 200);
+    }
+    // The window grows to 20 s, and 12 s pass: the ten are still counted, so three bad
+    // requests in a row are refused within 50 % (counts that the change dropped, or the old
+    // 10 s window, would refuse one of them and let two through).
+    policies.set(at_half(2, 20_000)).unwrap();
+    advance(ms(12_000)).await;
+    for _ in 0..3 {
+        assert_eq!(status(true).await.unwrap().status(), 400);
+    }
+    // Another 20 s, and nothing is counted any more: the first refusal of an empty window is
+    // beyond 50 % (`100 × 1 > 50 × 1`), so it runs shadowed.
+    advance(ms(20_000)).await;
+    assert_eq!(status(true).await.unwrap().status(), 200);
+}

@@ -165,3 +165,60 @@ async fn the_window_is_the_layers_and_outlives_a_version_swap() {
     let over = check_reports(&mut reports, b.admitted).await;
     assert_capped(&b, over);
 }
+
+/// The policy of version `v` with the rejection cap settings of `percent` % over 10 minutes.
+#[cfg(feature = "rollout")]
+fn capped_at(v: u32, percent: u8) -> EndpointPolicy {
+    policy().version(v).rejection_cap(percent, ms(600_000))
+}
+
+#[cfg(feature = "rollout")]
+#[tokio::test]
+async fn a_swap_from_20_to_50_percent_mid_burst_keeps_the_layers_counts() {
+    use cancel_scope::wire::PolicyHandle;
+    let policies = PolicyHandle::new(capped_at(1, 20)).unwrap();
+    let (layer, mut reports) = reported(AdmitLayer::versioned(&policies));
+    let url = serve(app().layer(layer)).await;
+    let b = burst(&url, || policies.set(capped_at(2, 50)).unwrap()).await;
+    let over = check_reports(&mut reports, b.admitted).await;
+    // Under 20 %, 4 of the first 10 bad requests are refused (20 decided); under 50 %, with
+    // those counts kept, all 10 others are. Counts reset at the swap would refuse 5 of them;
+    // the 20 % kept, 2 (as `assert_capped`).
+    assert_eq!((b.refused, over, b.admitted), (14, 6, 16));
+
+    // Rolled back: 20 % again, over the same counts (14 refused of 30), so a bad request now
+    // runs shadowed.
+    policies.rollback().unwrap();
+    let res = reqwest::get(&url).await.unwrap();
+    assert!(res.headers().contains_key("service-operation"));
+    let bad = reqwest::Client::new()
+        .get(&url)
+        .header("grpc-timeout", "1 hour");
+    let res = bad.send().await.unwrap();
+    assert!(
+        res.headers().contains_key("service-operation"),
+        "not capped"
+    );
+    for over_cap in [false, true] {
+        let (a, report) = timeout(PATIENCE, reports.recv()).await.unwrap().unwrap();
+        assert_eq!(a.policy_version(), 1);
+        assert_eq!(a.is_over_rejection_cap(), over_cap, "{report}");
+    }
+}
+
+#[cfg(feature = "rollout")]
+#[tokio::test]
+async fn a_layers_own_cap_wins_over_a_versions_settings() {
+    use cancel_scope::wire::PolicyHandle;
+    let cap = cap(); // 20 %
+    let policies = PolicyHandle::new(capped_at(1, 100)).unwrap();
+    let (layer, mut reports) = reported(AdmitLayer::versioned(&policies).rejection_cap(&cap));
+    let url = serve(app().layer(layer)).await;
+    let b = burst(&url, || policies.set(capped_at(2, 0)).unwrap()).await;
+    let over = check_reports(&mut reports, b.admitted).await;
+    assert_capped(&b, over);
+    assert_eq!(
+        (cap.percent(), cap.refused(), cap.let_through()),
+        (20, 6, 14)
+    );
+}

@@ -289,3 +289,217 @@ async fn a_shielded_cleanup_is_judged_on_its_own_budget_in_shadow_mode() {
     let out = EgressPolicy::new().outgoing(&call).unwrap();
     assert_eq!(out.service_budget().unwrap().would_be(), Some(ms(0)));
 }
+
+/// The children of `report` that ended after a would-be deadline of their own: each one's
+/// name (as `why` gives it), would-be deadline and lateness.
+fn late_children(report: &cancel_scope::Report) -> Vec<(String, Instant, Duration)> {
+    report
+        .would_be()
+        .into_iter()
+        .filter(|d| d.is_child_late())
+        .map(|d| (d.why().to_owned(), d.at(), d.late_by().unwrap()))
+        .collect()
+}
+
+/// Runs `scope` for `ms` in a body (bounded, shadowed, by the hard cap alone).
+async fn work(scope: &cancel_scope::Scope, n: u64) -> Result<(), cancel_scope::Error> {
+    scope.run(tokio::time::sleep(ms(n))).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_past_its_own_would_be_deadline_records_how_late_it_ended() {
+    let t0 = Instant::now();
+    let scope = shadowed_request(); // would-be deadline t0 + 100 ms
+    let db = scope.child().name("db").reserve(ms(30)).build().unwrap();
+    assert_eq!(db.deadline(), Some(t0 + ms(4_970)), "the enforced bound");
+    // Its calls tell the next hop its own would-be budget, as enforcing would tell `rem`.
+    let out = EgressPolicy::new().outgoing(&db).unwrap();
+    assert_eq!(out.service_budget().unwrap().would_be(), Some(ms(70)));
+    // Past its would-be deadline (t0 + 70 ms), within the enforced bound: it runs on.
+    work(&db, 85).await.unwrap();
+    drop(db);
+    let (report, late) = quiet_with(&scope, WouldBe::is_child_late).await;
+    assert_eq!(late.len(), 1, "{report}");
+    assert_eq!(late[0].late_by(), Some(ms(15)));
+    assert_eq!(late[0].at(), t0 + ms(70));
+    assert_eq!(late[0].why(), "child `db`");
+    assert!(!late[0].is_refusal() && !late[0].is_child_refusal());
+    assert!(
+        report.to_string().contains(
+            "shadow: would have cancelled child `db` at its deadline: finished 15 ms after it"
+        ),
+        "{report}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_that_ends_within_its_would_be_deadline_records_nothing() {
+    let scope = shadowed_request(); // would-be deadline t0 + 100 ms
+    let db = scope.child().name("db").reserve(ms(30)).build().unwrap();
+    work(&db, 70).await.unwrap(); // ends at its would-be deadline, not after it
+    drop(db);
+    // No rule of its own: its would-be deadline is the request's, whose lateness the layer
+    // that admitted it reports (at the answer), not a child's.
+    let plain = scope.child().name("plain").cap(ms(900)).build().unwrap();
+    work(&plain, 60).await.unwrap(); // ends at t0 + 130 ms
+    drop(plain);
+    let (report, _) = quiet_with(&scope, |_| true).await;
+    assert!(report.would_be().is_empty(), "{report}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nested_child_with_its_own_cap_is_bounded_by_its_parents_would_be_deadline() {
+    let t0 = Instant::now();
+    let scope = shadowed_request(); // would-be deadline t0 + 100 ms
+    let outer = scope.child().name("outer").reserve(ms(20)).build().unwrap(); // t0 + 80
+    advance(ms(10)).await;
+    // Its cap allows 100 ms, its parent's would-be budget less its reserve 65 ms: its would-be
+    // deadline is t0 + 75 ms, its enforced one t0 + 110 ms.
+    let inner = outer
+        .child()
+        .name("inner")
+        .cap(ms(100))
+        .reserve(ms(5))
+        .build()
+        .unwrap();
+    assert_eq!(inner.deadline(), Some(t0 + ms(110)));
+    // A cap is enforced in every mode: this child stops at it, and has nothing to report.
+    let capped = outer.child().name("capped").cap(ms(30)).build().unwrap();
+    assert!(work(&capped, 40).await.unwrap_err().is_deadline_exceeded());
+    drop(capped);
+    // A cap longer than what the outer child would have: its would-be deadline is the outer
+    // one's, reported for the outer child only.
+    let within = outer.child().name("within").cap(ms(500)).build().unwrap();
+    work(&inner, 40).await.unwrap(); // ends at t0 + 80 ms
+    drop((inner, within));
+    advance(ms(5)).await;
+    drop(outer); // ends at t0 + 85 ms
+    let (report, _) = quiet_with(&scope, |_| true).await;
+    assert_eq!(
+        late_children(&report),
+        [
+            ("child `inner`".to_owned(), t0 + ms(75), ms(5)),
+            ("child `outer`".to_owned(), t0 + ms(80), ms(5)),
+        ],
+        "{report}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fan_out_branch_past_its_would_be_deadline_records_how_late_it_ended() {
+    use cancel_scope::fanout::FanOut;
+    let t0 = Instant::now();
+    let scope = shadowed_request(); // would-be deadline t0 + 100 ms
+    async fn answer(after: u64) -> Result<u32, std::io::Error> {
+        tokio::time::sleep(ms(after)).await;
+        Ok(7)
+    }
+    // Optional branches end 30 ms before the required ones: at t0 + 70 ms, would-be.
+    let mut fan = FanOut::new(&scope).aggregate_reserve(ms(30));
+    let price = fan.required("price", |_| answer(90));
+    let reviews = fan.optional("reviews", |_| answer(85));
+    let mut page = fan.join().await.unwrap();
+    assert_eq!(page.required(price), 7);
+    assert_eq!(
+        page.optional(reviews),
+        Some(7),
+        "shadowed: it ran to its end"
+    );
+    let (report, _) = quiet_with(&scope, |_| true).await;
+    assert_eq!(
+        late_children(&report),
+        [("child `reviews`".to_owned(), t0 + ms(70), ms(15))],
+        "{report}"
+    );
+}
+
+/// Two attempts at `inventory`, each failing after 60 ms, the budget split evenly.
+async fn retried_twice(scope: &cancel_scope::Scope) -> std::sync::Arc<cancel_scope::retry::Ledger> {
+    use cancel_scope::budget::Split;
+    use cancel_scope::retry::{Decision, Retry};
+    use cancel_scope::ChildSpec;
+    let retry = Retry::new(|_: &()| Decision::RetryNow)
+        .max_attempts(2)
+        .split(Split::Even { cap: None });
+    let (_, ledger) = retry
+        .run_with_ledger(scope, ChildSpec::read_only("inventory"), |_| async {
+            tokio::time::sleep(ms(60)).await;
+            Err::<(), ()>(())
+        })
+        .await;
+    ledger
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_attempt_past_its_would_be_share_records_how_late_it_ended() {
+    let t0 = Instant::now();
+    let scope = shadowed_request(); // would-be deadline t0 + 100 ms
+                                    // The first attempt's would-be share is half of 100 ms: it ends 10 ms after it. The
+                                    // second's is all that is left, the request's own would-be deadline: not a child's.
+    let ledger = retried_twice(&scope).await;
+    assert_eq!(ledger.started(), 2);
+    let (report, _) = quiet_with(&scope, |_| true).await;
+    assert_eq!(
+        late_children(&report),
+        [("child `inventory`".to_owned(), t0 + ms(50), ms(10))],
+        "{report}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn enforcing_cancels_the_same_children_at_the_deadlines_shadow_mode_reported() {
+    let admit = |mode| {
+        EndpointPolicy::new(ms(5_000), ms(1_000))
+            .mode(mode)
+            .admit(Incoming::new().grpc_timeout(b"100m"), Instant::now())
+            .unwrap()
+            .0
+    };
+    // The same work in both modes: a call with a reserve, a nested call with a cap, a retry.
+    async fn calls(scope: &cancel_scope::Scope) -> Vec<(&'static str, Option<Instant>)> {
+        let mut ended = Vec::new();
+        let outer = scope.child().name("outer").reserve(ms(20)).build().unwrap();
+        let inner = outer.child().name("inner").reserve(ms(5)).cap(ms(100));
+        let inner = inner.build().unwrap();
+        let r = work(&inner, 80).await;
+        ended.push(("inner", r.is_err().then(Instant::now)));
+        drop(inner);
+        let r = work(&outer, 50).await;
+        ended.push(("outer", r.is_err().then(Instant::now)));
+        drop(outer);
+        ended
+    }
+    let t0 = Instant::now();
+    let shadowed = admit(Mode::Shadow);
+    assert!(calls(&shadowed).await.iter().all(|(_, c)| c.is_none()));
+    let (report, _) = quiet_with(&shadowed, |_| true).await;
+    let reported = late_children(&report);
+    assert_eq!(reported.len(), 2, "{report}");
+
+    tokio::time::advance(ms(1_000)).await;
+    let t1 = Instant::now();
+    let enforced = admit(Mode::Enforce);
+    let cancelled = calls(&enforced).await;
+    // Each child cancelled at its deadline, where shadow mode said it would have been.
+    for ((name, at), (why, would_be, _)) in cancelled.iter().zip(&reported) {
+        assert_eq!(why, &format!("child `{name}`"));
+        assert_eq!(at.map(|at| at - t1), Some(*would_be - t0), "{name}");
+    }
+    enforced.close();
+    assert!(enforced.quiesce().await.would_be().is_empty());
+
+    // A retry attempt: cancelled at the share's end that shadow mode reported.
+    let shadowed = admit(Mode::Shadow);
+    let t2 = Instant::now();
+    retried_twice(&shadowed).await;
+    let (report, _) = quiet_with(&shadowed, |_| true).await;
+    let [(_, would_be, _)] = late_children(&report)[..] else {
+        panic!("{report}")
+    };
+    let enforced = admit(Mode::Enforce);
+    let t3 = Instant::now();
+    let ledger = retried_twice(&enforced).await;
+    let first = &ledger.attempts()[0];
+    assert_eq!(first.budget(), Some(ms(50)));
+    assert_eq!(first.ended_at().map(|at| at - t3), Some(would_be - t2));
+}

@@ -255,3 +255,73 @@ fn a_policy_loads_from_configuration_and_never_without_a_deadline() {
         .unwrap();
     assert_eq!(h.current().max_budget(), ms(900));
 }
+
+#[cfg(feature = "serde")]
+#[test]
+fn a_rejection_cap_loads_from_configuration_and_is_validated() {
+    use cancel_scope::wire::{PolicyConfig, RejectionCapConfig};
+    let json = r#"{ "version": 5, "max_ms": 2000, "default_ms": 1000,
+                    "rejection_cap": { "percent": 20, "window_ms": 10000 } }"#;
+    let p: EndpointPolicy = serde_json::from_str(json).unwrap();
+    assert_eq!(p, policy(5, 2000).rejection_cap(20, ms(10_000)));
+    assert_eq!(p.rejection_limit(), Some((20, ms(10_000))));
+    // Back and forth, with and without one.
+    let config = PolicyConfig::from(p);
+    assert_eq!(
+        config.rejection_cap,
+        Some(RejectionCapConfig {
+            percent: 20,
+            window_ms: 10_000
+        })
+    );
+    let again: EndpointPolicy =
+        serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+    assert_eq!(again, p);
+    let none = PolicyConfig::from(policy(5, 2000));
+    assert_eq!(none.rejection_cap, None);
+    assert!(!serde_json::to_string(&none)
+        .unwrap()
+        .contains("rejection_cap"));
+
+    // A percent over 100 and a zero window are refused, as the other fields' errors are.
+    for (percent, window_ms) in [(101, 10_000), (255, 1), (20, 0)] {
+        let config = PolicyConfig {
+            rejection_cap: Some(RejectionCapConfig { percent, window_ms }),
+            ..none.clone()
+        };
+        let err = EndpointPolicy::try_from(config).unwrap_err();
+        assert!(err.is_invalid_rejection_cap(), "{err}");
+        assert!(!err.is_unbounded());
+        let json = format!(
+            r#"{{ "version": 5, "max_ms": 2000, "default_ms": 1000,
+                  "rejection_cap": {{ "percent": {percent}, "window_ms": {window_ms} }} }}"#
+        );
+        let err = serde_json::from_str::<EndpointPolicy>(&json).unwrap_err();
+        assert!(err.to_string().contains("rejection cap"), "{err}");
+    }
+    // Both members are required, no other is accepted.
+    for bad in [
+        r#"{ "percent": 20 }"#,
+        r#"{ "window_ms": 10000 }"#,
+        r#"{ "percent": 20, "window_ms": 10000, "slices": 5 }"#,
+        r#"{ "percent": 300, "window_ms": 10000 }"#,
+    ] {
+        let json = format!(
+            r#"{{ "version": 5, "max_ms": 2000, "default_ms": 1000, "rejection_cap": {bad} }}"#
+        );
+        assert!(
+            serde_json::from_str::<EndpointPolicy>(&json).is_err(),
+            "{bad}"
+        );
+    }
+    // 100 % over 1 ms, the edges that are accepted.
+    let edge = PolicyConfig {
+        rejection_cap: Some(RejectionCapConfig {
+            percent: 100,
+            window_ms: 1,
+        }),
+        ..none
+    };
+    let p = EndpointPolicy::try_from(edge).unwrap();
+    assert_eq!(p.rejection_limit(), Some((100, ms(1))));
+}

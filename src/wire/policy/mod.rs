@@ -163,6 +163,8 @@ pub struct EndpointPolicy {
     mode: Mode,
     stage: Stage,
     percent: u8,
+    /// The rejection cap's settings for a layer's own window: percent, window.
+    rejection: Option<(u8, Duration)>,
 }
 
 impl EndpointPolicy {
@@ -190,6 +192,7 @@ impl EndpointPolicy {
             mode: Mode::Enforce,
             stage: Stage::All,
             percent: 100,
+            rejection: None,
         }
     }
 

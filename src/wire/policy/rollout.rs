@@ -1,4 +1,7 @@
-//! The rollout settings of an [`EndpointPolicy`]: staged enforcement and shadow mode.
+//! The rollout settings of an [`EndpointPolicy`]: staged enforcement, shadow mode and the
+//! rejection cap's settings.
+
+use std::time::Duration;
 
 use crate::wire::shadow::Mode;
 use crate::wire::stage::{fraction_bucket, RequestClass, Stage};
@@ -115,5 +118,58 @@ impl EndpointPolicy {
     /// ```
     pub const fn enforcement(&self) -> Mode {
         self.mode
+    }
+
+    /// The settings of a [`RejectionCap`](crate::wire::RejectionCap) that come with this
+    /// policy: at most `percent` % (`0` to `100`; larger values are `100`) of the requests
+    /// refused over `window` (at least 10 ns), so that the cap can come from configuration
+    /// with the rest of a policy version
+    /// ([`PolicyConfig::rejection_cap`](crate::wire::PolicyConfig::rejection_cap), feature
+    /// `serde`).
+    ///
+    /// A layer that reads versions
+    /// ([`AdmitLayer::versioned`](crate::integrations::tower::AdmitLayer::versioned), feature
+    /// `rollout`) and has no cap of its own counts its refusals in one window of its own,
+    /// made at its first request that needs it, under the settings of the version that admits
+    /// each request: the window is kept across [`set`](crate::wire::PolicyHandle::set) and
+    /// [`rollback`](crate::wire::PolicyHandle::rollback) (a swap does not reset its counts,
+    /// and a rollback brings back the earlier version's settings); under a version without
+    /// settings every refusal is enforced. A cap given to the layer
+    /// ([`AdmitLayer::rejection_cap`](crate::integrations::tower::AdmitLayer::rejection_cap))
+    /// wins over these settings. A layer with one fixed policy, and admission without a layer
+    /// ([`EndpointPolicy::admit`] and the others), do not read them: give them a
+    /// [`RejectionCap`](crate::wire::RejectionCap) (on the layer, or on the
+    /// [`Incoming`](crate::wire::Incoming)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EndpointPolicy;
+    /// let s = Duration::from_secs;
+    /// let p = EndpointPolicy::new(s(1), s(1)).rejection_cap(120, s(30));
+    /// assert_eq!(p.rejection_limit(), Some((100, s(30))));
+    /// assert_eq!(EndpointPolicy::new(s(1), s(1)).rejection_limit(), None);
+    /// ```
+    pub const fn rejection_cap(mut self, percent: u8, window: Duration) -> Self {
+        let percent = if percent > 100 { 100 } else { percent };
+        let least = Duration::from_nanos(10);
+        let window = if window.as_nanos() < least.as_nanos() {
+            least
+        } else {
+            window
+        };
+        self.rejection = Some((percent, window));
+        self
+    }
+
+    /// The rejection cap's settings that come with this policy, if any: percent and window
+    /// (see [`rejection_cap`](Self::rejection_cap)).
+    ///
+    /// # Examples
+    ///
+    /// See [`rejection_cap`](Self::rejection_cap).
+    pub const fn rejection_limit(&self) -> Option<(u8, Duration)> {
+        self.rejection
     }
 }

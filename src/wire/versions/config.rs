@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{bounded, PolicyError};
+use super::{bounded, ErrorKind, PolicyError};
 use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Stage, Trust};
 
 /// An [`EndpointPolicy`] as it is written in configuration (any `serde` format: TOML, JSON,
@@ -26,6 +26,7 @@ use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Stage, Trust};
 /// | `mode` | `"enforce"` or `"shadow"` ([`Mode`]) | `"enforce"` |
 /// | `enforce_for` | `"read_only"`, `"idempotent"` or `"all"` ([`Stage`], [`EndpointPolicy::enforce_for`]) | `"all"` |
 /// | `enforced_percent` | [`EndpointPolicy::enforced_percent`] | `100` |
+/// | `rejection_cap` | `{ "percent": 20, "window_ms": 10000 }` ([`RejectionCapConfig`], [`EndpointPolicy::rejection_cap`]): the settings of a layer's own rejection cap; a percent over 100 or a zero window is refused ([`PolicyError::is_invalid_rejection_cap`]) | absent: no cap from configuration |
 ///
 /// # Examples
 ///
@@ -93,6 +94,39 @@ pub struct PolicyConfig {
     /// The percentage of operations enforced.
     #[serde(default = "all_percent")]
     pub enforced_percent: u8,
+    /// The settings of the layer's own rejection cap; absent, none from configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejection_cap: Option<RejectionCapConfig>,
+}
+
+/// The settings of a [`RejectionCap`](crate::wire::RejectionCap) in configuration
+/// ([`PolicyConfig::rejection_cap`], [`EndpointPolicy::rejection_cap`]): at most `percent` %
+/// of the requests refused over `window_ms` milliseconds. Both are required; a percent over
+/// 100 or a zero window is refused when the configuration becomes a policy
+/// ([`PolicyError::is_invalid_rejection_cap`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::wire::EndpointPolicy;
+///
+/// let json = r#"{ "version": 2, "max_ms": 2000, "default_ms": 1000,
+///                 "rejection_cap": { "percent": 50, "window_ms": 5000 } }"#;
+/// let policy: EndpointPolicy = serde_json::from_str(json).unwrap();
+/// assert_eq!(policy.rejection_limit(), Some((50, Duration::from_secs(5))));
+///
+/// let zero = r#"{ "version": 2, "max_ms": 2000, "default_ms": 1000,
+///                 "rejection_cap": { "percent": 50, "window_ms": 0 } }"#;
+/// assert!(serde_json::from_str::<EndpointPolicy>(zero).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectionCapConfig {
+    /// The most requests refused, in percent of those decided (`0` to `100`).
+    pub percent: u8,
+    /// The window the percentage holds over, in milliseconds (not zero).
+    pub window_ms: u64,
 }
 
 fn all_percent() -> u8 {
@@ -225,6 +259,14 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
         if let Some(f) = c.bad_input_fallback_ms {
             p = p.on_bad_input(OnBadInput::Fallback(ms(f)));
         }
+        if let Some(RejectionCapConfig { percent, window_ms }) = c.rejection_cap {
+            if percent > 100 || window_ms == 0 {
+                return Err(PolicyError {
+                    kind: ErrorKind::InvalidRejectionCap { percent, window_ms },
+                });
+            }
+            p = p.rejection_cap(percent, ms(window_ms));
+        }
         bounded(p)
     }
 }
@@ -268,6 +310,13 @@ impl From<EndpointPolicy> for PolicyConfig {
                 _ => StageConfig::All,
             },
             enforced_percent: p.enforced_fraction(),
+            rejection_cap: p
+                .rejection_limit()
+                .map(|(percent, window)| RejectionCapConfig {
+                    percent,
+                    // At least 1 ms: a window below it (set in code) is not written as none.
+                    window_ms: millis(window).max(1),
+                }),
         }
     }
 }

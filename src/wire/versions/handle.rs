@@ -45,7 +45,9 @@ struct Versions {
 ///   versions' caps (its default follows it down); it keeps its number. Rolling back again
 ///   keeps lowering: the cap after any number of rollbacks is at most every cap on the way.
 ///   What the layer holds besides the policy (its operation registry, its server, the durable
-///   intents and their reconciler) is not part of a version and is never rolled back.
+///   intents and their reconciler, its rejection cap's window) is not part of a version and is
+///   never rolled back; a version brings only the cap's settings
+///   ([`EndpointPolicy::rejection_cap`]), which a rollback restores with it.
 /// * **A version a hop does not hold is its own current one.** Where the current version
 ///   trusts the caller's operation ([`caller_operation`](EndpointPolicy::caller_operation)),
 ///   a request whose `service-budget` names (`pv`) a version this handle still holds is

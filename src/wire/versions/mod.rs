@@ -21,7 +21,9 @@ mod handle;
 use std::time::Duration;
 
 #[cfg(feature = "serde")]
-pub use config::{ModeConfig, OverCapConfig, PolicyConfig, StageConfig, TrustConfig};
+pub use config::{
+    ModeConfig, OverCapConfig, PolicyConfig, RejectionCapConfig, StageConfig, TrustConfig,
+};
 #[cfg(feature = "rollout")]
 pub use handle::PolicyHandle;
 
@@ -61,9 +63,19 @@ pub struct PolicyError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(feature = "rollout"), allow(dead_code))]
 enum ErrorKind {
-    Unbounded { max: Duration },
-    StaleVersion { version: u32, highest: u32 },
+    Unbounded {
+        max: Duration,
+    },
+    StaleVersion {
+        version: u32,
+        highest: u32,
+    },
     NoPrevious,
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    InvalidRejectionCap {
+        percent: u8,
+        window_ms: u64,
+    },
 }
 
 impl PolicyError {
@@ -101,6 +113,26 @@ impl PolicyError {
     pub fn is_no_previous(&self) -> bool {
         self.kind == ErrorKind::NoPrevious
     }
+
+    /// A configuration's rejection cap has a percent over 100 or a zero window (see
+    /// [`PolicyConfig::rejection_cap`], feature `serde`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "serde")] {
+    /// use cancel_scope::wire::{EndpointPolicy, PolicyConfig};
+    /// let json = r#"{ "version": 1, "max_ms": 1000, "default_ms": 500,
+    ///                 "rejection_cap": { "percent": 120, "window_ms": 10000 } }"#;
+    /// let config: PolicyConfig = serde_json::from_str(json).unwrap();
+    /// let err = EndpointPolicy::try_from(config).unwrap_err();
+    /// assert!(err.is_invalid_rejection_cap() && !err.is_unbounded());
+    /// assert!(err.to_string().contains("120"), "{err}");
+    /// # }
+    /// ```
+    pub fn is_invalid_rejection_cap(&self) -> bool {
+        matches!(self.kind, ErrorKind::InvalidRejectionCap { .. })
+    }
 }
 
 impl std::fmt::Display for PolicyError {
@@ -115,6 +147,10 @@ impl std::fmt::Display for PolicyError {
                 "policy version {version} is not above {highest}, the highest version held so far"
             ),
             ErrorKind::NoPrevious => f.write_str("no previous policy version to roll back to"),
+            ErrorKind::InvalidRejectionCap { percent, window_ms } => write!(
+                f,
+                "rejection cap of {percent} % over {window_ms} ms: the percent must be at most 100 and the window more than zero"
+            ),
         }
     }
 }

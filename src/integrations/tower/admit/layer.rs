@@ -57,6 +57,8 @@ impl AdmitLayer {
                 on_refusal: None,
                 server: None,
                 cap: None,
+                #[cfg(feature = "rollout")]
+                configured_cap: None,
             },
             registry: (),
         }
@@ -69,6 +71,12 @@ impl AdmitLayer {
     /// from its headers to its report; its [`Admission`], its outgoing `service-budget`
     /// headers (`pv`) and its [`Report`] name it. The registry, the server and the hooks
     /// given to the layer are not part of a version: a rollback keeps them.
+    ///
+    /// A version's rejection cap settings ([`EndpointPolicy::rejection_cap`], from
+    /// configuration: [`PolicyConfig::rejection_cap`](crate::wire::PolicyConfig::rejection_cap))
+    /// apply to the requests it admits, counted in one window of the layer's, kept across
+    /// swaps and rollbacks (a swap does not reset the counts). A cap given with
+    /// [`rejection_cap`](Self::rejection_cap) wins over the versions' settings.
     ///
     /// # Examples
     ///
@@ -85,13 +93,15 @@ impl AdmitLayer {
     /// ```
     #[cfg(feature = "rollout")]
     pub fn versioned(policies: &PolicyHandle) -> Self {
-        AdmitLayer {
+        let mut layer = AdmitLayer {
             policy: PolicySource::Versions {
                 handle: policies.clone(),
                 made_with: policies.current(),
             },
             ..AdmitLayer::new(policies.current())
-        }
+        };
+        layer.hooks.configured_cap = Some(Arc::new(crate::sync::OnceLock::new()));
+        layer
     }
 
     /// Admits every request with the operation registry's term
@@ -177,7 +187,10 @@ impl<R> AdmitLayer<R> {
     /// [`Admission`] and [`Report`] (see [`RejectionCap`]). The window is `cap`'s, shared by
     /// its clones: give each endpoint its own. It belongs to the layer, not to a policy
     /// version: a [versioned](AdmitLayer::versioned) layer keeps its window across swaps and
-    /// rollbacks. Without a cap, every refusal is enforced.
+    /// rollbacks. This cap wins over the settings a version brings
+    /// ([`EndpointPolicy::rejection_cap`]): its percentage and window hold whatever the
+    /// versions say. Without a cap (and, in a versioned layer, under a version without
+    /// settings), every refusal is enforced.
     ///
     /// # Examples
     ///
@@ -197,8 +210,10 @@ impl<R> AdmitLayer<R> {
         self
     }
 
-    /// The rejection cap the layer's refusals count in, if any (see
-    /// [`rejection_cap`](Self::rejection_cap)).
+    /// The rejection cap given to the layer, if any (see
+    /// [`rejection_cap`](Self::rejection_cap)); not the window a
+    /// [versioned](Self::versioned) layer keeps for its versions' settings
+    /// ([`EndpointPolicy::rejection_cap`]).
     ///
     /// # Examples
     ///

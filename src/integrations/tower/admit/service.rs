@@ -31,6 +31,25 @@ pub(super) struct Hooks {
     pub(super) server: Option<ServerScope>,
     /// The rejection cap the layer's refusals count in.
     pub(super) cap: Option<RejectionCap>,
+    /// A versioned layer's own window, made at the first request whose version has rejection
+    /// cap settings (see `EndpointPolicy::rejection_cap`), and shared by the layer's services.
+    #[cfg(feature = "rollout")]
+    pub(super) configured_cap: Option<Arc<crate::sync::OnceLock<RejectionCap>>>,
+}
+
+#[cfg(feature = "rollout")]
+impl Hooks {
+    /// The versioned layer's own window under `policy`'s rejection cap settings, if it has
+    /// them (made on the first ask; see `EndpointPolicy::rejection_cap`).
+    fn configured_cap(&self, policy: &EndpointPolicy) -> Option<&RejectionCap> {
+        let (percent, window) = policy.rejection_limit()?;
+        let cap = self
+            .configured_cap
+            .as_ref()?
+            .get_or_init(|| RejectionCap::new(percent, window));
+        cap.apply(percent, window, Instant::now());
+        Some(cap)
+    }
 }
 
 /// When a request arrived, if an outer layer (or the accept loop) knows better than
@@ -119,6 +138,8 @@ impl<S> Admit<S> {
                 on_refusal: None,
                 server: None,
                 cap: None,
+                #[cfg(feature = "rollout")]
+                configured_cap: None,
             },
             registry: (),
             not_ready_since: None,
@@ -243,11 +264,15 @@ impl<S, R> Admit<S, R> {
         // The handler never sees the raw budget headers: a handler that copies its incoming
         // headers onto a call of its own would pass the caller's claims on unchecked.
         let mut incoming = Incoming::take_from(req.headers_mut()).class(class_of(req));
-        if let Some(cap) = &self.hooks.cap {
-            incoming = incoming.rejection_cap(cap);
-        }
         // One version for the whole request (a swap in between must not mix two).
         let policy = self.policy.for_request(&incoming);
+        // The layer's own cap wins over the version's settings.
+        let cap = self.hooks.cap.as_ref();
+        #[cfg(feature = "rollout")]
+        let cap = cap.or_else(|| self.hooks.configured_cap(&policy));
+        if let Some(cap) = cap {
+            incoming = incoming.rejection_cap(cap);
+        }
         let ingress = match req.extensions().get::<Ingress>() {
             Some(i) => i.0,
             None => not_ready_since.unwrap_or_else(Instant::now),
