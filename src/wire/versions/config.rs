@@ -14,18 +14,18 @@ use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Stage, Trust};
 ///
 /// | field | meaning | default |
 /// |---|---|---|
-/// | `version` | [`EndpointPolicy::version`] | required |
+/// | `version` | [`EndpointPolicyBuilder::version`](crate::wire::EndpointPolicyBuilder::version) | required |
 /// | `max_ms` | [`EndpointPolicy::max_budget`], the hard cap | required |
 /// | `default_ms` | [`EndpointPolicy::default_budget`] | required |
-/// | `reserve_ms`, `transport_pad_ms`, `min_useful_ms` | [`reserve`](EndpointPolicy::reserve), [`transport_pad`](EndpointPolicy::transport_pad), [`min_useful`](EndpointPolicy::min_useful) | `0` |
+/// | `reserve_ms`, `transport_pad_ms`, `min_useful_ms` | [`reserve`](crate::wire::EndpointPolicyBuilder::reserve), [`transport_pad`](crate::wire::EndpointPolicyBuilder::transport_pad), [`min_useful`](crate::wire::EndpointPolicyBuilder::min_useful) | `0` |
 /// | `trust` | `"untrusted"` or `"trusted"` ([`Trust`]) | `"untrusted"` |
 /// | `envoy_timeout`, `caller_priority`, `caller_operation`, `error_detail` | one trust setting each, after `trust` | the preset's |
 /// | `bad_input_fallback_ms` | [`OnBadInput::Fallback`] with this budget; absent: [`OnBadInput::Reject`] | absent |
 /// | `over_cap` | `"clamp"` or `"reject"` ([`OverCap`]) | `"clamp"` |
-/// | `priority` | [`EndpointPolicy::priority`] | `3` |
+/// | `priority` | [`EndpointPolicyBuilder::priority`](crate::wire::EndpointPolicyBuilder::priority) | `3` |
 /// | `mode` | `"enforce"` or `"shadow"` ([`Mode`]) | `"enforce"` |
-/// | `enforce_for` | `"read_only"`, `"idempotent"` or `"all"` ([`Stage`], [`EndpointPolicy::enforce_for`]) | `"all"` |
-/// | `enforced_percent` | [`EndpointPolicy::enforced_percent`] | `100` |
+/// | `enforce_for` | `"read_only"`, `"idempotent"` or `"all"` ([`Stage`], [`EndpointPolicyBuilder::enforce_for`](crate::wire::EndpointPolicyBuilder::enforce_for)) | `"all"` |
+/// | `enforced_percent` | [`EndpointPolicyBuilder::enforced_percent`](crate::wire::EndpointPolicyBuilder::enforced_percent) | `100` |
 ///
 /// # Examples
 ///
@@ -140,7 +140,9 @@ pub enum ModeConfig {
 }
 
 fn default_priority() -> u8 {
-    EndpointPolicy::new(Duration::ZERO, Duration::ZERO).policy_priority()
+    EndpointPolicy::builder(Duration::ZERO)
+        .build()
+        .policy_priority()
 }
 
 /// [`Trust`] in configuration: `"untrusted"` or `"trusted"`.
@@ -186,7 +188,8 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
 
     fn try_from(c: PolicyConfig) -> Result<Self, PolicyError> {
         let ms = Duration::from_millis;
-        let mut p = EndpointPolicy::new(ms(c.max_ms), ms(c.default_ms))
+        let mut p = EndpointPolicy::builder(ms(c.max_ms))
+            .default_budget(ms(c.default_ms))
             .version(c.version)
             .reserve(ms(c.reserve_ms))
             .transport_pad(ms(c.transport_pad_ms))
@@ -225,7 +228,7 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
         if let Some(f) = c.bad_input_fallback_ms {
             p = p.on_bad_input(OnBadInput::Fallback(ms(f)));
         }
-        bounded(p)
+        bounded(p.build())
     }
 }
 
