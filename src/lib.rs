@@ -115,6 +115,7 @@
 //! | | [`Split`](budget::Split) | how a retry shares what is left among its attempts: even or greedy |
 //! | | [`EndpointBudget`](budget::EndpointBudget) | an endpoint's rules for a declared budget: maximum, default, reserve |
 //! | | [`EndpointBudgetBuilder`](budget::EndpointBudgetBuilder) | builds an `EndpointBudget` from its maximum (`EndpointBudget::builder`) |
+//! | | [`Rules`](budget::Rules) | a reserve, a cap and a minimum useful budget as one value, for `.rules(…)` on the child, retry, fan-out, egress and pool builders |
 //! | | [`grant`](budget::grant) | the greedy grant: `max(0, min(cap, remaining − reserve))` |
 //! | | [`hop_timeout`](budget::hop_timeout) | a per-hop timeout: `min(cap, max(floor, remaining − pad))`, never more than remaining |
 //! | [`retry`] | [`Retry`](retry::Retry) | a retry policy: attempts, budget split, reserve, backoff, retry budget |
