@@ -370,8 +370,9 @@
 //! | `serde` | `EndpointPolicy` and `wire::PolicyConfig` from configuration in any `serde` format (adds `serde` with its derive) |
 //! | `testing` | `testing`: a request's scope and an admitted request for your own handler tests (`tower`) |
 //!
-//! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
-//! crate's own loopback tests.
+//! `__test-servers` and `__test-hooks` are not public API: the first pulls in axum and tonic's
+//! transport for this crate's own loopback tests, the second makes the `__` hooks its tests,
+//! benches and loom models use.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(unreachable_pub)]
@@ -409,6 +410,7 @@ mod tree;
 pub mod wire;
 
 pub use cause::Cause;
+#[cfg(feature = "__test-hooks")]
 #[doc(hidden)]
 pub use child::OwnTicket as __OwnTicket;
 pub use child::{Dispatched, Failure, JoinHandle, Receipt, Ticket};
