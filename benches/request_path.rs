@@ -111,7 +111,11 @@ fn serve(side: &str) {
     let side = side.to_owned();
     runtime.block_on(async move {
         let ms = Duration::from_millis;
-        let admit = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000)));
+        let admit = AdmitLayer::new(
+            EndpointPolicy::builder(ms(2_000))
+                .default_budget(ms(1_000))
+                .build(),
+        );
         let timeout = TimeoutLayer::with_status_code(http::StatusCode::GATEWAY_TIMEOUT, ms(1_000));
         let hello = || Router::new().route("/", get(|| async { "hello" }));
         let hop = || async {

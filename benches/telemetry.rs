@@ -62,7 +62,9 @@ where
 
 fn admit(c: &mut Criterion) {
     let ms = Duration::from_millis;
-    let policy = EndpointPolicy::new(ms(2_000), ms(1_000));
+    let policy = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
+        .build();
     let (off_rt, on_rt) = (runtime(), runtime());
     let mut off = AdmitLayer::new(policy).layer(Hello);
     let mut on = AdmitLayer::new(policy).layer(Hello);

@@ -71,7 +71,11 @@ fn serve(telemetry: bool) {
         let ms = Duration::from_millis;
         let app = Router::new()
             .route("/", get(|| async { "hello" }))
-            .layer(AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))));
+            .layer(AdmitLayer::new(
+                EndpointPolicy::builder(ms(2_000))
+                    .default_budget(ms(1_000))
+                    .build(),
+            ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("{}", listener.local_addr().unwrap());
         axum::serve(listener, app).await.unwrap();

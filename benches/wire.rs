@@ -71,9 +71,11 @@ fn per_request(c: &mut Criterion) {
     let _guard = rt.enter();
     let ms = Duration::from_millis;
     // Budgets far longer than the benchmark runs, so that nothing expires under it.
-    let policy = EndpointPolicy::new(ms(7_200_000), ms(1_000))
+    let policy = EndpointPolicy::builder(ms(7_200_000))
+        .default_budget(ms(1_000))
         .reserve(ms(20))
-        .transport_pad(ms(5));
+        .transport_pad(ms(5))
+        .build();
     let mut request = HeaderMap::new();
     request.insert(GRPC_TIMEOUT, HeaderValue::from_static("1H"));
     request.insert(
@@ -157,7 +159,9 @@ fn admit_layer(c: &mut Criterion) {
         .build()
         .unwrap();
     let ms = Duration::from_millis;
-    let policy = EndpointPolicy::new(ms(7_200_000), ms(3_600_000));
+    let policy = EndpointPolicy::builder(ms(7_200_000))
+        .default_budget(ms(3_600_000))
+        .build();
     let mut g = c.benchmark_group("tower/admit");
     g.throughput(Throughput::Elements(1));
     g.bench_function("anchor: the handler called bare", |b| {

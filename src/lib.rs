@@ -17,7 +17,9 @@
 //! // Every request runs in a scope of its own: the caller's `grpc-timeout` or
 //! // `service-budget`, at most 2 s; 1 s if it sent none. With axum:
 //! // `Router::new().route("/order", post(order)).layer(admit)`; tonic: `.layer(admit)`.
-//! let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+//! let policy = EndpointPolicy::builder(Duration::from_secs(2))
+//!     .default_budget(Duration::from_secs(1))
+//!     .build();
 //! let admit = AdmitLayer::new(policy);
 //! let http = reqwest::Client::builder().redirect(redirect_policy()).build().unwrap();
 //!
@@ -112,6 +114,8 @@
 //! | | [`BudgetExhausted`](budget::BudgetExhausted) | too little budget left for the work to be useful; nothing was started |
 //! | | [`Split`](budget::Split) | how a retry shares what is left among its attempts: even or greedy |
 //! | | [`EndpointBudget`](budget::EndpointBudget) | an endpoint's rules for a declared budget: maximum, default, reserve |
+//! | | [`EndpointBudgetBuilder`](budget::EndpointBudgetBuilder) | builds an `EndpointBudget` from its maximum (`EndpointBudget::builder`) |
+//! | | [`Rules`](budget::Rules) | a reserve, a cap and a minimum useful budget as one value, for `.rules(…)` on the child, retry, fan-out, egress and pool builders |
 //! | | [`grant`](budget::grant) | the greedy grant: `max(0, min(cap, remaining − reserve))` |
 //! | | [`hop_timeout`](budget::hop_timeout) | a per-hop timeout: `min(cap, max(floor, remaining − pad))`, never more than remaining |
 //! | [`retry`] | [`Retry`](retry::Retry) | a retry policy: attempts, budget split, reserve, backoff, retry budget |
@@ -158,6 +162,7 @@
 //! | [`telemetry`] | [`ADMISSION_BUDGET`](telemetry::ADMISSION_BUDGET) … [`RETRY_BUDGET_EXHAUSTED`](telemetry::RETRY_BUDGET_EXHAUSTED) | the names of the crate's metrics (features `metrics`), listed with their labels in the module |
 //! | | [`REQUEST_SPAN`](telemetry::REQUEST_SPAN), [`CALL_SPAN`](telemetry::CALL_SPAN), [`UNNAMED_DEPENDENCY`](telemetry::UNNAMED_DEPENDENCY) | the names of the spans of a request and of a call (feature `tracing`); the `dependency` of a call given no name |
 //! | [`wire`] | [`EndpointPolicy`](wire::EndpointPolicy) | an endpoint's budget rules and trust settings; [`admit`](wire::EndpointPolicy::admit), [`admit_in`](wire::EndpointPolicy::admit_in) under a `ServerScope`, and [`admit_joined`](wire::EndpointPolicy::admit_joined) with the operation registry's term |
+//! | | [`EndpointPolicyBuilder`](wire::EndpointPolicyBuilder) | builds an `EndpointPolicy` from its maximum (`EndpointPolicy::builder`), or from a policy (`to_builder`) |
 //! | | [`Trust`](wire::Trust) | presets for all the trust settings at once: untrusted, trusted |
 //! | | [`OnBadInput`](wire::OnBadInput) | what admission does with a budget header it cannot decode: refuse, or fall back |
 //! | | [`OverCap`](wire::OverCap) | what admission does with a budget over the maximum: clamp, or refuse |
@@ -170,6 +175,7 @@
 //! | | [`RegistryTerm`](wire::RegistryTerm) | whether the operation registry's remaining time bounded an admitted request, or the registry failed |
 //! | | [`Operation`](wire::Operation) | request-wide facts on the root scope: operation id, priority, generation, egress defaults |
 //! | | [`EgressPolicy`](wire::EgressPolicy) | how outgoing calls take their budget: reserve, cap, transport pad, minimum |
+//! | | [`EgressPolicyBuilder`](wire::EgressPolicyBuilder) | builds an `EgressPolicy` (`EgressPolicy::builder`, `to_builder`) |
 //! | | [`Outgoing`](wire::Outgoing) | the budget of one outgoing call, as `grpc-timeout` and `service-budget` values |
 //! | | [`PolicyError`](wire::PolicyError), [`MAX_CAP`](wire::MAX_CAP) | why a policy version was refused (it would remove the deadline, its number is stale) or a rollback could not be made; the longest hard cap a version may have |
 //! | | [`Mode`](wire::Mode), [`WouldBe`](wire::WouldBe) | enforce or shadow an endpoint's decisions; a decision shadow mode computed and did not enforce ([`Report::would_be`]) |
@@ -366,8 +372,9 @@
 //! | `serde` | `EndpointPolicy` and `wire::PolicyConfig` from configuration in any `serde` format (adds `serde` with its derive) |
 //! | `testing` | `testing`: a request's scope and an admitted request for your own handler tests (`tower`) |
 //!
-//! `__test-servers` is not public API: it pulls in axum and tonic's transport for this
-//! crate's own loopback tests.
+//! `__test-servers` and `__test-hooks` are not public API: the first pulls in axum and tonic's
+//! transport for this crate's own loopback tests, the second makes the `__` hooks its tests,
+//! benches and loom models use.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(unreachable_pub)]
@@ -405,6 +412,7 @@ mod tree;
 pub mod wire;
 
 pub use cause::Cause;
+#[cfg(feature = "__test-hooks")]
 #[doc(hidden)]
 pub use child::OwnTicket as __OwnTicket;
 pub use child::{Dispatched, Failure, JoinHandle, Receipt, Ticket};

@@ -59,7 +59,7 @@ use crate::Scope;
 /// ```
 #[track_caller]
 pub fn request_scope(budget: Duration) -> (Scope, Admission) {
-    let policy = EndpointPolicy::new(budget, budget);
+    let policy = EndpointPolicy::builder(budget).build();
     match policy.admit(Incoming::new(), Instant::now()) {
         Ok(admitted) => admitted,
         Err(e) => panic!("no request scope with a budget of {budget:?}: {e}"),

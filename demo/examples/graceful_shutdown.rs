@@ -43,7 +43,7 @@ async fn handler(State(started): State<Arc<Semaphore>>, Path(what): Path<String>
 async fn main() -> ExitCode {
     let server = ServerScope::new().stop_grace(Duration::from_millis(200));
     let started = Arc::new(Semaphore::new(0));
-    let policy = EndpointPolicy::new(Duration::from_secs(60), Duration::from_secs(60));
+    let policy = EndpointPolicy::builder(Duration::from_secs(60)).build();
     let app = Router::new()
         .route("/{what}", get(handler))
         .with_state(started.clone())

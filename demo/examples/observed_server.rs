@@ -104,8 +104,10 @@ async fn main() {
     tokio::spawn(async move { axum::serve(listener, downstream).await.unwrap() });
 
     // Callers get at most 2 s (1 s when they say nothing); 20 ms are kept for the answer.
-    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1))
-        .reserve(Duration::from_millis(20));
+    let policy = EndpointPolicy::builder(Duration::from_secs(2))
+        .default_budget(Duration::from_secs(1))
+        .reserve(Duration::from_millis(20))
+        .build();
     let server = ServerScope::new();
     // Each request's report, once it is quiet (its metrics and event are recorded by then).
     let (reported, mut reports) = tokio::sync::mpsc::unbounded_channel();

@@ -54,15 +54,17 @@ pub const MIN_USEFUL: Duration = Duration::from_millis(10);
 /// The edge's policy: callers are untrusted (their budget can only shorten ours, up to 5 s;
 /// 1 s if they declare none, times the time scale).
 fn edge_policy(t: &Timing) -> EndpointPolicy {
-    EndpointPolicy::new(t.edge_max, t.edge_default)
+    EndpointPolicy::builder(t.edge_max)
+        .default_budget(t.edge_default)
         .reserve(t.reserve)
         .transport_pad(t.pad)
         .min_useful(t.min_useful)
+        .build()
 }
 
 /// The inner hops' policy: the same, but the caller is one of ours (its operation id is kept).
 fn inner_policy(t: &Timing) -> EndpointPolicy {
-    edge_policy(t).trust(Trust::Trusted)
+    edge_policy(t).to_builder().trust(Trust::Trusted).build()
 }
 
 /// The policy version a shadow chain starts with (in shadow mode), and the one it is switched
@@ -189,8 +191,10 @@ impl Chain {
     fn serve(&mut self, svc: Service, on: Listening) {
         let versions = (svc.mode == Mode::Shadow).then(|| {
             let shadow = policy(svc.hop, &svc.timing)
+                .to_builder()
                 .version(SHADOW_VERSION)
-                .mode(cancel_scope::wire::Mode::Shadow);
+                .mode(cancel_scope::wire::Mode::Shadow)
+                .build();
             // A bounded policy: its maximum is the edge's, far below `MAX_CAP`.
             let handle = PolicyHandle::new(shadow).expect("a bounded policy");
             self.policies.push((svc.hop, handle.clone()));
@@ -204,7 +208,10 @@ impl Chain {
     /// next request on, while its server keeps running.
     pub(crate) fn enforce(&self) {
         for (hop, handle) in &self.policies {
-            let enforcing = policy(*hop, &self.timing).version(ENFORCED_VERSION);
+            let enforcing = policy(*hop, &self.timing)
+                .to_builder()
+                .version(ENFORCED_VERSION)
+                .build();
             // Version 2 is above 1, and bounded as version 1 is.
             if let Err(e) = handle.set(enforcing) {
                 tracing::error!(%hop, error = %e, "could not switch to enforcing");

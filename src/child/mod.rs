@@ -20,6 +20,7 @@ pub use failure::Failure;
 #[cfg(feature = "tower")]
 pub(crate) use handler::HandlerTicket;
 pub(crate) use own::OwnRun;
+#[cfg_attr(not(feature = "__test-hooks"), allow(unreachable_pub))]
 pub use own::OwnTicket;
 pub(crate) use receipt::unknown_in;
 pub use receipt::Receipt;

@@ -2,6 +2,10 @@
 //! branch): its receipt side, [`OwnTicket`], and the run of its body on the ticket's handle,
 //! [`OwnRun`].
 
+// `OwnTicket` is public for the loom models and the crate's tests only (`__OwnTicket`, feature
+// `__test-hooks`); without that feature nothing outside the crate reaches it.
+#![cfg_attr(not(feature = "__test-hooks"), allow(unreachable_pub))]
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +25,7 @@ impl Scope {
     /// node instead of a child scope and a ticket), as the retry layer and fan-out start their
     /// attempts and branches; for the loom models.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __child_dispatched(&self, spec: &ChildSpec) -> Result<(Scope, OwnTicket), Error> {
         let child = self.child().build_dispatched(spec)?;
         Ok((child.clone(), OwnTicket::new(child)))

@@ -264,6 +264,7 @@ impl Scope {
     /// [`shield`](Scope::shield)'s does. For the loom models; the returned ticket is the
     /// shield's receipt side.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __shield_of(&self, cleanup: &Scope) -> Result<super::Dispatched, Error> {
         let dispatched = self.register_shielded(ChildSpec::read_only_static("shield"))?;
         let stop = Waker::from(ShieldStop::new(cleanup.clone(), self));

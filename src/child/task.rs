@@ -405,6 +405,7 @@ impl Scope {
     /// spawned: for the loom models, which have no runtime to spawn on (polling it is running
     /// the task; dropping it unpolled is aborting it).
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __task<F: Future>(
         &self,
         fut: F,

@@ -371,6 +371,7 @@ impl Dispatched {
     /// Resolves once the scope quarantines this child (what a shield's task waits for along
     /// with its cleanup); for the loom models.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __quarantined(&self) -> impl std::future::Future<Output = ()> + '_ {
         std::future::poll_fn(|cx| {
             if self.poll_quarantined(cx.waker()) {

@@ -63,6 +63,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::budget::Rules;
 use crate::child::{Finished, InFlight, OwnTicket, Receipt};
 use crate::panic::Caught;
 use crate::scope::Scope;
@@ -214,6 +215,29 @@ impl<'s> FanOut<'s> {
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
         self.min_useful = self.min_useful.max(min_useful);
         self
+    }
+
+    /// The reserve and minimum useful budget of `rules` at once: the same as
+    /// [`reserve`](Self::reserve) and [`min_useful`](Self::min_useful), each only tightening.
+    /// The rules' cap is ignored: a fan-out's branches share its budget, and a branch that
+    /// needs a cap of its own builds it on the branch's scope.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{budget::Rules, fanout::FanOut, Scope};
+    /// let ms = Duration::from_millis;
+    /// let scope = Scope::with_timeout(ms(100));
+    /// let mut fan = FanOut::new(&scope).rules(Rules::new().min_useful(ms(150)));
+    /// let slow = fan.required("slow", |_| async { Ok::<_, std::io::Error>(()) });
+    /// assert!(fan.join().await.is_err()); // 100 ms is below the branches' minimum
+    /// # let _ = slow;
+    /// # }
+    /// ```
+    pub fn rules(self, rules: Rules) -> Self {
+        self.reserve(rules.reserve).min_useful(rules.min_useful)
     }
 
     /// The most branches running at once (0 is taken as 1); the others wait in declaration

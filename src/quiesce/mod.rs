@@ -14,9 +14,7 @@ use std::task::{Context, Poll};
 
 use crate::child::unknown_in;
 use crate::scope::{Quiet, Scope};
-use crate::spec::task_spec;
-use crate::time::now_stamp;
-use crate::tree::{self, Kind};
+use crate::tree::Kind;
 
 mod report;
 
@@ -202,7 +200,9 @@ impl Scope {
     /// how many (a ticket never dispatched is ended `Cancelled` instead, and not counted). For
     /// the loom models, which have no timer to end a grace period.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __quarantine_now(&self) -> usize {
+        use crate::{spec::task_spec, time::now_stamp, tree};
         tree::quarantine_subtree(&self.node, &task_spec(), now_stamp())
     }
 }

@@ -20,7 +20,9 @@ use crate::Report;
 ///
 /// // A registry that holds one operation at most: the second is a fault.
 /// let ops = Operations::new(Arc::new(InProcessRegistry::new().max_entries(1)));
-/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+///     .default_budget(Duration::from_secs(1))
+///     .build();
 /// let now = tokio::time::Instant::now;
 /// let _first = policy.admit_joined(&ops, Incoming::new(), now()).await.unwrap();
 /// let (scope, a) = policy.admit_joined(&ops, Incoming::new(), now()).await.unwrap();

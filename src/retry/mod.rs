@@ -76,7 +76,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::budget::Split;
+use crate::budget::{Rules, Split};
 use crate::scope::Scope;
 use crate::spec::ChildSpec;
 
@@ -267,6 +267,33 @@ impl<C, B> Retry<C, B> {
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
         self.limits.min_useful = self.limits.min_useful.max(min_useful);
         self
+    }
+
+    /// The reserve, cap and minimum useful budget of `rules` at once: the same as
+    /// [`reserve`](Self::reserve) and [`min_useful`](Self::min_useful), with the rules' cap
+    /// as the per-attempt cap (as a cap in [`split`](Self::split) would be; the way of sharing
+    /// stays). Each only tightens what is set already.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{budget::Rules, retry::{Decision, Retry}, ChildSpec, Scope};
+    /// let ms = Duration::from_millis;
+    /// let scope = Scope::with_timeout(ms(1000));
+    /// let got = Retry::new(|_: &()| Decision::Backoff)
+    ///     .max_attempts(1)
+    ///     .rules(Rules::new().reserve(ms(100)).cap(ms(300)))
+    ///     .run(&scope, ChildSpec::read_only("db"), |a| async move { Ok(a.remaining()) })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(got, Some(ms(300)));
+    /// # }
+    /// ```
+    pub fn rules(mut self, rules: Rules) -> Self {
+        self.limits.split = self.limits.split.capped(rules.cap);
+        self.reserve(rules.reserve).min_useful(rules.min_useful)
     }
 
     /// The process-wide retry budget every retry after the first attempt must draw from.

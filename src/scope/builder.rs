@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Scope, ScopeExt};
-use crate::budget::ChildBudget;
+use crate::budget::{ChildBudget, Rules};
 use crate::error::Error;
 use crate::spec::ChildSpec;
 use crate::time::deadline_after;
@@ -176,6 +176,32 @@ impl<'a> ChildBuilder<'a> {
     pub fn min_useful(mut self, min_useful: Duration) -> Self {
         self.min_useful = self.min_useful.max(min_useful);
         self
+    }
+
+    /// The reserve, cap and minimum useful budget of `rules` at once: the same as calling
+    /// [`reserve`](Self::reserve), [`cap`](Self::cap) (if the rules have one) and
+    /// [`min_useful`](Self::min_useful), so each only tightens what is set already.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use cancel_scope::{budget::Rules, Scope};
+    /// let ms = Duration::from_millis;
+    /// let p = Scope::with_timeout(ms(1000));
+    /// let db = Rules::new().reserve(ms(50)).cap(ms(300)).min_useful(ms(20));
+    /// assert_eq!(p.child().rules(db).build().unwrap().remaining(), Some(ms(300)));
+    /// assert!(p.child().rules(db.min_useful(ms(2000))).build().is_err());
+    /// # }
+    /// ```
+    #[inline]
+    pub fn rules(self, rules: Rules) -> Self {
+        let child = self.reserve(rules.reserve).min_useful(rules.min_useful);
+        match rules.cap {
+            Some(cap) => child.cap(cap),
+            None => child,
+        }
     }
 
     /// A name for logs and reports.

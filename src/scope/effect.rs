@@ -50,6 +50,10 @@ impl EffectFlag {
     }
 
     /// Whether a possibly-effectful child was dispatched (read after the request's cancel).
+    #[cfg_attr(
+        not(any(feature = "tower", feature = "reqwest", feature = "__test-hooks")),
+        allow(dead_code)
+    )]
     pub(crate) fn is_set(&self) -> bool {
         self.0.load(Ordering::Acquire) != 0
     }
@@ -75,6 +79,10 @@ impl Scope {
     /// have had an effect was dispatched in the request. The cancel first: it returns once
     /// every descendant is cancelled, so every dispatch that succeeded is seen (see
     /// `effect`). `false` for a scope without a flag.
+    #[cfg_attr(
+        not(any(feature = "tower", feature = "__test-hooks")),
+        allow(dead_code)
+    )]
     pub(crate) fn cancel_then_effect(&self) -> bool {
         self.cancel();
         self.effect_flag().is_some_and(|f| f.is_set())
@@ -82,6 +90,7 @@ impl Scope {
 
     /// A root without a deadline that carries a request's effect flag, as an admitted
     /// request's scope does; for the loom models.
+    #[cfg(any(test, feature = "__test-hooks"))]
     #[doc(hidden)]
     pub fn __request_root() -> Scope {
         let flag = Arc::new(EffectFlag::new());
@@ -89,6 +98,7 @@ impl Scope {
     }
 
     /// [`cancel_then_effect`](Self::cancel_then_effect), for the loom models.
+    #[cfg(any(test, feature = "__test-hooks"))]
     #[doc(hidden)]
     pub fn __cancel_then_effect(&self) -> bool {
         self.cancel_then_effect()

@@ -602,6 +602,7 @@ impl Scope {
 
     /// Number of live child scopes (for memory tests).
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __live_children(&self) -> usize {
         self.node.child_count()
     }
@@ -609,6 +610,7 @@ impl Scope {
     /// Number of entries in this scope's tree's deadline timers, live and dead (for memory
     /// tests: dead entries are dropped lazily, see `scope::timer`).
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __timer_entries(&self) -> usize {
         self.node.ext.timers().map_or(0, |t| t.entries())
     }
@@ -617,6 +619,7 @@ impl Scope {
     /// reference cycle keeps a finished tree alive).
     #[doc(hidden)]
     #[cfg(not(loom))]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __freed_probe(&self) -> impl Fn() -> bool + Send + Sync + 'static {
         let node = Arc::downgrade(&self.node);
         move || node.strong_count() == 0

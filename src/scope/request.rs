@@ -88,6 +88,7 @@ impl Scope {
     /// A boundary child of this scope without a deadline, as a request's scope under a
     /// server's but with no timer (there is none under loom); for the loom models.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __request_child(&self) -> Result<Scope, Error> {
         let ext = |_| ScopeExt {
             deadline: None,
@@ -109,12 +110,14 @@ impl Scope {
 
     /// [`close_own`](Self::close_own), for the loom models.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __close_own(&self) -> u64 {
         self.close_own()
     }
 
     /// [`rolled_up`](Self::rolled_up), for the loom models.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub fn __rolled_up(&self) -> (u64, u64) {
         self.rolled_up()
     }

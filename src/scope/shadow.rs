@@ -127,7 +127,10 @@ impl WouldBe {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
     /// let ms = Duration::from_millis;
-    /// let p = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    /// let p = EndpointPolicy::builder(ms(5_000))
+    ///     .default_budget(ms(1_000))
+    ///     .mode(Mode::Shadow)
+    ///     .build();
     /// let (scope, _) = p.admit(Incoming::new().grpc_timeout(b"100m"), tokio::time::Instant::now()).unwrap();
     /// // 80 ms of would-be budget left: a child that needs 200 ms would have been refused.
     /// tokio::time::advance(ms(20)).await;
@@ -183,7 +186,10 @@ impl WouldBe {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).mode(Mode::Shadow);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .mode(Mode::Shadow)
+    ///     .build();
     /// let (_, a) = p.admit(Incoming::new().grpc_timeout(b"9S"), tokio::time::Instant::now()).unwrap();
     /// assert!(a.would_be()[0].is_clamp());
     /// # }
@@ -230,7 +236,7 @@ impl WouldBe {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
     /// let ms = Duration::from_millis;
-    /// let p = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    /// let p = EndpointPolicy::builder(ms(5_000)).default_budget(ms(1_000)).mode(Mode::Shadow).build();
     /// let (scope, _) = p.admit(Incoming::new().grpc_timeout(b"100m"), tokio::time::Instant::now()).unwrap();
     /// // Enforcing, the call would get 100 ms less its 40 ms reserve: 60 ms.
     /// let call = scope.child().name("inventory").reserve(ms(40)).build().unwrap();

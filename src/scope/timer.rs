@@ -398,6 +398,7 @@ impl Timers {
     }
 
     /// Number of entries, live and dead (for memory tests).
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub(crate) fn entries(&self) -> usize {
         self.state.lock().heap.len()
     }

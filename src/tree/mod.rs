@@ -379,6 +379,7 @@ impl<X, R> Node<X, R> {
     }
 
     /// Number of live children (for tests of invariant 7).
+    #[cfg(any(test, feature = "__test-hooks"))]
     pub(crate) fn child_count(&self) -> usize {
         self.shards().map(|s| s.data.lock().children.len()).sum()
     }

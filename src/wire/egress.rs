@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::grpc_timeout;
 use super::service_budget::ServiceBudget;
 use super::shadow::WouldBe;
-use crate::budget::ChildBudget;
+use crate::budget::{ChildBudget, Rules};
 use crate::error::Error;
 use crate::{ChildBuilder, Scope};
 
@@ -41,7 +41,11 @@ use crate::{ChildBuilder, Scope};
 ///
 /// let ms = Duration::from_millis;
 /// let request = Scope::with_timeout(ms(500));
-/// let egress = EgressPolicy::new().reserve(ms(50)).transport_pad(ms(10)).min_useful(ms(20));
+/// let egress = EgressPolicy::builder()
+///     .reserve(ms(50))
+///     .transport_pad(ms(10))
+///     .min_useful(ms(20))
+///     .build();
 ///
 /// let call = egress.call_scope(&request)?;   // the local timeout: 450 ms
 /// assert_eq!(call.remaining(), Some(ms(450)));
@@ -52,10 +56,25 @@ use crate::{ChildBuilder, Scope};
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EgressPolicy {
-    reserve: Duration,
-    cap: Option<Duration>,
+    rules: Rules,
     pad: Duration,
-    min_useful: Duration,
+}
+
+/// Builds an [`EgressPolicy`] ([`EgressPolicy::builder`]): each setter sets its value, the
+/// last call wins.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use cancel_scope::wire::EgressPolicy;
+/// let p = EgressPolicy::builder().reserve(Duration::from_millis(30)).build();
+/// assert_eq!(p.reserve_budget(), Duration::from_millis(30));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct EgressPolicyBuilder {
+    policy: EgressPolicy,
 }
 
 impl EgressPolicy {
@@ -69,11 +88,38 @@ impl EgressPolicy {
     /// ```
     pub const fn new() -> Self {
         EgressPolicy {
-            reserve: Duration::ZERO,
-            cap: None,
+            rules: Rules::new(),
             pad: Duration::ZERO,
-            min_useful: Duration::ZERO,
         }
+    }
+
+    /// A builder that starts from [`EgressPolicy::new`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// let p = EgressPolicy::builder().cap(Duration::from_millis(300)).build();
+    /// assert_eq!(p.cap_budget(), Some(Duration::from_millis(300)));
+    /// ```
+    pub const fn builder() -> EgressPolicyBuilder {
+        EgressPolicy::new().to_builder()
+    }
+
+    /// A builder that starts from this policy: "this policy with one change".
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// let p = EgressPolicy::builder().reserve(Duration::from_millis(30)).build();
+    /// let q = p.to_builder().transport_pad(Duration::from_millis(5)).build();
+    /// assert_eq!((q.reserve_budget(), q.transport_pad_budget()), (Duration::from_millis(30), Duration::from_millis(5)));
+    /// ```
+    pub const fn to_builder(&self) -> EgressPolicyBuilder {
+        EgressPolicyBuilder { policy: *self }
     }
 
     /// The egress policy of calls made under `scope`: its operation's (set by admission), or
@@ -89,65 +135,71 @@ impl EgressPolicy {
         scope.operation().map(|op| *op.egress()).unwrap_or_default()
     }
 
-    /// Time the caller keeps for itself after the call returns.
+    /// This policy with its reserve set.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EgressPolicy;
-    /// let p = EgressPolicy::new().reserve(Duration::from_millis(30));
+    /// // Written with the builder:
+    /// let p = EgressPolicy::builder().reserve(Duration::from_millis(30)).build();
     /// assert_eq!(p.reserve_budget(), Duration::from_millis(30));
     /// ```
-    pub const fn reserve(mut self, reserve: Duration) -> Self {
-        self.reserve = reserve;
-        self
+    #[deprecated(since = "0.2.0", note = "use `EgressPolicy::builder().reserve(..)`")]
+    pub const fn reserve(self, reserve: Duration) -> Self {
+        self.to_builder().reserve(reserve).build()
     }
 
-    /// The most this dependency may ever get.
+    /// This policy with its cap set.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EgressPolicy;
-    /// let p = EgressPolicy::new().cap(Duration::from_millis(300));
+    /// // Written with the builder:
+    /// let p = EgressPolicy::builder().cap(Duration::from_millis(300)).build();
     /// assert_eq!(p.cap_budget(), Some(Duration::from_millis(300)));
     /// ```
-    pub const fn cap(mut self, cap: Duration) -> Self {
-        self.cap = Some(cap);
-        self
+    #[deprecated(since = "0.2.0", note = "use `EgressPolicy::builder().cap(..)`")]
+    pub const fn cap(self, cap: Duration) -> Self {
+        self.to_builder().cap(cap).build()
     }
 
-    /// Time the request and its answer spend on the wire: the callee is told this much less
-    /// than the call's own timeout.
+    /// This policy with its transport pad set.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EgressPolicy;
-    /// let p = EgressPolicy::new().transport_pad(Duration::from_millis(5));
+    /// // Written with the builder:
+    /// let p = EgressPolicy::builder().transport_pad(Duration::from_millis(5)).build();
     /// assert_eq!(p.transport_pad_budget(), Duration::from_millis(5));
     /// ```
-    pub const fn transport_pad(mut self, pad: Duration) -> Self {
-        self.pad = pad;
-        self
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `EgressPolicy::builder().transport_pad(..)`"
+    )]
+    pub const fn transport_pad(self, pad: Duration) -> Self {
+        self.to_builder().transport_pad(pad).build()
     }
 
-    /// Below this much outgoing budget the call is not made.
+    /// This policy with its minimum useful budget set.
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EgressPolicy;
-    /// let p = EgressPolicy::new().min_useful(Duration::from_millis(20));
+    /// // Written with the builder:
+    /// let p = EgressPolicy::builder().min_useful(Duration::from_millis(20)).build();
     /// assert_eq!(p.min_useful_budget(), Duration::from_millis(20));
     /// ```
-    pub const fn min_useful(mut self, min_useful: Duration) -> Self {
-        self.min_useful = min_useful;
-        self
+    #[deprecated(since = "0.2.0", note = "use `EgressPolicy::builder().min_useful(..)`")]
+    pub const fn min_useful(self, min_useful: Duration) -> Self {
+        self.to_builder().min_useful(min_useful).build()
     }
 
     /// The reserve.
@@ -159,7 +211,7 @@ impl EgressPolicy {
     /// assert!(EgressPolicy::new().reserve_budget().is_zero());
     /// ```
     pub const fn reserve_budget(&self) -> Duration {
-        self.reserve
+        self.rules.reserve
     }
 
     /// The cap, if any.
@@ -171,7 +223,7 @@ impl EgressPolicy {
     /// assert_eq!(EgressPolicy::new().cap_budget(), None);
     /// ```
     pub const fn cap_budget(&self) -> Option<Duration> {
-        self.cap
+        self.rules.cap
     }
 
     /// The transport pad.
@@ -195,7 +247,7 @@ impl EgressPolicy {
     /// assert!(EgressPolicy::new().min_useful_budget().is_zero());
     /// ```
     pub const fn min_useful_budget(&self) -> Duration {
-        self.min_useful
+        self.rules.min_useful
     }
 
     /// The budget arithmetic of a call given what its parent has left: the call's own
@@ -213,7 +265,11 @@ impl EgressPolicy {
     /// use cancel_scope::wire::EgressPolicy;
     ///
     /// let ms = Duration::from_millis;
-    /// let p = EgressPolicy::new().reserve(ms(50)).transport_pad(ms(10)).min_useful(ms(20));
+    /// let p = EgressPolicy::builder()
+    ///     .reserve(ms(50))
+    ///     .transport_pad(ms(10))
+    ///     .min_useful(ms(20))
+    ///     .build();
     /// assert_eq!(p.call_budget(Some(ms(500))).unwrap(), Some(ms(450)));
     /// assert!(p.call_budget(Some(ms(79))).is_err()); // 29 ms - 10 ms pad < 20 ms
     /// ```
@@ -221,17 +277,24 @@ impl EgressPolicy {
         &self,
         parent_remaining: Option<Duration>,
     ) -> Result<Option<Duration>, crate::budget::BudgetExhausted> {
-        self.child_budget().compute(parent_remaining)
+        ChildBudget::new()
+            .rules(self.call_rules())
+            .compute(parent_remaining)
     }
 
-    fn child_budget(&self) -> ChildBudget {
-        // The child must leave the callee `min_useful` after the pad.
-        let b = ChildBudget::new()
-            .reserve(self.reserve)
-            .min_useful(self.min_useful.saturating_add(self.pad));
-        match self.cap {
-            Some(c) => b.cap(c),
-            None => b,
+    /// The rules of the call's child: the callee must be left `min_useful` after the pad.
+    const fn call_rules(&self) -> Rules {
+        let Rules {
+            reserve,
+            cap,
+            min_useful,
+        } = self.rules;
+        let rules = Rules::new()
+            .reserve(reserve)
+            .min_useful(min_useful.saturating_add(self.pad));
+        match cap {
+            Some(c) => rules.cap(c),
+            None => rules,
         }
     }
 
@@ -257,7 +320,7 @@ impl EgressPolicy {
     ///
     /// let ms = Duration::from_millis;
     /// let request = Scope::with_timeout(ms(40));
-    /// let egress = EgressPolicy::new().transport_pad(ms(10)).min_useful(ms(50));
+    /// let egress = EgressPolicy::builder().transport_pad(ms(10)).min_useful(ms(50)).build();
     /// assert!(egress.call_scope(&request).unwrap_err().is_budget_exhausted());
     /// # }
     /// ```
@@ -270,11 +333,12 @@ impl EgressPolicy {
     /// further (a deadline of their own) before building it.
     pub(crate) fn call_child<'a>(&self, parent: &'a Scope) -> ChildBuilder<'a> {
         // The same arithmetic as `call_budget`, done by the child builder against its clock.
+        let rules = self.call_rules();
         let child = parent
             .child()
-            .reserve(self.reserve)
-            .min_useful(self.min_useful.saturating_add(self.pad));
-        match self.cap {
+            .reserve(rules.reserve)
+            .min_useful(rules.min_useful);
+        match rules.cap {
             Some(c) => child.cap(c),
             None => child,
         }
@@ -300,7 +364,7 @@ impl EgressPolicy {
     ///
     /// let ms = Duration::from_millis;
     /// let call = Scope::with_timeout(ms(100));
-    /// let egress = EgressPolicy::new().transport_pad(ms(10)).min_useful(ms(20));
+    /// let egress = EgressPolicy::builder().transport_pad(ms(10)).min_useful(ms(20)).build();
     /// let out = egress.outgoing(&call)?;
     /// let header = out.service_budget().unwrap().to_header_value();
     /// assert!(header.starts_with("v=1, rem=90, gen=0, dl="), "{header}");
@@ -323,7 +387,7 @@ impl EgressPolicy {
         // already spent (it refuses the request): less than 1 ms is as useless as nothing.
         let remaining = ChildBudget::new()
             .reserve(self.pad)
-            .min_useful(self.min_useful.max(MIN_ON_THE_WIRE))
+            .min_useful(self.rules.min_useful.max(MIN_ON_THE_WIRE))
             .compute(Some(left))
             .map_err(Error::exhausted)?
             .unwrap_or(Duration::ZERO);
@@ -345,7 +409,7 @@ impl EgressPolicy {
         let left = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
         match ChildBudget::new()
             .reserve(self.pad)
-            .min_useful(self.min_useful.max(MIN_ON_THE_WIRE))
+            .min_useful(self.rules.min_useful.max(MIN_ON_THE_WIRE))
             .compute(Some(left))
         {
             Ok(wb) => wb.unwrap_or(Duration::ZERO),
@@ -358,6 +422,104 @@ impl EgressPolicy {
                 Duration::ZERO
             }
         }
+    }
+}
+
+impl EgressPolicyBuilder {
+    /// Time the caller keeps for itself after the call returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// let p = EgressPolicy::builder().reserve(Duration::from_millis(30)).build();
+    /// assert_eq!(p.reserve_budget(), Duration::from_millis(30));
+    /// ```
+    pub const fn reserve(mut self, reserve: Duration) -> Self {
+        self.policy.rules.reserve = reserve;
+        self
+    }
+
+    /// The most this dependency may ever get.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// let p = EgressPolicy::builder().cap(Duration::from_millis(300)).build();
+    /// assert_eq!(p.cap_budget(), Some(Duration::from_millis(300)));
+    /// ```
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.policy.rules.cap = Some(cap);
+        self
+    }
+
+    /// Time the request and its answer spend on the wire: the callee is told this much less
+    /// than the call's own timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// let p = EgressPolicy::builder().transport_pad(Duration::from_millis(5)).build();
+    /// assert_eq!(p.transport_pad_budget(), Duration::from_millis(5));
+    /// ```
+    pub const fn transport_pad(mut self, pad: Duration) -> Self {
+        self.policy.pad = pad;
+        self
+    }
+
+    /// Below this much outgoing budget the call is not made.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::wire::EgressPolicy;
+    /// let p = EgressPolicy::builder().min_useful(Duration::from_millis(20)).build();
+    /// assert_eq!(p.min_useful_budget(), Duration::from_millis(20));
+    /// ```
+    pub const fn min_useful(mut self, min_useful: Duration) -> Self {
+        self.policy.rules.min_useful = min_useful;
+        self
+    }
+
+    /// The reserve, cap and minimum useful budget at once: all three replaced by the rules'
+    /// (as the setters here do, the last call wins; rules without a cap leave the calls
+    /// uncapped). The transport pad is not one of them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::{budget::Rules, wire::EgressPolicy};
+    /// let ms = Duration::from_millis;
+    /// let rules = Rules::new().reserve(ms(30)).cap(ms(300)).min_useful(ms(20));
+    /// let p = EgressPolicy::builder().rules(rules).build();
+    /// assert_eq!(p, EgressPolicy::builder()
+    ///     .reserve(ms(30))
+    ///     .cap(ms(300))
+    ///     .min_useful(ms(20))
+    ///     .build());
+    /// ```
+    pub const fn rules(mut self, rules: Rules) -> Self {
+        self.policy.rules = rules;
+        self
+    }
+
+    /// The policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use cancel_scope::wire::EgressPolicy;
+    /// assert_eq!(EgressPolicy::builder().build(), EgressPolicy::new());
+    /// ```
+    pub const fn build(self) -> EgressPolicy {
+        self.policy
     }
 }
 

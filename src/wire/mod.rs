@@ -58,12 +58,12 @@
 //!   however much it is trusted.
 //! * **Trust is several decisions**, each a setting of [`EndpointPolicy`], with [`Trust`] as
 //!   presets: reading Envoy's `x-envoy-expected-rq-timeout-ms`
-//!   ([`envoy_timeout`](EndpointPolicy::envoy_timeout)), taking a caller's priority
-//!   ([`caller_priority`](EndpointPolicy::caller_priority); otherwise it may only ask for
+//!   ([`envoy_timeout`](crate::wire::EndpointPolicyBuilder::envoy_timeout)), taking a caller's priority
+//!   ([`caller_priority`](crate::wire::EndpointPolicyBuilder::caller_priority); otherwise it may only ask for
 //!   less urgency), adopting its operation id and generation
-//!   ([`caller_operation`](EndpointPolicy::caller_operation); otherwise a fresh local
+//!   ([`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation); otherwise a fresh local
 //!   operation starts at generation 0, so a caller's `gen` is never forwarded), and showing it
-//!   the detail of refusals ([`error_detail`](EndpointPolicy::error_detail)). An edge behind
+//!   the detail of refusals ([`error_detail`](crate::wire::EndpointPolicyBuilder::error_detail)). An edge behind
 //!   Envoy reads Envoy's timeout without letting its clients pick priority 0 or an operation.
 //! * **Claims come from one unambiguous header.** A budget header sent on more than one line
 //!   is bad input; the `op`, `gen` and `prio` of a `service-budget` header count only if it
@@ -114,11 +114,11 @@ pub use admission::{
     Admission, AdmissionError, BudgetSource, Incoming, OperationSource, PrioritySource,
     RegistryTerm,
 };
-pub use egress::{EgressPolicy, Outgoing};
+pub use egress::{EgressPolicy, EgressPolicyBuilder, Outgoing};
 pub use envoy::EnvoyTimeoutError;
 pub use grpc_timeout::GrpcTimeoutError;
 pub use operation::Operation;
-pub use policy::{EndpointPolicy, OnBadInput, OverCap, Trust};
+pub use policy::{EndpointPolicy, EndpointPolicyBuilder, OnBadInput, OverCap, Trust};
 pub use rejection_cap::RejectionCap;
 pub use server::{ServerScope, ShutdownReport};
 pub use service_budget::{ServiceBudget, ServiceBudgetError, ServiceBudgetErrorKind};

@@ -24,7 +24,10 @@ use crate::{Report, Scope};
 /// use tokio::time::Instant;
 /// use cancel_scope::wire::{EndpointPolicy, Incoming};
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).priority(2);
+/// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+///     .default_budget(Duration::from_secs(1))
+///     .priority(2)
+///     .build();
 /// let (scope, admission) = policy.admit(Incoming::new(), Instant::now()).unwrap();
 /// let child = scope.child().build().unwrap();
 /// let op = child.operation().unwrap();
@@ -79,7 +82,7 @@ impl Operation {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(4);
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(1)).version(4).build();
     /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().policy_version(), 4);
     /// # }
@@ -98,8 +101,9 @@ impl Operation {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Trust};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .trust(Trust::Trusted);
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .trust(Trust::Trusted)
+    ///     .build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=500, op=checkout-7");
     /// let (scope, _) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().id(), "checkout-7");
@@ -124,7 +128,7 @@ impl Operation {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().priority(), 3); // the RFC 9218 default
     /// # }
@@ -135,7 +139,7 @@ impl Operation {
 
     /// The cancel generation the operation's budget was cut from: the caller's `gen` where
     /// admission adopted the caller's operation
-    /// ([`caller_operation`](super::EndpointPolicy::caller_operation)), else `0`, the start of
+    /// ([`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation)), else `0`, the start of
     /// a fresh local operation. Passed on unchanged to every downstream call.
     ///
     /// # Examples
@@ -146,10 +150,10 @@ impl Operation {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Trust};
     ///
     /// let incoming = || Incoming::new().service_budget(b"v=1, rem=500, op=checkout-7, gen=4");
-    /// let edge = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let edge = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (scope, _) = edge.admit(incoming(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().generation(), 0);
-    /// let inner = edge.trust(Trust::Trusted);
+    /// let inner = edge.to_builder().trust(Trust::Trusted).build();
     /// let (scope, _) = inner.admit(incoming(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().generation(), 4);
     /// # }
@@ -168,7 +172,7 @@ impl Operation {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     ///
     /// let ms = Duration::from_millis;
-    /// let policy = EndpointPolicy::new(ms(1000), ms(1000)).transport_pad(ms(5));
+    /// let policy = EndpointPolicy::builder(ms(1000)).transport_pad(ms(5)).build();
     /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation().unwrap().egress().transport_pad_budget(), ms(5));
     /// # }
@@ -242,7 +246,7 @@ impl Report {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(5);
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(1)).version(5).build();
     /// let (scope, _) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// scope.close();
     /// assert_eq!(scope.quiesce().await.policy_version(), Some(5));

@@ -98,7 +98,7 @@ const fn unpack(word: u64) -> (u64, u64, u64) {
 /// use cancel_scope::wire::{EndpointPolicy, Incoming, RejectionCap};
 ///
 /// let ms = Duration::from_millis;
-/// let policy = EndpointPolicy::new(ms(5_000), ms(1_000));
+/// let policy = EndpointPolicy::builder(ms(5_000)).default_budget(ms(1_000)).build();
 /// let cap = RejectionCap::default(); // 20 % over 10 s
 /// let now = tokio::time::Instant::now();
 /// for _ in 0..8 {
@@ -253,7 +253,7 @@ impl RejectionCap {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, RejectionCap};
     /// let cap = RejectionCap::new(50, Duration::from_secs(1));
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// p.admit(Incoming::new().rejection_cap(&cap), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(cap.in_window(tokio::time::Instant::now()), (1, 0));
     /// tokio::time::advance(Duration::from_secs(1)).await;

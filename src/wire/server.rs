@@ -49,7 +49,9 @@ use crate::{Cause, EffectRecord, Report, Scope, DEFAULT_GRACE};
 /// use cancel_scope::wire::{EndpointPolicy, ServerScope};
 ///
 /// let server = ServerScope::new();
-/// let policy = EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(2));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(10))
+///     .default_budget(Duration::from_secs(2))
+///     .build();
 /// let app = app.layer(AdmitLayer::new(policy).server(&server));
 /// let serving = tokio::spawn(
 ///     axum::serve(listener, app).with_graceful_shutdown(server.draining()).into_future(),
@@ -75,7 +77,7 @@ use crate::{Cause, EffectRecord, Report, Scope, DEFAULT_GRACE};
 /// use cancel_scope::Cause;
 ///
 /// let server = ServerScope::new();
-/// let policy = EndpointPolicy::new(Duration::from_secs(60), Duration::from_secs(60));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(60)).build();
 /// let (request, _) = policy.admit_in(&server, Incoming::new(), Instant::now()).unwrap();
 /// // A handler that would run for ever.
 /// let handler = tokio::spawn(request.run(std::future::pending::<()>()));
@@ -259,7 +261,7 @@ impl ServerScope {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, ServerScope};
     ///
     /// let server = ServerScope::new();
-    /// let policy = EndpointPolicy::new(Duration::from_secs(60), Duration::from_secs(60));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(60)).build();
     /// let (request, _) = policy.admit_in(&server, Incoming::new(), Instant::now()).unwrap();
     /// // A handler that needs 2 s to finish.
     /// let handler = tokio::spawn(request.run(tokio::time::sleep(Duration::from_secs(2))));

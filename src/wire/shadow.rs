@@ -8,12 +8,12 @@ pub use crate::scope::WouldBe;
 use crate::Report;
 
 /// Whether an endpoint enforces its budget decisions or only records them
-/// ([`EndpointPolicy::mode`](super::EndpointPolicy::mode)). An enforcing policy can also
-/// shadow part of its requests: by class ([`EndpointPolicy::enforce_for`]) and by a fraction
-/// of operations ([`EndpointPolicy::enforced_percent`]).
+/// ([`EndpointPolicyBuilder::mode`](crate::wire::EndpointPolicyBuilder::mode)). An enforcing policy can also
+/// shadow part of its requests: by class ([`EndpointPolicyBuilder::enforce_for`]) and by a fraction
+/// of operations ([`EndpointPolicyBuilder::enforced_percent`]).
 ///
-/// [`EndpointPolicy::enforce_for`]: super::EndpointPolicy::enforce_for
-/// [`EndpointPolicy::enforced_percent`]: super::EndpointPolicy::enforced_percent
+/// [`EndpointPolicyBuilder::enforce_for`]: crate::wire::EndpointPolicyBuilder::enforce_for
+/// [`EndpointPolicyBuilder::enforced_percent`]: crate::wire::EndpointPolicyBuilder::enforced_percent
 ///
 /// In [`Shadow`](Mode::Shadow) mode admission computes every decision exactly as when
 /// enforcing — the declared budget clamped to the maximum, less what was queued and the
@@ -55,7 +55,10 @@ use crate::Report;
 /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
 ///
 /// let ms = Duration::from_millis;
-/// let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+/// let policy = EndpointPolicy::builder(ms(5_000))
+///     .default_budget(ms(1_000))
+///     .mode(Mode::Shadow)
+///     .build();
 /// // A budget header that enforcing admission would refuse as malformed.
 /// let (scope, a) = policy.admit(Incoming::new().grpc_timeout(b"-5m"), tokio::time::Instant::now()).unwrap();
 /// assert_eq!(scope.remaining(), Some(ms(5_000))); // the hard cap
@@ -113,7 +116,10 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Mode};
-    /// let p = EndpointPolicy::new(Duration::from_secs(9), Duration::from_secs(1)).mode(Mode::Shadow);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(9))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .mode(Mode::Shadow)
+    ///     .build();
     /// let now = tokio::time::Instant::now();
     /// let (scope, a) = p.admit(Incoming::new().grpc_timeout(b"100m"), now).unwrap();
     /// assert_eq!(a.would_be_deadline(), Some(now + Duration::from_millis(100)));
@@ -155,7 +161,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// assert!(!p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap().1.is_shadowed());
     /// # }
     /// ```
@@ -177,7 +183,10 @@ impl Report {
     /// use cancel_scope::wire::{EgressPolicy, EndpointPolicy, Incoming, Mode};
     ///
     /// let ms = Duration::from_millis;
-    /// let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    /// let policy = EndpointPolicy::builder(ms(5_000))
+    ///     .default_budget(ms(1_000))
+    ///     .mode(Mode::Shadow)
+    ///     .build();
     /// let (scope, _) = policy.admit(Incoming::new().grpc_timeout(b"100m"), tokio::time::Instant::now()).unwrap();
     /// tokio::time::sleep(ms(150)).await; // past the would-be deadline
     /// let call = scope.child().build().unwrap();

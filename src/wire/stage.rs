@@ -3,7 +3,7 @@
 
 /// What an incoming request does, as its server layer tells admission
 /// ([`Incoming::class`](super::Incoming::class)): what staged enforcement
-/// ([`EndpointPolicy::enforce_for`](super::EndpointPolicy::enforce_for)) goes by. A request
+/// ([`EndpointPolicyBuilder::enforce_for`](crate::wire::EndpointPolicyBuilder::enforce_for)) goes by. A request
 /// whose class is not given counts as [`SideEffecting`](RequestClass::SideEffecting), the last
 /// to be enforced.
 ///
@@ -69,7 +69,7 @@ impl Stage {
 }
 
 /// The bucket, `0..100`, of an operation id for the enforced fraction
-/// ([`EndpointPolicy::enforced_percent`](super::EndpointPolicy::enforced_percent)): the
+/// ([`EndpointPolicyBuilder::enforced_percent`](crate::wire::EndpointPolicyBuilder::enforced_percent)): the
 /// FNV-1a 64-bit hash of the id's bytes (offset basis `0xcbf29ce484222325`, prime
 /// `0x100000001b3`) modulo 100. An operation is enforced where its bucket is below the
 /// percentage, so every operation enforced at 10 % is enforced at 50 %. The hash is fixed

@@ -308,6 +308,44 @@ async fn a_fan_out_reserve_set_twice_keeps_the_larger_value() {
     }
 }
 
+/// `FanOut::rules` is the reserve and the minimum useful budget at once (the cap is not a
+/// fan-out's): its branches get what the two setters give them, and are refused where those
+/// refuse.
+#[tokio::test(start_paused = true)]
+async fn fan_out_rules_give_the_branches_what_the_setters_give() {
+    use cancel_scope::budget::Rules;
+    fn by_rules(fan: FanOut<'_>) -> FanOut<'_> {
+        fan.rules(
+            Rules::new()
+                .reserve(ms(100))
+                .cap(ms(50))
+                .min_useful(ms(350)),
+        )
+    }
+    fn by_setters(fan: FanOut<'_>) -> FanOut<'_> {
+        fan.reserve(ms(100)).min_useful(ms(350))
+    }
+    type Make = for<'s> fn(FanOut<'s>) -> FanOut<'s>;
+    for (name, make) in [("rules", by_rules as Make), ("setters", by_setters)] {
+        // 500 ms: 400 ms after the reserve, the cap ignored.
+        let request = Scope::with_timeout(ms(500));
+        let mut fan = make(FanOut::new(&request));
+        let price = fan.required("price", |s| async move {
+            Ok::<_, std::io::Error>(s.remaining())
+        });
+        let mut out = fan.join().await.unwrap();
+        assert_eq!(out.required(price), Some(ms(400)), "{name}");
+        // 400 ms: 300 ms after the reserve, below the 350 ms minimum: not started.
+        let request = Scope::with_timeout(ms(400));
+        let mut fan = make(FanOut::new(&request));
+        let _ = fan.required("price", |s| async move {
+            Ok::<_, std::io::Error>(s.remaining())
+        });
+        let err = fan.join().await.unwrap_err();
+        assert!(err.to_string().contains("not started"), "{name}: {err}");
+    }
+}
+
 /// Fan-out branches have their own minimum useful budget (the larger one when set twice): a
 /// required branch that would get less fails the fan-out, named and not started; an optional
 /// one is absent. Nothing below the minimum runs.

@@ -42,7 +42,9 @@ async fn quiesce_all_and_check(net: &Net, roots: &[(u64, &Scope)]) -> Vec<Report
 #[tokio::test(start_paused = true)]
 async fn s1_ingress_queueing_eats_half_the_budget_before_the_handler_starts() {
     let net = Net::new(8);
-    let policy = EndpointBudget::new(ms(2000), ms(500));
+    let policy = EndpointBudget::builder(ms(2000))
+        .default_budget(ms(500))
+        .build();
     let workers = Arc::new(Semaphore::new(1));
     let start = Instant::now();
 

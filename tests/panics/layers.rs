@@ -75,10 +75,11 @@ mod admit {
     /// client is still there; the report would blame it).
     #[tokio::test(start_paused = true)]
     async fn a_panic_of_the_handlers_body_as_the_response_comes_out_is_not_blamed_on_the_client() {
-        let layer = AdmitLayer::new(EndpointPolicy::new(
-            Duration::from_secs(5),
-            Duration::from_secs(1),
-        ));
+        let layer = AdmitLayer::new(
+            EndpointPolicy::builder(Duration::from_secs(5))
+                .default_budget(Duration::from_secs(1))
+                .build(),
+        );
         let slot = Arc::new(std::sync::Mutex::new(None::<Scope>));
         let seen = slot.clone();
         let mut svc = layer.layer(Fn_(move |req: Request<()>| {
@@ -108,10 +109,11 @@ mod admit {
     #[tokio::test(start_paused = true)]
     async fn a_request_that_answers_is_reported_even_if_a_quiesce_waker_panics_at_its_close() {
         let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
-        let layer = AdmitLayer::new(EndpointPolicy::new(
-            Duration::from_secs(5),
-            Duration::from_secs(1),
-        ))
+        let layer = AdmitLayer::new(
+            EndpointPolicy::builder(Duration::from_secs(5))
+                .default_budget(Duration::from_secs(1))
+                .build(),
+        )
         .on_report(move |_, r| {
             let _ = tx.send(r.clone());
         });

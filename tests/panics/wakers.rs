@@ -322,10 +322,11 @@ mod body_cut {
 
     #[tokio::test(start_paused = true)]
     async fn the_server_is_woken_at_the_cut_even_if_a_quiesce_waker_panics() {
-        let layer = AdmitLayer::new(EndpointPolicy::new(
-            Duration::from_secs(5),
-            Duration::from_secs(1),
-        ));
+        let layer = AdmitLayer::new(
+            EndpointPolicy::builder(Duration::from_secs(5))
+                .default_budget(Duration::from_secs(1))
+                .build(),
+        );
         let mut svc = layer.layer(Fn_(|req: Request<()>| {
             let scope = req.extensions().get::<Scope>().unwrap().clone();
             async move {
@@ -368,10 +369,11 @@ mod body_cut {
     async fn a_request_whose_response_future_is_dropped_is_reported_even_if_a_cancel_waker_panics()
     {
         let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
-        let layer = AdmitLayer::new(EndpointPolicy::new(
-            Duration::from_secs(5),
-            Duration::from_secs(1),
-        ))
+        let layer = AdmitLayer::new(
+            EndpointPolicy::builder(Duration::from_secs(5))
+                .default_budget(Duration::from_secs(1))
+                .build(),
+        )
         .on_report(move |_, r| {
             let _ = tx.send(r.clone());
         });
@@ -443,10 +445,11 @@ mod body_cut {
     /// exists.
     #[tokio::test(start_paused = true)]
     async fn a_dropped_body_goes_before_its_unit_even_if_a_cancel_waker_panics() {
-        let layer = AdmitLayer::new(EndpointPolicy::new(
-            Duration::from_secs(5),
-            Duration::from_secs(1),
-        ));
+        let layer = AdmitLayer::new(
+            EndpointPolicy::builder(Duration::from_secs(5))
+                .default_budget(Duration::from_secs(1))
+                .build(),
+        );
         let final_at_drop = Arc::new(std::sync::Mutex::new(None));
         let seen = final_at_drop.clone();
         let mut svc = layer.layer(Fn_(move |req: Request<()>| {

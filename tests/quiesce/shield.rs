@@ -467,7 +467,10 @@ async fn detach_outlives_the_scope_with_its_own_bounded_budget() {
 #[tokio::test(start_paused = true)]
 async fn detach_keeps_the_operation_identity_but_not_the_cancel() {
     use cancel_scope::wire::{EndpointPolicy, Incoming};
-    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).priority(2);
+    let policy = EndpointPolicy::builder(Duration::from_secs(2))
+        .default_budget(Duration::from_secs(1))
+        .priority(2)
+        .build();
     let (request, admission) = policy
         .admit(Incoming::new(), tokio::time::Instant::now())
         .unwrap();
@@ -488,7 +491,10 @@ async fn detach_keeps_the_operation_identity_but_not_the_cancel() {
 #[tokio::test(start_paused = true)]
 async fn a_shield_keeps_the_operation_identity_but_not_the_cancel() {
     use cancel_scope::wire::{EndpointPolicy, Incoming};
-    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)).priority(2);
+    let policy = EndpointPolicy::builder(Duration::from_secs(2))
+        .default_budget(Duration::from_secs(1))
+        .priority(2)
+        .build();
     let (request, admission) = policy
         .admit(Incoming::new(), tokio::time::Instant::now())
         .unwrap();

@@ -24,12 +24,14 @@ fn ops() -> Operations {
 
 /// An edge: untrusted callers, at most 2 s.
 fn edge() -> EndpointPolicy {
-    EndpointPolicy::new(ms(2000), ms(2000))
+    EndpointPolicy::builder(ms(2000)).build()
 }
 
 /// An inner service that trusts its callers' operation ids.
 fn inner() -> EndpointPolicy {
-    EndpointPolicy::new(ms(30_000), ms(30_000)).trust(Trust::Trusted)
+    EndpointPolicy::builder(ms(30_000))
+        .trust(Trust::Trusted)
+        .build()
 }
 
 fn budget(rem: u64, op: &str, gen: Option<u64>) -> Incoming {
@@ -181,7 +183,7 @@ async fn a_budget_the_registry_shortens_below_the_minimum_useful_is_exhausted() 
         .await
         .unwrap();
     advance(ms(90)).await;
-    let policy = inner().min_useful(ms(50));
+    let policy = inner().to_builder().min_useful(ms(50)).build();
     let err = policy
         .admit_joined(&ops, budget(1000, a.operation_id(), None), Instant::now())
         .await

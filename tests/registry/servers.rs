@@ -23,12 +23,14 @@ fn ms(n: u64) -> Duration {
 
 /// An edge: untrusted callers, at most 3 s.
 fn edge() -> EndpointPolicy {
-    EndpointPolicy::new(ms(3000), ms(3000))
+    EndpointPolicy::builder(ms(3000)).build()
 }
 
 /// An inner service: trusts its callers' operation ids and generations.
 fn inner() -> EndpointPolicy {
-    EndpointPolicy::new(ms(30_000), ms(30_000)).trust(Trust::Trusted)
+    EndpointPolicy::builder(ms(30_000))
+        .trust(Trust::Trusted)
+        .build()
 }
 
 #[derive(Clone)]

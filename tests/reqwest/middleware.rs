@@ -125,7 +125,7 @@ async fn the_scope_spec_and_egress_of_the_extensions_are_used() {
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 
     let scope = Scope::with_timeout(ms(5_000));
-    let too_little = EgressPolicy::new().min_useful(ms(60_000));
+    let too_little = EgressPolicy::builder().min_useful(ms(60_000)).build();
     let req = client
         .get(format!("{url}/budget"))
         .with_extension(scope.clone());

@@ -406,6 +406,46 @@ async fn a_retry_rule_set_twice_keeps_the_stricter_value() {
     }
 }
 
+/// `Retry::rules` is the reserve, the minimum useful budget and the per-attempt cap at once:
+/// the attempts get what the three setters give them, and are refused where those refuse.
+#[tokio::test(start_paused = true)]
+async fn retry_rules_give_the_attempts_what_the_three_setters_give() {
+    use cancel_scope::budget::Rules;
+    let budget_of = |retry: Retry<fn(&CallError) -> Decision>, request_ms| async move {
+        let request = Scope::with_timeout(ms(request_ms));
+        retry
+            .max_attempts(1)
+            .run(&request, ChildSpec::read_only("db"), |a| async move {
+                Ok::<_, CallError>(a.remaining())
+            })
+            .await
+    };
+    let policy =
+        || Retry::new(classify as fn(&CallError) -> Decision).split(Split::Greedy { cap: None });
+    let rules = Rules::new()
+        .reserve(ms(100))
+        .cap(ms(300))
+        .min_useful(ms(200));
+    let by_setters = || {
+        policy()
+            .reserve(ms(100))
+            .split(Split::Greedy { cap: Some(ms(300)) })
+            .min_useful(ms(200))
+    };
+    // 1000 ms: the cap; 350 ms: less the reserve.
+    for (request_ms, attempt) in [(1000, ms(300)), (350, ms(250))] {
+        let got = budget_of(policy().rules(rules), request_ms).await.unwrap();
+        assert_eq!(got, Some(attempt));
+        assert_eq!(budget_of(by_setters(), request_ms).await.unwrap(), got);
+    }
+    // 250 ms: 150 ms after the reserve, below the minimum: no attempt either way.
+    for retry in [policy().rules(rules), by_setters()] {
+        let err = budget_of(retry, 250).await.unwrap_err();
+        assert_eq!(err.stop(), &Stop::BelowMinUseful);
+        assert_eq!(err.ledger().started(), 0);
+    }
+}
+
 /// A dependency's pushback that lands at the very end of what an `Instant` holds, in a scope
 /// without deadline, is too long (it would never be slept to its end), not a panic.
 // regression: a pushback at the end of what an `Instant` holds was slept, for 30 years.

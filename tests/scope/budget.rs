@@ -96,14 +96,23 @@ fn hop_timeout_is_min_300_max_1_remaining_minus_20() {
 
 #[test]
 fn endpoint_policy_clamps_defaults_and_subtracts_queueing_and_reserve() {
-    let p = EndpointBudget::new(ms(2000), ms(500)).reserve(ms(50));
+    let p = EndpointBudget::builder(ms(2000))
+        .default_budget(ms(500))
+        .reserve(ms(50))
+        .build();
     assert_eq!(p.clamp(Some(ms(60_000))), ms(2000));
     assert_eq!(p.clamp(Some(ms(100))), ms(100));
     assert_eq!(p.clamp(None), ms(500));
     assert_eq!(p.admit(Some(ms(60_000)), ms(100)), ms(1850));
     assert_eq!(p.admit(None, ms(1000)), Duration::ZERO);
     // A default above the maximum is clamped to it.
-    assert_eq!(EndpointBudget::new(ms(10), ms(99)).default_budget(), ms(10));
+    assert_eq!(
+        EndpointBudget::builder(ms(10))
+            .default_budget(ms(99))
+            .build()
+            .default_budget(),
+        ms(10)
+    );
 }
 
 fn dur() -> impl Strategy<Value = Duration> {
@@ -215,9 +224,52 @@ proptest! {
     ) {
         let h = hop_timeout(remaining, pad, cap, floor);
         prop_assert!(h <= remaining && h <= cap);
-        let p = EndpointBudget::new(max, default);
+        let p = EndpointBudget::builder(max).default_budget(default).build();
         let a = p.admit(declared, queued);
         prop_assert!(a <= max);
         if let Some(d) = declared { prop_assert!(a <= d); }
     }
+}
+
+#[test]
+fn rules_on_a_child_budget_are_the_three_setters() {
+    use cancel_scope::budget::Rules;
+    let rules = Rules::new().reserve(ms(20)).cap(ms(300)).min_useful(ms(50));
+    let by_rules = ChildBudget::new().rules(rules);
+    let by_setters = ChildBudget::new()
+        .reserve(ms(20))
+        .cap(ms(300))
+        .min_useful(ms(50));
+    for parent in [
+        None,
+        Some(ms(1000)),
+        Some(ms(200)),
+        Some(ms(69)),
+        Some(ms(60)),
+    ] {
+        assert_eq!(
+            by_rules.compute(parent),
+            by_setters.compute(parent),
+            "{parent:?}"
+        );
+    }
+    assert_eq!(by_rules.compute(Some(ms(200))), Ok(Some(ms(180))));
+    assert!(by_rules.compute(Some(ms(60))).is_err());
+    assert_eq!(Rules::default(), Rules::new());
+    assert_eq!(ChildBudget::new().rules(Rules::new()), ChildBudget::new());
+}
+
+#[test]
+fn an_endpoint_budget_builder_defaults_to_the_maximum_and_the_old_forms_agree() {
+    let built = EndpointBudget::builder(ms(2000)).reserve(ms(50)).build();
+    assert_eq!(built.default_budget(), ms(2000));
+    assert_eq!(built.admit(None, ms(0)), ms(1950));
+    #[allow(deprecated)]
+    let old = EndpointBudget::new(ms(2000), ms(500)).reserve(ms(50));
+    let new = EndpointBudget::builder(ms(2000))
+        .default_budget(ms(500))
+        .reserve(ms(50))
+        .build();
+    assert_eq!(old, new);
+    assert_eq!(new.to_builder().build(), new);
 }

@@ -386,3 +386,54 @@ async fn a_grace_period_to_the_end_of_time_is_never_over() {
     stuck.succeed();
     assert!(quiet.now_or_never().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn child_rules_cut_and_refuse_as_the_three_setters_do() {
+    use cancel_scope::budget::Rules;
+    let rules = Rules::new()
+        .reserve(ms(100))
+        .cap(ms(300))
+        .min_useful(ms(50));
+    for parent_ms in [1000, 350, 149, 120] {
+        let parent = Scope::with_timeout(ms(parent_ms));
+        let by_rules = parent.child().rules(rules).build();
+        let by_setters = parent
+            .child()
+            .reserve(ms(100))
+            .cap(ms(300))
+            .min_useful(ms(50))
+            .build();
+        match (by_rules, by_setters) {
+            (Ok(a), Ok(b)) => assert_eq!(a.deadline(), b.deadline(), "parent {parent_ms} ms"),
+            (Err(a), Err(b)) => {
+                assert!(
+                    a.is_budget_exhausted() && b.is_budget_exhausted(),
+                    "{a} / {b}"
+                )
+            }
+            (a, b) => panic!("parent {parent_ms} ms: {a:?} vs {b:?}"),
+        }
+    }
+    // 1000 ms: the cap; 350 ms: less the reserve; 149 and 120 ms: refused (49, 20 ms < 50 ms).
+    let parent = Scope::with_timeout(ms(350));
+    assert_eq!(
+        parent.child().rules(rules).build().unwrap().remaining(),
+        Some(ms(250))
+    );
+    let parent = Scope::with_timeout(ms(149));
+    assert!(parent
+        .child()
+        .rules(rules)
+        .build()
+        .unwrap_err()
+        .is_budget_exhausted());
+    // Rules tighten what is set, as the setters do: a smaller reserve loosens nothing.
+    let parent = Scope::with_timeout(ms(1000));
+    let c = parent
+        .child()
+        .reserve(ms(800))
+        .rules(rules)
+        .build()
+        .unwrap();
+    assert_eq!(c.remaining(), Some(ms(200)));
+}

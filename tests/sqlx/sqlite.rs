@@ -186,6 +186,32 @@ async fn nothing_is_sent_below_the_minimum_useful_budget() {
     assert_eq!(count_orders(&db).await, 0);
 }
 
+/// `GuardedPool::rules` is the pool's minimum useful budget (its reserve and cap belong to the
+/// scope a call runs in): an acquisition is refused where `min_useful` refuses it, with the
+/// same minimum, and let through where it lets it through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_rules_refuse_as_the_minimum_useful_budget_does() {
+    use cancel_scope::budget::Rules;
+    let ms = Duration::from_millis;
+    let rules = Rules::new().reserve(ms(250)).cap(ms(1)).min_useful(ms(200));
+    let by_rules = one_connection().await.rules(rules);
+    let by_setter = one_connection().await.min_useful(ms(200));
+    for db in [&by_rules, &by_setter] {
+        let short = Scope::with_timeout(ms(100));
+        let err = db.acquire(&short).await.err().expect("the call fails");
+        assert!(err.is_budget_exhausted(), "{err:?}");
+        assert_eq!(
+            err.scope_error().unwrap().budget().unwrap().needed(),
+            ms(200)
+        );
+        // Neither the reserve nor the cap applies: 300 ms is enough (a 250 ms reserve would
+        // leave 50 ms, below the minimum).
+        let scope = Scope::with_timeout(ms(300));
+        let conn = db.acquire(&scope).await.expect("above the minimum");
+        drop(conn);
+    }
+}
+
 /// Acquisition waits at most the remaining budget, and a held connection is a guard of its
 /// scope: quiescence waits for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,7 +34,10 @@ fn refusal_levels(t: &Telemetry) -> Vec<(String, Level)> {
 #[tokio::test(start_paused = true)]
 async fn an_admitted_request_records_its_budget_span_and_report() {
     let t = Telemetry::install();
-    let policy = EndpointPolicy::new(ms(2_000), ms(1_000)).version(7);
+    let policy = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
+        .version(7)
+        .build();
     let (layer, mut reports) = reporting(policy);
     let mut svc = layer.layer(Fn_(ok));
     // It waited 30 ms before it was admitted.
@@ -97,7 +100,12 @@ async fn an_admitted_request_records_its_budget_span_and_report() {
 #[tokio::test(start_paused = true)]
 async fn a_request_span_is_a_child_of_the_servers_span_and_fills_a_declared_one() {
     let t = Telemetry::install();
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(Fn_(ok));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(ok));
     let req = Request::builder()
         .header("grpc-timeout", "9S")
         .body(())
@@ -133,7 +141,10 @@ async fn a_request_span_is_a_child_of_the_servers_span_and_fills_a_declared_one(
 #[tokio::test(start_paused = true)]
 async fn refused_requests_count_by_reason_and_warn_only_for_bad_input() {
     let t = Telemetry::install();
-    let policy = EndpointPolicy::new(ms(2_000), ms(1_000)).min_useful(ms(100));
+    let policy = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
+        .min_useful(ms(100))
+        .build();
     let mut svc = AdmitLayer::new(policy).layer(Fn_(ok));
     let with = |value: &str| {
         Request::builder()
@@ -143,13 +154,20 @@ async fn refused_requests_count_by_reason_and_warn_only_for_bad_input() {
     };
     assert_eq!(svc.call(with("12x")).await.unwrap().status(), 400);
     assert_eq!(svc.call(with("10m")).await.unwrap().status(), 504);
-    let strict = EndpointPolicy::new(ms(2_000), ms(1_000)).over_cap(OverCap::Reject);
+    let strict = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
+        .over_cap(OverCap::Reject)
+        .build();
     let mut strict = AdmitLayer::new(strict).layer(Fn_(ok));
     assert_eq!(strict.call(with("9S")).await.unwrap().status(), 400);
     let server = ServerScope::new();
-    let mut closed = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000)))
-        .server(&server)
-        .layer(Fn_(ok));
+    let mut closed = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .server(&server)
+    .layer(Fn_(ok));
     server.shutdown(Duration::ZERO).await;
     assert_eq!(closed.call(with("1S")).await.unwrap().status(), 503);
 
@@ -180,8 +198,10 @@ async fn refused_requests_count_by_reason_and_warn_only_for_bad_input() {
 #[tokio::test(start_paused = true)]
 async fn a_fallback_budget_counts_as_the_default_source() {
     let t = Telemetry::install();
-    let policy = EndpointPolicy::new(ms(2_000), ms(1_000))
-        .on_bad_input(cancel_scope::wire::OnBadInput::Fallback(ms(200)));
+    let policy = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
+        .on_bad_input(cancel_scope::wire::OnBadInput::Fallback(ms(200)))
+        .build();
     let mut svc = AdmitLayer::new(policy).layer(Fn_(ok));
     let req = Request::builder()
         .header("grpc-timeout", "garbage")
@@ -202,7 +222,12 @@ async fn tower_https_trace_layer_with_request_span_gets_the_requests_fields() {
     // tower-http's `Trace` takes requests with a body.
     let handler =
         Fn_(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("ok".to_owned())) });
-    let admit = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(handler);
+    let admit = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(handler);
     let mut svc = TraceLayer::new_for_http()
         .make_span_with(telemetry::RequestSpan::new())
         .layer(admit);
@@ -230,7 +255,12 @@ fn budgeted_request(value: &str) -> Request<String> {
 #[tokio::test(start_paused = true)]
 async fn without_on_report_the_report_is_recorded_at_the_end_of_the_body() {
     let t = Telemetry::install();
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(Fn_(ok));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(ok));
     let res = svc.call(Request::new(())).await.unwrap();
     // The body is the request's last work: not reported while it streams...
     assert!(t.traces.events("request report").is_empty());
@@ -249,7 +279,12 @@ async fn without_on_report_work_left_running_is_reported_when_it_ends() {
         drop(left);
         Ok::<_, Infallible>(Response::new(String::new()))
     });
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(handler);
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(handler);
     let res = svc.call(Request::new(())).await.unwrap();
     assert_eq!(text(res.into_body()).await, "");
     assert!(t.traces.events("request report").is_empty());
@@ -274,7 +309,7 @@ async fn a_cancelled_operations_refusal_has_its_own_reason() {
 
     let t = Telemetry::install();
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let policy = EndpointPolicy::new(ms(2_000), ms(2_000));
+    let policy = EndpointPolicy::builder(ms(2_000)).build();
     let (_scope, admission) = policy
         .admit_joined(&ops, Incoming::new(), Instant::now())
         .await
@@ -312,7 +347,7 @@ async fn the_layers_409_for_a_cancelled_operation_counts_under_its_own_reason() 
 
     let t = Telemetry::install();
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(2_000)))
+    let mut svc = AdmitLayer::new(EndpointPolicy::builder(ms(2_000)).build())
         .operations(&ops)
         .layer(Fn_(ok));
     let first = svc.call(Request::new(())).await.unwrap();

@@ -34,7 +34,7 @@ async fn hangs(_: Request<()>) -> Result<Response<String>, Infallible> {
 fn client() -> PropagateLayer {
     PropagateLayer::new()
         .dependency("inventory")
-        .egress(EgressPolicy::new().transport_pad(ms(5)))
+        .egress(EgressPolicy::builder().transport_pad(ms(5)).build())
 }
 
 #[tokio::test(start_paused = true)]
@@ -46,7 +46,12 @@ async fn a_call_from_a_handler_records_its_budget_and_a_child_span() {
         let told = text(res.into_body()).await;
         Ok::<_, Infallible>(Response::new(told))
     });
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(300))).layer(handler);
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(300))
+            .build(),
+    )
+    .layer(handler);
     let res = svc.call(Request::new(())).await.unwrap();
     assert_eq!(res.status(), 200);
     let told = text(res.into_body()).await;
@@ -86,7 +91,7 @@ async fn refused_calls_count_by_dependency_and_reason() {
     // With less than the least useful budget.
     let mut picky = PropagateLayer::new()
         .dependency("inventory")
-        .egress(EgressPolicy::new().min_useful(ms(50)))
+        .egress(EgressPolicy::builder().min_useful(ms(50)).build())
         .layer(Fn_(downstream));
     let mut req = Request::new(());
     req.extensions_mut().insert(Scope::with_timeout(ms(30)));
@@ -112,7 +117,7 @@ async fn a_calls_own_deadline_counts_once_and_its_parents_cancel_only_as_the_par
     let t = Telemetry::install();
     let capped = PropagateLayer::new()
         .dependency("payments")
-        .egress(EgressPolicy::new().cap(ms(100)));
+        .egress(EgressPolicy::builder().cap(ms(100)).build());
     let mut payments = capped.layer(Fn_(hangs));
     let request = Scope::with_timeout(ms(1_000));
     let mut req = Request::new(());

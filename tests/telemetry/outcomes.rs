@@ -28,7 +28,11 @@ fn budgeted(value: &str) -> Request<()> {
 #[tokio::test(start_paused = true)]
 async fn a_deadline_counts_its_cause_and_marks_the_span_without_a_warning() {
     let t = Telemetry::install();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(stuck));
     let res = svc.call(budgeted("250m")).await.unwrap();
     assert_eq!(res.status(), 504);
@@ -63,9 +67,13 @@ async fn a_deadline_counts_its_cause_and_marks_the_span_without_a_warning() {
 #[tokio::test(start_paused = true)]
 async fn a_grpc_deadline_records_the_status_name() {
     let t = Telemetry::install();
-    let mut svc = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)))
-        .0
-        .layer(Fn_(stuck));
+    let mut svc = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .0
+    .layer(Fn_(stuck));
     let req = Request::builder()
         .header("grpc-timeout", "100m")
         .header("content-type", "application/grpc")
@@ -93,7 +101,11 @@ fn grpc_request(timeout: &str) -> Request<()> {
 #[tokio::test(start_paused = true)]
 async fn a_grpc_status_in_the_trailers_is_recorded_on_the_request_span() {
     let t = Telemetry::install();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     // A gRPC answer: a message, then its status in the trailers (as tonic sends one).
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         let mut trailers = http::HeaderMap::new();
@@ -135,7 +147,11 @@ async fn a_grpc_status_in_the_trailers_is_recorded_on_the_request_span() {
 #[tokio::test(start_paused = true)]
 async fn a_grpc_body_cut_by_the_deadline_records_its_trailers_status() {
     let t = Telemetry::install();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     // A server-streaming answer that sends one message and then stalls.
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         let frames = VecDeque::from([Frame::data(&b"\0\0\0\0\0"[..])]);
@@ -161,7 +177,11 @@ async fn a_grpc_body_cut_by_the_deadline_records_its_trailers_status() {
 #[tokio::test(start_paused = true)]
 async fn a_client_gone_counts_as_its_cause() {
     let t = Telemetry::install();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(stuck));
     let fut = svc.call(budgeted("1S"));
     let polled = tokio::time::timeout(ms(100), fut).await;
@@ -186,7 +206,11 @@ async fn a_client_gone_counts_as_its_cause() {
 #[tokio::test(start_paused = true)]
 async fn a_quarantined_child_is_counted_and_reported_at_warn() {
     let t = Telemetry::install();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     // A child that never gets a receipt (work that ignores its cancel).
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         let ticket = Scope::current()
@@ -221,7 +245,11 @@ async fn a_quarantined_child_is_counted_and_reported_at_warn() {
 #[tokio::test(start_paused = true)]
 async fn an_unknown_effect_is_counted_and_reported_at_warn() {
     let t = Telemetry::install();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     // A payment sent and cut off by the deadline before it confirmed.
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         let ticket = Scope::current()

@@ -65,9 +65,14 @@ fn describe_gives_every_metric_its_unit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_recorder_installed_after_the_first_request_sees_the_next_ones() {
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))).layer(Fn_(
-        |_: Request<()>| async { Ok::<_, Infallible>(Response::new(String::new())) },
-    ));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    }));
     // Before any recorder: recorded nowhere.
     svc.call(Request::new(())).await.unwrap();
     // Both alive at once: a thread tells recorders apart by their address.

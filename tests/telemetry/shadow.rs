@@ -49,9 +49,11 @@ fn shadowed_slow_service() -> (
     Reports,
     EndpointPolicy,
 ) {
-    let policy = EndpointPolicy::new(ms(2_000), ms(1_000))
+    let policy = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
         .min_useful(ms(100))
-        .mode(Mode::Shadow);
+        .mode(Mode::Shadow)
+        .build();
     let (layer, reports) = reporting(policy);
     (layer.layer(Fn_(slow)), reports, policy)
 }
@@ -116,7 +118,7 @@ async fn the_servers_request_span_gets_the_mode_and_the_would_be_decision_budget
         assert_eq!(refused.field("cancel_scope.over_rejection_cap"), None);
     }
     // Enforcing, the server's span says so, and nothing would-be.
-    let mut svc = AdmitLayer::new(policy.mode(Mode::Enforce)).layer(Fn_(ok));
+    let mut svc = AdmitLayer::new(policy.to_builder().mode(Mode::Enforce).build()).layer(Fn_(ok));
     assert_eq!(in_server_span(&mut svc, with("500m")).await, 200);
     let theirs = t.traces.spans("request");
     let last = theirs.last().unwrap();
@@ -128,8 +130,13 @@ async fn the_servers_request_span_gets_the_mode_and_the_would_be_decision_budget
 async fn a_refusal_over_the_rejection_cap_counts_as_shadowed_and_says_so_on_the_spans() {
     let t = Telemetry::install();
     let cap = RejectionCap::new(0, ms(10_000)); // every refusal let through
-    let layer = AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000)).min_useful(ms(100)))
-        .rejection_cap(&cap);
+    let layer = AdmitLayer::new(
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
+            .min_useful(ms(100))
+            .build(),
+    )
+    .rejection_cap(&cap);
     let mut svc = layer.layer(Fn_(ok));
     for value in ["12x", "10m"] {
         assert_eq!(in_server_span(&mut svc, with(value)).await, 200, "{value}");
@@ -191,7 +198,10 @@ async fn shadow_decisions_count_under_their_own_names_not_as_enforced_ones() {
 async fn a_child_past_its_own_would_be_deadline_counts_as_a_shadow_deadline_cancel() {
     use cancel_scope::wire::Incoming;
     let t = Telemetry::install();
-    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .mode(Mode::Shadow)
+        .build();
     let (scope, _) = policy
         .admit(
             Incoming::new().grpc_timeout(b"100m"),

@@ -25,7 +25,12 @@ use crate::support::tower::{next_frame, next_report, reporting, stuck, Fn_};
 
 #[tokio::test(start_paused = true)]
 async fn admit_answers_504_exactly_at_the_deadline_and_reports() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)).reserve(ms(10)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .reserve(ms(10))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(stuck));
     let start = Instant::now();
     let req = Request::builder()
@@ -56,7 +61,10 @@ async fn admit_answers_504_exactly_at_the_deadline_and_reports() {
 
 #[tokio::test(start_paused = true)]
 async fn admit_rejects_bad_or_useless_budgets_without_calling_the_handler() {
-    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).min_useful(ms(100));
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .min_useful(ms(100))
+        .build();
     let ran = Arc::new(AtomicBool::new(false));
     let flag = ran.clone();
     let mut svc = AdmitLayer::new(policy).layer(Fn_(move |_: Request<()>| {
@@ -98,7 +106,11 @@ async fn admit_rejects_bad_or_useless_budgets_without_calling_the_handler() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_response_future_is_client_gone() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(stuck));
     let mut fut = Box::pin(svc.call(Request::new(())));
     // Let the handler start its work, then go away.
@@ -114,7 +126,10 @@ async fn dropping_the_response_future_is_client_gone() {
 #[tokio::test(start_paused = true)]
 async fn a_shadowed_request_whose_client_leaves_past_the_would_be_deadline_records_the_cancel() {
     use cancel_scope::wire::Mode;
-    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .mode(Mode::Shadow)
+        .build();
     let (layer, mut reports) = reporting(policy);
     let mut svc = layer.layer(Fn_(stuck));
     let req = Request::builder()
@@ -135,18 +150,21 @@ async fn a_shadowed_request_whose_client_leaves_past_the_would_be_deadline_recor
 
 #[tokio::test(start_paused = true)]
 async fn the_handler_sees_its_scope_and_admission() {
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
-        |req: Request<()>| async move {
-            let a = req.extensions().get::<Admission>().unwrap();
-            let scope = req.extensions().get::<Scope>().unwrap();
-            assert_eq!(scope.deadline(), Scope::current().deadline());
-            Ok::<_, Infallible>(Response::new(format!(
-                "{} {}",
-                a.initial_remaining().as_millis(),
-                Scope::current().remaining().unwrap().as_millis()
-            )))
-        },
-    ));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(|req: Request<()>| async move {
+        let a = req.extensions().get::<Admission>().unwrap();
+        let scope = req.extensions().get::<Scope>().unwrap();
+        assert_eq!(scope.deadline(), Scope::current().deadline());
+        Ok::<_, Infallible>(Response::new(format!(
+            "{} {}",
+            a.initial_remaining().as_millis(),
+            Scope::current().remaining().unwrap().as_millis()
+        )))
+    }));
     let req = Request::builder()
         .header("grpc-timeout", "700m")
         .body(())
@@ -160,7 +178,11 @@ async fn the_handler_sees_its_scope_and_admission() {
 /// its request is cancelled with "the handler panicked" (not `ClientGone`).
 #[tokio::test(start_paused = true)]
 async fn a_handler_panic_answers_500_or_internal_and_is_failed() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         if true {
             panic!("handler bug");
@@ -203,7 +225,11 @@ async fn a_handler_panic_answers_500_or_internal_and_is_failed() {
 /// scope stopped, not left running until the deadline.
 #[tokio::test(start_paused = true)]
 async fn a_handler_panic_in_call_cancels_and_reports_the_request() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(|_: Request<()>| {
         let _spawned = Scope::current()
             .spawn(std::future::pending::<()>())
@@ -260,7 +286,10 @@ impl Service<Request<()>> for NotReadyUntil {
 /// ran out while it waited is refused with 504 instead of running with the whole budget again.
 #[tokio::test(start_paused = true)]
 async fn time_waiting_for_poll_ready_is_taken_off_the_budget() {
-    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).min_useful(ms(10));
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .min_useful(ms(10))
+        .build();
     let mut svc =
         AdmitLayer::new(policy).layer(NotReadyUntil(Box::pin(tokio::time::sleep(ms(100)))));
     let req = Request::builder()
@@ -312,7 +341,11 @@ async fn blocks_past_the_deadline(_: Request<()>) -> Result<Response<String>, In
 /// deadline stopped it.
 #[tokio::test(start_paused = true)]
 async fn an_answer_after_the_deadline_is_504_not_the_late_answer() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(blocks_past_the_deadline));
     let req = Request::builder()
         .header("grpc-timeout", "250m")
@@ -336,8 +369,12 @@ async fn an_answer_after_the_deadline_is_504_not_the_late_answer() {
     assert_eq!(report.cause(), Some(&Cause::DeadlineExceeded), "{report:?}");
 
     // In time: the handler's answer.
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000)))
-        .layer(Fn_(blocks_past_the_deadline));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(blocks_past_the_deadline));
     let req = Request::builder()
         .header("grpc-timeout", "301m")
         .body(())
@@ -392,14 +429,17 @@ impl Drop for SeesScope {
 async fn the_response_body_is_polled_and_dropped_with_the_requests_scope_current() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let s = seen.clone();
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
-        move |_: Request<()>| {
-            // What the handler sees (its `call` runs with the scope current).
-            s.lock().unwrap().push(Scope::current().deadline());
-            let body = SeesScope(s.clone(), false);
-            async move { Ok::<_, Infallible>(Response::new(body)) }
-        },
-    ));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(move |_: Request<()>| {
+        // What the handler sees (its `call` runs with the scope current).
+        s.lock().unwrap().push(Scope::current().deadline());
+        let body = SeesScope(s.clone(), false);
+        async move { Ok::<_, Infallible>(Response::new(body)) }
+    }));
     let res = svc.call(Request::new(())).await.unwrap();
     let mut body = res.into_body();
     assert!(next_frame(&mut body).await.unwrap().is_ok());
@@ -423,9 +463,11 @@ async fn a_versions_longer_rejection_window_keeps_the_counts_it_had() {
         Ok(Response::new("ok".to_owned()))
     }
     let at_half = |v, window_ms| {
-        EndpointPolicy::new(ms(5_000), ms(1_000))
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
             .version(v)
             .rejection_cap(50, ms(window_ms))
+            .build()
     };
     let policies = PolicyHandle::new(at_half(1, 10_000)).unwrap();
     let mut svc = AdmitLayer::versioned(&policies).layer(Fn_(ok));

@@ -67,8 +67,12 @@ fn streaming_request(grpc: bool, method: http::Method) -> Request<()> {
 #[tokio::test(start_paused = true)]
 async fn admit_cuts_a_streaming_body_at_the_deadline_and_reports_after_it() {
     for grpc in [false, true] {
-        let (layer, mut reports) =
-            reporting(EndpointPolicy::new(ms(5_000), ms(1_000)).reserve(ms(10)));
+        let (layer, mut reports) = reporting(
+            EndpointPolicy::builder(ms(5_000))
+                .default_budget(ms(1_000))
+                .reserve(ms(10))
+                .build(),
+        );
         let mut svc = layer.layer(Fn_(streaming_handler));
         let start = Instant::now();
         let res = svc
@@ -107,7 +111,11 @@ async fn admit_cuts_a_streaming_body_at_the_deadline_and_reports_after_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_client_gone_while_the_body_streams_is_client_gone() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(streaming_handler));
     let res = svc
         .call(streaming_request(false, http::Method::GET))
@@ -123,7 +131,11 @@ async fn a_client_gone_while_the_body_streams_is_client_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_body_sent_to_its_end_completes_the_request_then() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         let frames = VecDeque::from([Frame::data(&b"a"[..]), Frame::data(&b"b"[..])]);
         Ok::<_, Infallible>(Response::new(Frames::<true>(frames)))
@@ -149,7 +161,11 @@ async fn a_body_sent_to_its_end_completes_the_request_then() {
 
 #[tokio::test(start_paused = true)]
 async fn the_body_of_a_head_request_is_not_waited_for() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(streaming_handler));
     let res = svc
         .call(streaming_request(false, http::Method::HEAD))
@@ -179,8 +195,12 @@ fn watched_handler(req: Request<()>) -> impl Future<Output = Result<Response<Tic
 #[tokio::test(start_paused = true)]
 async fn a_body_the_server_stops_polling_lets_the_request_report_at_the_deadline() {
     for (grpc, late_poll) in [(false, true), (true, true), (false, false), (true, false)] {
-        let (layer, mut reports) =
-            reporting(EndpointPolicy::new(ms(5_000), ms(1_000)).reserve(ms(10)));
+        let (layer, mut reports) = reporting(
+            EndpointPolicy::builder(ms(5_000))
+                .default_budget(ms(1_000))
+                .reserve(ms(10))
+                .build(),
+        );
         let mut svc = layer.layer(Fn_(watched_handler));
         let start = Instant::now();
         let res = svc
@@ -226,7 +246,11 @@ async fn a_body_the_server_stops_polling_lets_the_request_report_at_the_deadline
 
 #[tokio::test(start_paused = true)]
 async fn a_cancel_lets_go_of_an_unpolled_body_and_the_report_waits_for_the_rest_of_the_work() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     // The handler leaves work running in the request's scope that takes 50 ms to stop after
     // the cancel.
     let mut svc = layer.layer(Fn_(|req: Request<()>| {
@@ -279,7 +303,11 @@ async fn a_cancel_lets_go_of_an_unpolled_body_and_the_report_waits_for_the_rest_
 
 #[tokio::test(start_paused = true)]
 async fn a_body_read_to_its_end_before_the_deadline_is_reported_once_then() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(|req: Request<()>| {
         let scope = req.extensions().get::<Scope>().unwrap().clone();
         async move {
@@ -358,7 +386,11 @@ impl Body for CancelsInPoll {
 #[tokio::test(start_paused = true)]
 async fn a_cancel_during_a_poll_lets_go_of_the_body_when_that_poll_returns_and_only_once() {
     for ready in [true, false] {
-        let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+        let (layer, mut reports) = reporting(
+            EndpointPolicy::builder(ms(5_000))
+                .default_budget(ms(1_000))
+                .build(),
+        );
         let mut svc = layer.layer(Fn_(move |req: Request<()>| {
             let scope = req.extensions().get::<Scope>().unwrap().clone();
             async move {
@@ -409,7 +441,11 @@ async fn a_cancel_during_a_poll_lets_go_of_the_body_when_that_poll_returns_and_o
 /// pending poll is woken by the cut itself (the handler's body never wakes it).
 #[tokio::test(start_paused = true)]
 async fn a_server_waiting_on_a_body_is_woken_by_the_cut() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(|req: Request<()>| {
         let scope = req.extensions().get::<Scope>().unwrap().clone();
         async move {
@@ -465,7 +501,11 @@ impl Drop for DroppedBeforeTheReport {
 
 #[tokio::test(start_paused = true)]
 async fn a_client_gone_drops_the_handlers_body_before_the_report() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_(|req: Request<()>| {
         let scope = req.extensions().get::<Scope>().unwrap().clone();
         async move {
@@ -546,7 +586,7 @@ impl Drop for Racing {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_racing_polls_and_drops_on_other_threads_lets_go_once() {
     const ROUNDS: usize = 2_000;
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(60_000), ms(60_000)));
+    let (layer, mut reports) = reporting(EndpointPolicy::builder(ms(60_000)).build());
     let bad = Arc::new(AtomicUsize::new(0));
     let mut svc = layer.layer(Fn_({
         let bad = bad.clone();

@@ -25,7 +25,7 @@ use crate::support::tower::{next_frame, next_report, reporting, stuck, Fn_, Fram
 
 /// The policy of these tests: a 5 s budget for a caller that declares none.
 fn policy() -> EndpointPolicy {
-    EndpointPolicy::new(ms(5_000), ms(5_000))
+    EndpointPolicy::builder(ms(5_000)).build()
 }
 
 /// Admission under `policy` with `DetachLayer::new(bound)` outside it.
@@ -108,7 +108,12 @@ async fn at_the_bound_a_detached_request_is_cancelled_as_client_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_detached_request_keeps_its_own_deadline() {
-    let (layers, mut reports) = detaching(EndpointPolicy::new(ms(5_000), ms(200)), ms(10_000));
+    let (layers, mut reports) = detaching(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(200))
+            .build(),
+        ms(10_000),
+    );
     let mut svc = layers.layer(Fn_(stuck));
     let start = Instant::now();
     leave(svc.call(Request::new(()))).await;

@@ -94,7 +94,7 @@ async fn propagate_rewrites_cancelled_after_the_budget_ran_out() {
         Ok::<_, Infallible>(res)
     });
     let mut client = PropagateLayer::new()
-        .egress(EgressPolicy::new().transport_pad(ms(20)))
+        .egress(EgressPolicy::builder().transport_pad(ms(20)).build())
         .layer(transport);
     let scope = Scope::with_timeout(ms(300));
     let res = call_in(&scope, &mut client, grpc_request()).await;
@@ -151,7 +151,7 @@ async fn propagate_reports_a_reset_after_the_budget_ran_out_as_deadline_exceeded
         Ok::<_, Infallible>(Response::new(ResetAt { sent: false, reset }))
     });
     let mut client = PropagateLayer::new()
-        .egress(EgressPolicy::new().transport_pad(ms(20)))
+        .egress(EgressPolicy::builder().transport_pad(ms(20)).build())
         .read_only_method(METHOD)
         .layer(transport);
     let scope = Scope::with_timeout(ms(300));
@@ -658,7 +658,9 @@ async fn propagate_takes_the_current_scope_over_the_requests_root() {
 /// (a reverse proxy) from a child scope capped at 100 ms.
 #[tokio::test(start_paused = true)]
 async fn behind_admit_a_forwarded_request_is_not_told_more_than_the_handler_has() {
-    let policy = EndpointPolicy::new(ms(2_000), ms(1_000));
+    let policy = EndpointPolicy::builder(ms(2_000))
+        .default_budget(ms(1_000))
+        .build();
     let mut svc = AdmitLayer::new(policy).layer(Fn_(|req: Request<()>| async move {
         assert!(req.extensions().get::<Scope>().is_some());
         let mut client = PropagateLayer::new().layer(echo());

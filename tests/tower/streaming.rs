@@ -65,10 +65,14 @@ async fn next_frame<B: Body + Unpin>(body: &mut B) -> Option<Result<Frame<B::Dat
 #[tokio::test(start_paused = true)]
 async fn a_streaming_body_starts_downstream_work_per_message_until_its_end() {
     let (tx, mut reports) = mpsc::unbounded_channel::<(Admission, Report)>();
-    let layer =
-        AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).on_report(move |a, r| {
-            let _ = tx.send((a.clone(), r.clone()));
-        });
+    let layer = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .on_report(move |a, r| {
+        let _ = tx.send((a.clone(), r.clone()));
+    });
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {
         Ok::<_, Infallible>(Response::new(PerMessage {
             left: 3,
@@ -91,7 +95,12 @@ async fn a_streaming_body_starts_downstream_work_per_message_until_its_end() {
 #[tokio::test(start_paused = true)]
 async fn the_bodys_work_is_bounded_by_the_requests_deadline() {
     let (tx, mut reports) = mpsc::unbounded_channel::<(Admission, Report)>();
-    let layer = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(25))).on_report(move |a, r| {
+    let layer = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(25))
+            .build(),
+    )
+    .on_report(move |a, r| {
         let _ = tx.send((a.clone(), r.clone()));
     });
     let mut svc = layer.layer(Fn_(|_: Request<()>| async {

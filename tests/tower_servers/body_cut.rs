@@ -203,7 +203,11 @@ fn watched_service(
 #[tokio::test(start_paused = true)]
 async fn after_the_cut_the_handlers_body_is_dropped_never_polled_and_the_late_drop_changes_nothing()
 {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = watched_service(&layer, usize::MAX, None);
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let scope = scope_of(&res);
@@ -246,7 +250,11 @@ async fn after_the_cut_the_handlers_body_is_dropped_never_polled_and_the_late_dr
 /// report.
 #[tokio::test(start_paused = true)]
 async fn a_response_dropped_long_after_the_cut_is_not_client_gone() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = watched_service(&layer, usize::MAX, None);
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let scope = scope_of(&res);
@@ -273,7 +281,11 @@ async fn a_response_dropped_long_after_the_cut_is_not_client_gone() {
 /// (before, it gave it back, to be polled after the report).
 #[tokio::test(start_paused = true)]
 async fn into_inner_after_the_cut_gives_no_body_to_poll_after_the_report() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = watched_service(&layer, usize::MAX, None);
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let mut body = Box::pin(res.into_body());
@@ -309,7 +321,11 @@ async fn a_body_holding_resources_of_the_scope_lets_them_go_at_the_cut() {
         }
     }
     let pool = Arc::new(tokio::sync::Semaphore::new(1));
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = layer.layer(Fn_({
         let pool = pool.clone();
         move |req: Request<()>| {
@@ -361,7 +377,11 @@ fn poll_catching<B: Body + Unpin>(body: &mut B) -> std::thread::Result<Poll<Opti
 /// grace period; it comes at the drop, once.
 #[tokio::test(start_paused = true)]
 async fn after_a_caught_panic_the_report_waits_for_the_bodys_drop() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = watched_service(&layer, usize::MAX, Some(2));
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let scope = scope_of(&res);
@@ -384,7 +404,11 @@ async fn after_a_caught_panic_the_report_waits_for_the_bodys_drop() {
 /// back (the handler's body is not polled again).
 #[tokio::test(start_paused = true)]
 async fn after_a_caught_panic_a_poll_after_the_cut_lets_go() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = watched_service(&layer, usize::MAX, Some(2));
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let probe = res.extensions().get::<Probe>().unwrap().clone();
@@ -409,7 +433,11 @@ async fn after_a_caught_panic_a_poll_after_the_cut_lets_go() {
 /// tells.
 #[tokio::test(start_paused = true)]
 async fn a_panic_of_the_handlers_body_is_not_reported_as_client_gone() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let mut svc = watched_service(&layer, usize::MAX, Some(2));
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let mut body = Box::pin(res.into_body());
@@ -485,7 +513,7 @@ fn a_cut_racing_polls_with_new_wakers_drops_and_into_inner_lets_go_once_and_alwa
         .enable_all()
         .build()
         .unwrap();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(60_000), ms(60_000)));
+    let (layer, mut reports) = reporting(EndpointPolicy::builder(ms(60_000)).build());
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut next = move |n: u64| {
         seed ^= seed << 13;
@@ -615,7 +643,7 @@ fn a_cancel_racing_the_bodys_registration_is_seen() {
         .enable_all()
         .build()
         .unwrap();
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(60_000), ms(60_000)));
+    let (layer, mut reports) = reporting(EndpointPolicy::builder(ms(60_000)).build());
     let mut ended_at_once = 0;
     for round in 0..ROUNDS {
         let (scope_tx, scope_rx) = std::sync::mpsc::channel::<Scope>();
@@ -687,15 +715,18 @@ impl Body for Endless {
 
 /// Allocations of one request (call, two frames, end) through `Admit` on this thread.
 async fn allocations_of_a_request(method: http::Method) -> u64 {
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
-        |_: Request<()>| async {
-            let frames = VecDeque::from([
-                Frame::data(Bytes::from_static(b"a")),
-                Frame::data(Bytes::from_static(b"b")),
-            ]);
-            Ok::<_, Infallible>(Response::new(Frames(frames)))
-        },
-    ));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(|_: Request<()>| async {
+        let frames = VecDeque::from([
+            Frame::data(Bytes::from_static(b"a")),
+            Frame::data(Bytes::from_static(b"b")),
+        ]);
+        Ok::<_, Infallible>(Response::new(Frames(frames)))
+    }));
     let before = allocs();
     let res = svc.call(request(method)).await.unwrap();
     let mut body = Box::pin(res.into_body());
@@ -752,9 +783,14 @@ async fn tracking_a_body_costs_two_allocations() {
 /// pair and a lock at each poll.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_servers_waker_is_handed_over_once_while_it_stays_the_same() {
-    let mut svc = AdmitLayer::new(EndpointPolicy::new(ms(5_000), ms(1_000))).layer(Fn_(
-        |_: Request<()>| async { Ok::<_, Infallible>(Response::new(Endless)) },
-    ));
+    let mut svc = AdmitLayer::new(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .layer(Fn_(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Endless))
+    }));
     let res = svc.call(request(http::Method::GET)).await.unwrap();
     let mut body = Box::pin(res.into_body());
     let (a, b) = (counting_waker(1), counting_waker(2));
@@ -812,7 +848,11 @@ async fn h2_client(addr: std::net::SocketAddr) -> Channel {
 /// the client resets the stream at last nothing is reported again.
 #[tokio::test]
 async fn an_h2_client_whose_window_is_closed_does_not_keep_the_request_from_its_report() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let (gone_tx, mut gone) = oneshot::channel();
     let app = Router::new()
         .route("/", get(trickle))
@@ -903,7 +943,11 @@ impl tower::Service<Request<tonic::body::Body>> for Feed {
 #[tokio::test]
 async fn a_tonic_stream_whose_client_pauses_is_reported_at_the_deadline_then_ends_with_deadline_exceeded(
 ) {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let (gone_tx, mut gone) = oneshot::channel();
     let feed = Feed {
         gone: Arc::new(Mutex::new(Some(gone_tx))),
@@ -1006,7 +1050,11 @@ async fn four_mib() -> axum::body::Body {
 /// stream in h2): the lock of `ResponseBody::enter` is taken once per body, not per poll.
 #[tokio::test]
 async fn hyper_polls_a_response_body_with_one_waker_in_h1_and_h2() {
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(30_000), ms(10_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(30_000))
+            .default_budget(ms(10_000))
+            .build(),
+    );
     let polls = Arc::new(AtomicUsize::new(0));
     let changes = Arc::new(AtomicUsize::new(0));
     let log = {
@@ -1106,7 +1154,11 @@ async fn stalled_reading_and_gone_clients_at_once_are_each_reported_once() {
     const STALLED: usize = 8;
     const READING: usize = 2;
     const GOING: usize = 4;
-    let (layer, mut reports) = reporting(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = reporting(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let app = Router::new().route("/", get(flood)).layer(layer);
     let addr = serve(app).await;
     let sent = Instant::now();

@@ -26,7 +26,7 @@ async fn a_detached_request_runs_to_its_answer_after_its_client_disconnects() {
     let gone_tx = Arc::new(Mutex::new(Some(gone_tx)));
     let release = Arc::new(Notify::new());
     let committed = Arc::new(AtomicBool::new(false));
-    let (admit, mut reports) = reporting(EndpointPolicy::new(ms(60_000), ms(60_000)));
+    let (admit, mut reports) = reporting(EndpointPolicy::builder(ms(60_000)).build());
     let (held, done) = (release.clone(), committed.clone());
     let handler = move || async move {
         if let Some(tx) = started_tx.lock().unwrap().take() {

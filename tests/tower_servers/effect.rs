@@ -103,7 +103,7 @@ async fn edge_server() -> String {
     let app = Router::new()
         .route("/{method}/{stop}", get(edge))
         .with_state(state)
-        .layer(AdmitLayer::new(EndpointPolicy::new(ms(1_000), ms(1_000))));
+        .layer(AdmitLayer::new(EndpointPolicy::builder(ms(1_000)).build()));
     serve(app).await
 }
 
@@ -213,7 +213,7 @@ async fn a_retry_that_reads_the_header_never_repeats_a_stopped_write() {
 /// waits for its `deadline`). Behind tonic, which enforces `grpc-timeout` itself, the reserve
 /// makes the layer's deadline come first.
 async fn grpc_server() -> String {
-    let policy = EndpointPolicy::new(ms(1_000), ms(1_000)).reserve(ms(200));
+    let policy = EndpointPolicy::builder(ms(1_000)).reserve(ms(200)).build();
     let layer = AdmitLayer::new(policy);
     let svc = UnaryFn(|message: String| async move {
         let scope = Scope::current();

@@ -52,7 +52,9 @@ async fn fails(
 
 #[tokio::test]
 async fn extractors_and_errors_behind_the_layer() {
-    let policy = EndpointPolicy::new(ms(60_000), ms(30_000));
+    let policy = EndpointPolicy::builder(ms(60_000))
+        .default_budget(ms(30_000))
+        .build();
     let admitted = Router::new()
         .route("/budget", get(budget))
         .route("/fails/{how}", get(fails))
@@ -118,7 +120,7 @@ async fn errors_become_statuses_by_the_layers_table() {
     );
 
     // Admission refusals: 400 / INVALID_ARGUMENT, and a draining server's 503.
-    let policy = EndpointPolicy::new(ms(1_000), ms(1_000));
+    let policy = EndpointPolicy::builder(ms(1_000)).build();
     let bad = || {
         policy.admit(
             Incoming::new().grpc_timeout(b"soon"),

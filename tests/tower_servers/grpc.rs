@@ -263,8 +263,13 @@ async fn failed_probe_within(budget: Duration, client: Propagate<Channel>, work:
 #[tokio::test]
 async fn a_tonic_deadline_reaches_our_server_as_the_handlers_budget() {
     let reserve = ms(50);
-    let (url, _, mut reports) =
-        admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(reserve)).await;
+    let (url, _, mut reports) = admitted_server(
+        EndpointPolicy::builder(ms(30_000))
+            .default_budget(ms(10_000))
+            .reserve(reserve)
+            .build(),
+    )
+    .await;
     let sent = Instant::now();
     // 20 s: between the endpoint's default and its maximum, and far more than a loopback call
     // takes on a loaded machine.
@@ -294,8 +299,13 @@ async fn a_tonic_deadline_reaches_our_server_as_the_handlers_budget() {
 /// and the test saw tonic's CANCELLED, with no bug behind it.) The message is the fixed one.
 #[tokio::test]
 async fn a_tonic_client_sees_deadline_exceeded_from_our_server_not_cancelled() {
-    let (url, _, mut reports) =
-        admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(ms(2_500))).await;
+    let (url, _, mut reports) = admitted_server(
+        EndpointPolicy::builder(ms(30_000))
+            .default_budget(ms(10_000))
+            .reserve(ms(2_500))
+            .build(),
+    )
+    .await;
     let status = probe(channel(&url).await, "forever", Some(ms(3_000)))
         .await
         .unwrap_err();
@@ -323,9 +333,11 @@ async fn probe_with_budget(url: &str, value: &'static str) -> Status {
 /// when it does; the handler never runs.
 #[tokio::test]
 async fn refusals_reach_a_tonic_client_with_a_fixed_message() {
-    let policy = EndpointPolicy::new(ms(30_000), ms(10_000))
+    let policy = EndpointPolicy::builder(ms(30_000))
+        .default_budget(ms(10_000))
         .over_cap(OverCap::Reject)
-        .min_useful(ms(100));
+        .min_useful(ms(100))
+        .build();
     let (url, probe, _) = admitted_server(policy).await;
     for (value, code, message) in [
         (
@@ -346,7 +358,7 @@ async fn refusals_reach_a_tonic_client_with_a_fixed_message() {
     }
     assert_eq!(probe.calls.load(Ordering::SeqCst), 0);
 
-    let (url, _, _) = admitted_server(policy.trust(Trust::Trusted)).await;
+    let (url, _, _) = admitted_server(policy.to_builder().trust(Trust::Trusted).build()).await;
     let status = probe_with_budget(&url, "v=2, rem=10").await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
@@ -362,7 +374,7 @@ async fn our_client_layer_sends_the_budget_a_tonic_server_reads() {
     let (url, calls) = plain_server().await;
     let pad = ms(10);
     let client = ServiceBuilder::new()
-        .layer(PropagateLayer::new().egress(EgressPolicy::new().transport_pad(pad)))
+        .layer(PropagateLayer::new().egress(EgressPolicy::builder().transport_pad(pad).build()))
         .service(channel(&url).await);
     // Told apart from "nothing, or a default" by a wide margin: 60 s of time for the call.
     let scope = Scope::with_timeout(ms(120_000));
@@ -392,15 +404,20 @@ async fn our_client_layer_reports_expiry_as_deadline_exceeded() {
     // Against a plain tonic server, which times out on `grpc-timeout` by itself and would
     // say CANCELLED...
     let (url, _) = plain_server().await;
-    let client = propagated(&url, EgressPolicy::new().transport_pad(ms(10))).await;
+    let client = propagated(&url, EgressPolicy::builder().transport_pad(ms(10)).build()).await;
     let status = failed_probe_within(ms(400), client, "forever").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
 
     // ... and against our own server, whose deadline comes first: its reserve (2.5 s of 3 s)
     // covers the trip, also on a loaded machine. (With 50 ms of 400 ms, the caller's own
     // deadline came first there: the server saw its client go, not its deadline.)
-    let (url, _, mut reports) =
-        admitted_server(EndpointPolicy::new(ms(30_000), ms(10_000)).reserve(ms(2_500))).await;
+    let (url, _, mut reports) = admitted_server(
+        EndpointPolicy::builder(ms(30_000))
+            .default_budget(ms(10_000))
+            .reserve(ms(2_500))
+            .build(),
+    )
+    .await;
     let client = propagated(&url, EgressPolicy::new()).await;
     let status = failed_probe_within(ms(3_000), client, "forever").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
@@ -430,7 +447,7 @@ async fn our_client_layer_sends_nothing_after_a_cancel_or_without_budget() {
     assert_eq!(status.code(), Code::Cancelled, "{status:?}");
 
     let client = PropagateLayer::new()
-        .egress(EgressPolicy::new().min_useful(ms(20_000)))
+        .egress(EgressPolicy::builder().min_useful(ms(20_000)).build())
         .layer(chan);
     let status = failed_probe_within(ms(10_000), client, "0").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
@@ -441,7 +458,7 @@ async fn our_client_layer_sends_nothing_after_a_cancel_or_without_budget() {
 #[tokio::test]
 async fn a_cancelled_caller_resets_the_stream_and_the_server_sees_the_client_go() {
     let (url, server, mut reports) =
-        admitted_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+        admitted_server(EndpointPolicy::builder(ms(60_000)).build()).await;
     let client = ServiceBuilder::new()
         .layer(PropagateLayer::new().read_only_method(PROBE))
         .service(channel(&url).await);
@@ -470,7 +487,7 @@ async fn a_cancelled_caller_resets_the_stream_and_the_server_sees_the_client_go(
 #[tokio::test]
 async fn a_grpc_call_cut_off_after_the_server_got_it_needs_reconciliation() {
     let (url, server, _reports) =
-        admitted_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+        admitted_server(EndpointPolicy::builder(ms(60_000)).build()).await;
     let client = propagated(&url, EgressPolicy::new()).await;
     let caller = Scope::with_timeout(ms(60_000));
     let call = tokio::spawn({
@@ -685,9 +702,11 @@ async fn forward(inner: &str, request: &tonic::Request<String>) -> Result<String
 #[tokio::test]
 async fn a_handler_that_copies_its_callers_metadata_does_not_pass_the_budget_on() {
     let (inner_url, _, _reports) = admitted_server(
-        EndpointPolicy::new(ms(30_000), ms(10_000))
+        EndpointPolicy::builder(ms(30_000))
+            .default_budget(ms(10_000))
             .trust(cancel_scope::wire::Trust::Trusted)
-            .priority(5),
+            .priority(5)
+            .build(),
     )
     .await;
     let keep_raw =
@@ -696,7 +715,12 @@ async fn a_handler_that_copies_its_callers_metadata_does_not_pass_the_budget_on(
             req.extensions_mut().insert(raw);
             req
         });
-    let admit = AdmitLayer::new(EndpointPolicy::new(ms(10_000), ms(1_000)).priority(4));
+    let admit = AdmitLayer::new(
+        EndpointPolicy::builder(ms(10_000))
+            .default_budget(ms(1_000))
+            .priority(4)
+            .build(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let edge_url = format!("http://{}", listener.local_addr().unwrap());
     let router = Server::builder()

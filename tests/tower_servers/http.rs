@@ -83,10 +83,12 @@ async fn budgets_shrink_hop_by_hop_across_three_services() {
     // (With 50 ms, trips of 50-220 ms on a loaded 2-core machine failed it, no bug behind it.)
     let pad = ms(5_000);
     let reserve = ms(20);
-    let edge = EndpointPolicy::new(ms(120_000), ms(2_000))
+    let edge = EndpointPolicy::builder(ms(120_000))
+        .default_budget(ms(2_000))
         .reserve(reserve)
-        .transport_pad(pad);
-    let inner = edge.trust(Trust::Trusted);
+        .transport_pad(pad)
+        .build();
+    let inner = edge.to_builder().trust(Trust::Trusted).build();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let client = reqwest::Client::new();
 
@@ -175,7 +177,10 @@ async fn counting_server(policy: EndpointPolicy) -> (String, Calls) {
 
 #[tokio::test]
 async fn a_hostile_budget_gets_at_most_the_policy_maximum() {
-    let policy = EndpointPolicy::new(ms(3_000), ms(1_000)).priority(4);
+    let policy = EndpointPolicy::builder(ms(3_000))
+        .default_budget(ms(1_000))
+        .priority(4)
+        .build();
     let (url, _) = counting_server(policy).await;
     let client = reqwest::Client::new();
     for (name, value) in [
@@ -213,7 +218,12 @@ async fn a_hostile_budget_gets_at_most_the_policy_maximum() {
 
 #[tokio::test]
 async fn malformed_budget_headers_get_400_and_never_reach_the_handler() {
-    let (url, calls) = counting_server(EndpointPolicy::new(ms(3_000), ms(1_000))).await;
+    let (url, calls) = counting_server(
+        EndpointPolicy::builder(ms(3_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .await;
     let client = reqwest::Client::new();
     let bad: &[&[(&str, &str)]] = &[
         &[("grpc-timeout", "-1S")],
@@ -299,7 +309,11 @@ async fn a_handler_that_copies_its_headers_forwards_no_budget_header() {
     let app = Router::new()
         .route("/", get(copier))
         .with_state(echo)
-        .layer(AdmitLayer::new(EndpointPolicy::new(ms(2_000), ms(1_000))));
+        .layer(AdmitLayer::new(
+            EndpointPolicy::builder(ms(2_000))
+                .default_budget(ms(1_000))
+                .build(),
+        ));
     let url = serve(app).await;
     let mut req = reqwest::Client::new().get(&url).header("x-request-id", "7");
     for (name, value) in HOSTILE {
@@ -356,17 +370,22 @@ async fn edge(State(next): State<String>, Extension(a): Extension<Admission>) ->
 /// behind it sees (it is never told the client's values).
 #[tokio::test]
 async fn an_edge_behind_envoy_reads_its_timeout_but_not_the_clients_priority_or_operation() {
-    let trusted = EndpointPolicy::new(ms(30_000), ms(10_000)).trust(Trust::Trusted);
+    let trusted = EndpointPolicy::builder(ms(30_000))
+        .default_budget(ms(10_000))
+        .trust(Trust::Trusted)
+        .build();
     let inner_url = serve(
         Router::new()
             .route("/", get(inner))
             .layer(AdmitLayer::new(trusted)),
     )
     .await;
-    let edge_policy = EndpointPolicy::new(ms(20_000), ms(10_000))
+    let edge_policy = EndpointPolicy::builder(ms(20_000))
+        .default_budget(ms(10_000))
         .trust(Trust::Untrusted)
         .envoy_timeout(true)
-        .priority(4);
+        .priority(4)
+        .build();
     let edge_url = serve(
         Router::new()
             .route("/", get(edge))
@@ -424,7 +443,11 @@ async fn refusing_server(
 ) -> (String, Calls, mpsc::UnboundedReceiver<String>) {
     let (tx, refusals) = mpsc::unbounded_channel();
     let calls = Calls::default();
-    let policy = policy.over_cap(OverCap::Reject).min_useful(ms(100));
+    let policy = policy
+        .to_builder()
+        .over_cap(OverCap::Reject)
+        .min_useful(ms(100))
+        .build();
     let layer = AdmitLayer::new(policy).on_refusal(move |e| {
         let _ = tx.send(e.to_string());
     });
@@ -454,8 +477,12 @@ async fn send(url: &str, grpc: bool, headers: &[(&str, &str)]) -> reqwest::Respo
 /// `on_refusal`, and a trusted caller gets it.
 #[tokio::test]
 async fn refusals_to_untrusted_callers_say_the_kind_and_nothing_more() {
-    let (url, calls, mut refusals) =
-        refusing_server(EndpointPolicy::new(ms(3_000), ms(1_000))).await;
+    let (url, calls, mut refusals) = refusing_server(
+        EndpointPolicy::builder(ms(3_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .await;
     let cases = [
         (("grpc-timeout", "1 hour"), 400, 3, "invalid budget header"),
         (
@@ -504,8 +531,13 @@ async fn refusals_to_untrusted_callers_say_the_kind_and_nothing_more() {
     assert_eq!(calls.0.load(Ordering::SeqCst), 0);
 
     // A trusted caller is told the detail.
-    let (url, _, _) =
-        refusing_server(EndpointPolicy::new(ms(3_000), ms(1_000)).trust(Trust::Trusted)).await;
+    let (url, _, _) = refusing_server(
+        EndpointPolicy::builder(ms(3_000))
+            .default_budget(ms(1_000))
+            .trust(Trust::Trusted)
+            .build(),
+    )
+    .await;
     let res = send(&url, false, &[("grpc-timeout", "1 hour")]).await;
     assert_eq!(res.status(), 400);
     let body = res.text().await.unwrap();
@@ -527,7 +559,7 @@ async fn cancels_itself() -> &'static str {
 #[tokio::test]
 async fn a_stopped_request_tells_an_untrusted_caller_no_cancel_reason() {
     for trust in [Trust::Untrusted, Trust::Trusted] {
-        let policy = EndpointPolicy::new(ms(3_000), ms(3_000)).trust(trust);
+        let policy = EndpointPolicy::builder(ms(3_000)).trust(trust).build();
         let app = Router::new()
             .route("/", any(cancels_itself))
             .layer(AdmitLayer::new(policy));
@@ -582,7 +614,7 @@ async fn stuck_server(policy: EndpointPolicy) -> (String, Reports, oneshot::Rece
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_the_server_scope_and_its_children() {
     let (url, mut reports, started) =
-        stuck_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+        stuck_server(EndpointPolicy::builder(ms(60_000)).build()).await;
     let request = tokio::spawn(reqwest::Client::new().get(url).send());
     let child = timeout(PATIENCE, started).await.unwrap().unwrap();
     request.abort(); // the client goes away mid-request
@@ -599,7 +631,7 @@ async fn a_client_that_disconnects_cancels_the_server_scope_and_its_children() {
 #[tokio::test]
 async fn the_deadline_answers_504_or_deadline_exceeded() {
     let (url, mut reports, _started) =
-        stuck_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+        stuck_server(EndpointPolicy::builder(ms(60_000)).build()).await;
     let client = reqwest::Client::new();
     let sent = Instant::now();
     let res = client
@@ -633,7 +665,12 @@ async fn the_deadline_answers_504_or_deadline_exceeded() {
 
 #[tokio::test]
 async fn a_cancelled_or_useless_call_is_never_sent() {
-    let (url, calls) = counting_server(EndpointPolicy::new(ms(3_000), ms(1_000))).await;
+    let (url, calls) = counting_server(
+        EndpointPolicy::builder(ms(3_000))
+            .default_budget(ms(1_000))
+            .build(),
+    )
+    .await;
     let client = reqwest::Client::new();
 
     let cancelled = Scope::with_timeout(ms(10_000));
@@ -651,7 +688,7 @@ async fn a_cancelled_or_useless_call_is_never_sent() {
     let err = client
         .get(&url)
         .scoped_in(&short)
-        .egress(EgressPolicy::new().min_useful(ms(20_000)))
+        .egress(EgressPolicy::builder().min_useful(ms(20_000)).build())
         .send()
         .await
         .unwrap_err();
@@ -679,7 +716,7 @@ async fn a_cancelled_or_useless_call_is_never_sent() {
 #[tokio::test]
 async fn cancelling_the_caller_stops_the_call_and_the_server_sees_the_client_go() {
     let (url, mut reports, started) =
-        stuck_server(EndpointPolicy::new(ms(60_000), ms(60_000))).await;
+        stuck_server(EndpointPolicy::builder(ms(60_000)).build()).await;
     let caller = Scope::with_timeout(ms(60_000));
     let call = tokio::spawn({
         let caller = caller.clone();
@@ -738,7 +775,11 @@ async fn reading_the_response_body_is_bounded_by_the_same_deadline() {
 
 #[tokio::test]
 async fn a_streaming_response_is_cut_at_the_deadline_and_reported_after_it() {
-    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = admit(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let url = serve(Router::new().route("/", get(trickle)).layer(layer)).await;
     let started = Instant::now();
     let mut res = reqwest::Client::new()
@@ -760,7 +801,7 @@ async fn a_streaming_response_is_cut_at_the_deadline_and_reported_after_it() {
 
 #[tokio::test]
 async fn a_client_that_leaves_while_the_body_streams_is_client_gone() {
-    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(5_000)));
+    let (layer, mut reports) = admit(EndpointPolicy::builder(ms(5_000)).build());
     let url = serve(Router::new().route("/", get(trickle)).layer(layer)).await;
     let mut res = reqwest::Client::new().get(url).send().await.unwrap();
     assert_eq!(res.chunk().await.unwrap().unwrap(), "first chunk");
@@ -784,7 +825,7 @@ async fn sized_stream() -> axum::response::Response {
 
 #[tokio::test]
 async fn a_body_sent_whole_under_content_length_is_not_client_gone() {
-    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(5_000)));
+    let (layer, mut reports) = admit(EndpointPolicy::builder(ms(5_000)).build());
     let url = serve(Router::new().route("/", get(sized_stream)).layer(layer)).await;
     let res = reqwest::Client::new().get(url).send().await.unwrap();
     assert_eq!(res.status(), 200);
@@ -807,7 +848,7 @@ async fn not_modified() -> axum::response::Response {
 
 #[tokio::test]
 async fn a_304_answer_is_not_client_gone() {
-    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(5_000)));
+    let (layer, mut reports) = admit(EndpointPolicy::builder(ms(5_000)).build());
     let url = serve(Router::new().route("/", get(not_modified)).layer(layer)).await;
     let res = reqwest::Client::new().get(url).send().await.unwrap();
     assert_eq!(res.status(), 304);
@@ -855,7 +896,11 @@ async fn flood(State(f): State<Flood>) -> Body {
 async fn a_client_that_stops_reading_pins_nothing_past_the_deadline() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let (layer, mut reports) = admit(EndpointPolicy::new(ms(5_000), ms(1_000)));
+    let (layer, mut reports) = admit(
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
+            .build(),
+    );
     let (gone_tx, mut gone) = oneshot::channel();
     let pool = Arc::new(tokio::sync::Semaphore::new(1));
     let app = Router::new()
@@ -921,7 +966,7 @@ async fn a_client_that_stops_reading_pins_nothing_past_the_deadline() {
 /// quiet, nothing of the call is left open (invariant 6), and the server sees its client go.
 #[tokio::test]
 async fn a_call_stopped_mid_body_closes_its_connection_while_the_response_is_held() {
-    let (layer, mut reports) = admit(EndpointPolicy::new(ms(60_000), ms(60_000)));
+    let (layer, mut reports) = admit(EndpointPolicy::builder(ms(60_000)).build());
     let url = serve(Router::new().route("/", get(trickle)).layer(layer)).await;
     let caller = Scope::with_timeout(ms(60_000));
     let mut res = reqwest::Client::new()
@@ -1025,9 +1070,11 @@ struct InnerSaw {
 /// A trusted inner service (at most 30 s, priority 5 by policy) that records what it saw.
 async fn trusted_inner() -> (String, Arc<Mutex<Vec<InnerSaw>>>) {
     let saw = Arc::new(Mutex::new(Vec::new()));
-    let policy = EndpointPolicy::new(ms(30_000), ms(10_000))
+    let policy = EndpointPolicy::builder(ms(30_000))
+        .default_budget(ms(10_000))
         .trust(Trust::Trusted)
-        .priority(5);
+        .priority(5)
+        .build();
     let app = Router::new()
         .route(
             "/",
@@ -1083,7 +1130,10 @@ fn budget_headers_of(raw: &axum::http::HeaderMap) -> reqwest::header::HeaderMap 
 async fn a_handler_that_copies_its_callers_budget_headers_does_not_pass_them_on() {
     let (inner_url, saw) = trusted_inner().await;
     let refused = Arc::new(Mutex::new(Vec::new()));
-    let edge_policy = EndpointPolicy::new(ms(10_000), ms(1_000)).priority(4);
+    let edge_policy = EndpointPolicy::builder(ms(10_000))
+        .default_budget(ms(1_000))
+        .priority(4)
+        .build();
     let state = (inner_url.clone(), refused.clone());
     let edge = Router::new()
         .route(

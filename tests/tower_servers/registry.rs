@@ -106,7 +106,7 @@ async fn claiming(client: &reqwest::Client, url: &str, op: &str) -> reqwest::Res
 #[tokio::test]
 async fn a_cancelled_operations_requests_get_409_and_a_cancel_stops_one_in_flight() {
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let edge = EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10));
+    let edge = EndpointPolicy::builder(Duration::from_secs(10)).build();
     let (url, calls, mut arrived) = server(edge, &ops, None).await;
     let client = reqwest::Client::new();
 
@@ -135,11 +135,12 @@ async fn a_cancelled_operations_requests_get_409_and_a_cancel_stops_one_in_fligh
 #[tokio::test]
 async fn the_next_hop_joins_the_operation_the_edge_issued_with_its_generation() {
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let inner = EndpointPolicy::new(Duration::from_secs(30), Duration::from_secs(30))
+    let inner = EndpointPolicy::builder(Duration::from_secs(30))
         .trust(Trust::Trusted)
-        .transport_pad(ms(5));
+        .transport_pad(ms(5))
+        .build();
     let (inner_url, _, _) = server(inner, &ops, None).await;
-    let edge = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(2));
+    let edge = EndpointPolicy::builder(Duration::from_secs(2)).build();
     let (edge_url, _, _) = server(edge, &ops, Some(format!("{inner_url}/seen"))).await;
 
     let answer = reqwest::Client::new()
@@ -171,8 +172,9 @@ async fn a_grpc_request_of_a_cancelled_operation_is_aborted() {
 
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
     let id = OperationId::random();
-    let trusted = EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10))
-        .caller_operation(true);
+    let trusted = EndpointPolicy::builder(Duration::from_secs(10))
+        .caller_operation(true)
+        .build();
     let probe = Probe::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -258,7 +260,7 @@ async fn the_axum_and_tonic_conversions_answer_a_cancelled_operation_409_and_abo
     use axum::response::IntoResponse as _;
 
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(2));
+    let policy = EndpointPolicy::builder(Duration::from_secs(2)).build();
     let now = tokio::time::Instant::now;
     let (_, a) = policy
         .admit_joined(&ops, cancel_scope::wire::Incoming::new(), now())
@@ -294,7 +296,7 @@ fn named_operation(res: &reqwest::Response) -> Option<String> {
 #[tokio::test]
 async fn the_edge_names_the_operation_it_issued_and_a_retry_under_it_continues_it() {
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let edge = EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10));
+    let edge = EndpointPolicy::builder(Duration::from_secs(10)).build();
     let (url, _, mut arrived) = server(edge, &ops, None).await;
     let client = reqwest::Client::new();
 
@@ -358,8 +360,9 @@ async fn the_edge_names_the_operation_it_issued_and_a_retry_under_it_continues_i
 #[tokio::test]
 async fn a_trusted_callers_operation_is_named_back() {
     let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    let inner =
-        EndpointPolicy::new(Duration::from_secs(10), Duration::from_secs(10)).trust(Trust::Trusted);
+    let inner = EndpointPolicy::builder(Duration::from_secs(10))
+        .trust(Trust::Trusted)
+        .build();
     let (url, _, _) = server(inner, &ops, None).await;
     let res = claiming(&reqwest::Client::new(), &url, r#"checkout \"7f3a\""#).await;
     assert_eq!(named_operation(&res).as_deref(), Some("checkout \"7f3a\""));

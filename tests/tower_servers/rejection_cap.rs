@@ -25,7 +25,10 @@ use crate::support::tower::Reports;
 
 /// max 30 s, default 2 s, minimum useful 50 ms.
 fn policy() -> EndpointPolicy {
-    EndpointPolicy::new(ms(30_000), ms(2_000)).min_useful(ms(50))
+    EndpointPolicy::builder(ms(30_000))
+        .default_budget(ms(2_000))
+        .min_useful(ms(50))
+        .build()
 }
 
 /// 20 % over 10 minutes.
@@ -158,10 +161,15 @@ async fn the_cap_holds_with_the_operation_registry() {
 async fn the_window_is_the_layers_and_outlives_a_version_swap() {
     use cancel_scope::wire::PolicyHandle;
     let cap = cap();
-    let policies = PolicyHandle::new(policy().version(1)).unwrap();
+    let policies = PolicyHandle::new(policy().to_builder().version(1).build()).unwrap();
     let (layer, mut reports) = reported(AdmitLayer::versioned(&policies).rejection_cap(&cap));
     let url = serve(app().layer(layer)).await;
-    let b = burst(&url, || policies.set(policy().version(2)).unwrap()).await;
+    let b = burst(&url, || {
+        policies
+            .set(policy().to_builder().version(2).build())
+            .unwrap()
+    })
+    .await;
     let over = check_reports(&mut reports, b.admitted).await;
     assert_capped(&b, over);
 }
@@ -169,7 +177,11 @@ async fn the_window_is_the_layers_and_outlives_a_version_swap() {
 /// The policy of version `v` with the rejection cap settings of `percent` % over 10 minutes.
 #[cfg(feature = "rollout")]
 fn capped_at(v: u32, percent: u8) -> EndpointPolicy {
-    policy().version(v).rejection_cap(percent, ms(600_000))
+    policy()
+        .to_builder()
+        .version(v)
+        .rejection_cap(percent, ms(600_000))
+        .build()
 }
 
 #[cfg(feature = "rollout")]

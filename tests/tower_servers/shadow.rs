@@ -52,10 +52,11 @@ async fn hop(State(h): State<Hop>) -> Result<String, StatusCode> {
 /// reached each hop, and each hop's reports (frontend first).
 async fn chain(mode: Mode) -> (StatusCode, String, [usize; 4], Vec<Reports>) {
     // Per-hop timeouts of 30 s (the hard cap); a generous pad for a loaded machine.
-    let policy = EndpointPolicy::new(ms(30_000), ms(30_000))
+    let policy = EndpointPolicy::builder(ms(30_000))
         .transport_pad(ms(5))
         .trust(Trust::Trusted)
-        .mode(mode);
+        .mode(mode)
+        .build();
     let client = reqwest::Client::new();
     let mut next = None;
     let mut reports = Vec::new();

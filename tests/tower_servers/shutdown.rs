@@ -94,7 +94,7 @@ type Refusals = Arc<Mutex<Vec<String>>>;
 fn app(server: &ServerScope, handlers: &Handlers) -> (Router, Refusals) {
     let refusals = Refusals::default();
     let seen = refusals.clone();
-    let layer = AdmitLayer::new(EndpointPolicy::new(ms(60_000), ms(60_000)))
+    let layer = AdmitLayer::new(EndpointPolicy::builder(ms(60_000)).build())
         .server(server)
         .on_refusal(move |e: &AdmissionError| seen.lock().unwrap().push(e.to_string()));
     let app = Router::new()
@@ -210,7 +210,7 @@ async fn requests_that_reach_a_draining_server_get_503_with_retry_after() {
 /// A tonic server given the server's draining future, whose method (`"{what} {arg}"`) works
 /// `arg` ms (`work`) or dispatches a child and waits for ever (`stuck`, `post` or `get`).
 async fn tonic_server(server: &ServerScope, handlers: &Handlers, drain: bool) -> String {
-    let policy = EndpointPolicy::new(ms(60_000), ms(60_000));
+    let policy = EndpointPolicy::builder(ms(60_000)).build();
     let layer = AdmitLayer::new(policy).server(server);
     let h = handlers.clone();
     let svc = UnaryFn(move |message: String| {

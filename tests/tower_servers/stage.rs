@@ -27,9 +27,10 @@ async fn ok() -> &'static str {
 #[tokio::test]
 async fn a_read_only_stage_stops_a_read_only_request_but_not_a_write() {
     // A budget of 10 ms is below the minimum useful 50 ms: refused where enforced.
-    let policy = EndpointPolicy::new(ms(30_000), ms(30_000))
+    let policy = EndpointPolicy::builder(ms(30_000))
         .min_useful(ms(50))
-        .enforce_for(Stage::ReadOnly);
+        .enforce_for(Stage::ReadOnly)
+        .build();
     let (layer, mut reports) = reporting(policy);
     let url = serve(
         Router::new()
@@ -54,7 +55,7 @@ async fn a_read_only_stage_stops_a_read_only_request_but_not_a_write() {
         assert!(report.would_be()[0].is_refusal(), "{report}");
     }
     // Idempotent writes next: the PUT is stopped, the POST still runs.
-    let policy = policy.enforce_for(Stage::Idempotent);
+    let policy = policy.to_builder().enforce_for(Stage::Idempotent).build();
     let url = serve(
         Router::new()
             .route("/", get(ok).post(ok).put(ok))
@@ -91,10 +92,11 @@ async fn hop(
 /// A chain of two trusted hops enforcing `first` and `second` percent of operations.
 async fn two_hops(first: u8, second: u8) -> String {
     let policy = |p| {
-        EndpointPolicy::new(ms(30_000), ms(30_000))
+        EndpointPolicy::builder(ms(30_000))
             .transport_pad(ms(1))
             .trust(Trust::Trusted)
             .enforced_percent(p)
+            .build()
     };
     let client = reqwest::Client::new();
     let inner = serve(

@@ -37,7 +37,10 @@ async fn serve(app: Router) -> String {
 /// Version `v`: a maximum of 60 s and a default of `60 - v` seconds, so that a request's
 /// budget also tells which version admitted it.
 fn version(v: u32) -> EndpointPolicy {
-    EndpointPolicy::new(ms(60_000), ms(60_000 - u64::from(v) * 1_000)).version(v)
+    EndpointPolicy::builder(ms(60_000))
+        .default_budget(ms(60_000 - u64::from(v) * 1_000))
+        .version(v)
+        .build()
 }
 
 /// What the held handler is given: the release, and where it says it was admitted.
@@ -263,16 +266,24 @@ async fn hop_server(layer: AdmitLayer, next: Option<String>) -> String {
 
 #[tokio::test]
 async fn a_hop_of_a_newer_version_talks_to_a_hop_of_an_older_one() {
-    let trusted = |v| version(v).transport_pad(ms(2_000)).trust(Trust::Trusted);
+    let trusted = |v| {
+        version(v)
+            .to_builder()
+            .transport_pad(ms(2_000))
+            .trust(Trust::Trusted)
+            .build()
+    };
     // The older hop knows version 1 only; the newer hop holds 1 and 2 (its current).
     let older = PolicyHandle::new(trusted(1)).unwrap();
     let newer = PolicyHandle::new(trusted(1)).unwrap();
     newer.set(trusted(2)).unwrap();
     // A hop whose policy predates versions altogether: a fixed policy of version 0, which
     // reads `pv` as any v1 reader reads an unknown member... and writes none.
-    let fixed = EndpointPolicy::new(ms(60_000), ms(30_000))
+    let fixed = EndpointPolicy::builder(ms(60_000))
+        .default_budget(ms(30_000))
         .transport_pad(ms(2_000))
-        .trust(Trust::Trusted);
+        .trust(Trust::Trusted)
+        .build();
 
     // newer -> older -> fixed -> newer
     let tail = hop_server(AdmitLayer::versioned(&newer), None).await;

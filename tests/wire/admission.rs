@@ -15,7 +15,10 @@ use crate::support::time::{ms, paused_runtime};
 
 /// max 2 s, default 1 s, reserve 50 ms.
 fn policy() -> EndpointPolicy {
-    EndpointPolicy::new(ms(2000), ms(1000)).reserve(ms(50))
+    EndpointPolicy::builder(ms(2000))
+        .default_budget(ms(1000))
+        .reserve(ms(50))
+        .build()
 }
 
 #[tokio::test(start_paused = true)]
@@ -64,7 +67,7 @@ async fn hostile_budgets_get_at_most_the_maximum() {
 
 #[tokio::test(start_paused = true)]
 async fn over_cap_can_be_rejected() {
-    let p = policy().over_cap(OverCap::Reject);
+    let p = policy().to_builder().over_cap(OverCap::Reject).build();
     let err = p
         .admit(Incoming::new().grpc_timeout(b"3S"), Instant::now())
         .unwrap_err();
@@ -133,7 +136,10 @@ async fn malformed_headers_are_typed_errors() {
 
 #[tokio::test(start_paused = true)]
 async fn fallback_replaces_bad_input_with_a_smaller_local_default() {
-    let p = policy().on_bad_input(OnBadInput::Fallback(ms(300)));
+    let p = policy()
+        .to_builder()
+        .on_bad_input(OnBadInput::Fallback(ms(300)))
+        .build();
     let (scope, a) = p
         .admit(Incoming::new().grpc_timeout(b"forever"), Instant::now())
         .unwrap();
@@ -156,7 +162,10 @@ async fn fallback_replaces_bad_input_with_a_smaller_local_default() {
     assert_eq!(a.initial_remaining(), ms(250));
 
     // The fallback is never more than the default.
-    let generous = policy().on_bad_input(OnBadInput::Fallback(ms(60_000)));
+    let generous = policy()
+        .to_builder()
+        .on_bad_input(OnBadInput::Fallback(ms(60_000)))
+        .build();
     let (_, a) = generous
         .admit(Incoming::new().grpc_timeout(b"?"), Instant::now())
         .unwrap();
@@ -167,7 +176,9 @@ async fn fallback_replaces_bad_input_with_a_smaller_local_default() {
 async fn queueing_counts_against_the_budget() {
     // The design notes' request: 1000 ms, 60 ms queued, 90 ms in the handler, 100 ms kept
     // for the response: 750 ms for the dependency.
-    let p = EndpointPolicy::new(ms(2000), ms(1000));
+    let p = EndpointPolicy::builder(ms(2000))
+        .default_budget(ms(1000))
+        .build();
     let ingress = Instant::now();
     advance(ms(60)).await;
     let (request, a) = p
@@ -176,7 +187,7 @@ async fn queueing_counts_against_the_budget() {
     assert_eq!(a.queued(), ms(60));
     assert_eq!(request.remaining(), Some(ms(940)));
     advance(ms(90)).await;
-    let egress = EgressPolicy::new().reserve(ms(100));
+    let egress = EgressPolicy::builder().reserve(ms(100)).build();
     let call = egress.call_scope(&request).unwrap();
     assert_eq!(call.remaining(), Some(ms(750)));
     assert_eq!(egress.outgoing(&call).unwrap().remaining(), Some(ms(750)));
@@ -184,7 +195,7 @@ async fn queueing_counts_against_the_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn too_little_budget_on_arrival_is_refused() {
-    let p = policy().min_useful(ms(100));
+    let p = policy().to_builder().min_useful(ms(100)).build();
     let err = p
         .admit(Incoming::new().grpc_timeout(b"140m"), Instant::now())
         .unwrap_err();
@@ -215,7 +226,7 @@ async fn envoy_is_read_only_from_trusted_callers() {
     let garbage = || Incoming::new().envoy_expected_timeout(b"soon");
     assert!(policy().admit(garbage(), Instant::now()).is_ok());
 
-    let trusted = policy().trust(Trust::Trusted);
+    let trusted = policy().to_builder().trust(Trust::Trusted).build();
     let (_, a) = trusted.admit(envoy(), Instant::now()).unwrap();
     assert_eq!(a.budget_source(), BudgetSource::Envoy);
     assert_eq!(a.initial_remaining(), ms(350));
@@ -229,7 +240,7 @@ async fn envoy_is_read_only_from_trusted_callers() {
 
 #[tokio::test(start_paused = true)]
 async fn untrusted_callers_cannot_raise_priority_but_may_lower_it() {
-    let p = policy().priority(3);
+    let p = policy().to_builder().priority(3).build();
     let ask = |prio: &str| {
         let header = format!("v=1, rem=500, prio={prio}");
         let (_, a) = p
@@ -244,7 +255,7 @@ async fn untrusted_callers_cannot_raise_priority_but_may_lower_it() {
     assert_eq!(ask("3"), (3, PrioritySource::Policy));
     assert_eq!(ask("6"), (6, PrioritySource::Caller));
 
-    let trusted = p.trust(Trust::Trusted);
+    let trusted = p.to_builder().trust(Trust::Trusted).build();
     let (_, a) = trusted
         .admit(
             Incoming::new().service_budget(b"v=1, rem=500, prio=0"),
@@ -273,7 +284,9 @@ async fn operation_ids_come_from_trusted_callers_only() {
     assert_eq!(a.header_version(), Some(1));
 
     let (scope, a) = policy()
+        .to_builder()
         .trust(Trust::Trusted)
+        .build()
         .admit(incoming(), Instant::now())
         .unwrap();
     assert_eq!(a.operation_id(), "checkout-7");
@@ -283,7 +296,9 @@ async fn operation_ids_come_from_trusted_callers_only() {
 
     // A trusted caller's `gen` without an `op` belongs to no operation of ours: a fresh one.
     let (_, a) = policy()
+        .to_builder()
         .trust(Trust::Trusted)
+        .build()
         .admit(
             Incoming::new().service_budget(b"v=1, rem=500, gen=4"),
             Instant::now(),
@@ -315,7 +330,13 @@ async fn trust_is_several_decisions() {
         (a.budget_source(), a.priority_source(), a.operation_source())
     };
 
-    let edge = admit(policy().trust(Trust::Untrusted).envoy_timeout(true));
+    let edge = admit(
+        policy()
+            .to_builder()
+            .trust(Trust::Untrusted)
+            .envoy_timeout(true)
+            .build(),
+    );
     assert_eq!(
         sources(&edge),
         (
@@ -340,7 +361,7 @@ async fn trust_is_several_decisions() {
     assert_eq!(untrusted.initial_remaining(), ms(1950)); // clamped, Envoy's 400 ignored
     assert_eq!(untrusted.envoy_timeout(), Some(ms(400))); // but kept for audit
 
-    let priority_only = admit(policy().caller_priority(true));
+    let priority_only = admit(policy().to_builder().caller_priority(true).build());
     assert_eq!(
         sources(&priority_only),
         (
@@ -351,7 +372,7 @@ async fn trust_is_several_decisions() {
     );
     assert_eq!(priority_only.priority(), 0);
 
-    let operation_only = admit(policy().caller_operation(true));
+    let operation_only = admit(policy().to_builder().caller_operation(true).build());
     assert_eq!(
         sources(&operation_only),
         (
@@ -365,7 +386,7 @@ async fn trust_is_several_decisions() {
         ("victim-op", 9)
     );
 
-    let trusted = policy().trust(Trust::Trusted);
+    let trusted = policy().to_builder().trust(Trust::Trusted).build();
     assert_eq!(
         sources(&admit(trusted)),
         (
@@ -374,7 +395,7 @@ async fn trust_is_several_decisions() {
             OperationSource::Caller
         )
     );
-    let all_but_operation = admit(trusted.caller_operation(false));
+    let all_but_operation = admit(trusted.to_builder().caller_operation(false).build());
     assert_eq!(
         sources(&all_but_operation),
         (
@@ -392,8 +413,10 @@ async fn trust_is_several_decisions() {
 #[tokio::test(start_paused = true)]
 async fn the_claims_of_a_repeated_service_budget_count_for_nothing() {
     let p = policy()
+        .to_builder()
         .trust(Trust::Trusted)
-        .on_bad_input(OnBadInput::Fallback(ms(800)));
+        .on_bad_input(OnBadInput::Fallback(ms(800)))
+        .build();
     let twice = Incoming::new()
         .service_budget(b"v=1, rem=500, prio=5, op=first, gen=1")
         .service_budget(b"v=1, rem=900, prio=0, op=victim-op, gen=9");
@@ -443,21 +466,21 @@ async fn refusals_have_one_fixed_text_per_kind() {
         ),
         (
             refused(
-                policy().envoy_timeout(true),
+                policy().to_builder().envoy_timeout(true).build(),
                 Incoming::new().envoy_expected_timeout(b"soon"),
             ),
             "invalid budget header",
         ),
         (
             refused(
-                policy().over_cap(OverCap::Reject),
+                policy().to_builder().over_cap(OverCap::Reject).build(),
                 Incoming::new().service_budget(b"v=1, rem=86400000"),
             ),
             "budget exceeds the endpoint's maximum",
         ),
         (
             refused(
-                policy().min_useful(ms(100)),
+                policy().to_builder().min_useful(ms(100)).build(),
                 Incoming::new().grpc_timeout(b"120m"),
             ),
             "budget exhausted",
@@ -474,7 +497,7 @@ async fn refusals_have_one_fixed_text_per_kind() {
 
 #[tokio::test(start_paused = true)]
 async fn the_root_scope_ends_at_the_admitted_deadline() {
-    let p = policy().version(9);
+    let p = policy().to_builder().version(9).build();
     let (scope, a) = p
         .admit(Incoming::new().grpc_timeout(b"200m"), Instant::now())
         .unwrap();
@@ -509,10 +532,12 @@ async fn egress_audit_deadline_is_the_budget_the_header_carries() {
 #[tokio::test(start_paused = true)]
 async fn egress_tells_the_callee_less_than_the_call_has() {
     let p = policy()
+        .to_builder()
         .trust(Trust::Trusted)
         .transport_pad(ms(10))
         .min_useful(ms(20))
-        .priority(5);
+        .priority(5)
+        .build();
     let incoming = Incoming::new().service_budget(b"v=1, rem=500, op=op-1, gen=2");
     let (request, _) = p.admit(incoming, Instant::now()).unwrap();
     // The endpoint's egress defaults travel with the operation.
@@ -548,8 +573,9 @@ async fn egress_refuses_a_cancelled_call_and_passes_unbounded_scopes() {
     let err = EgressPolicy::new().outgoing(&call).unwrap_err();
     assert!(err.is_cancelled());
 
-    let out = EgressPolicy::new()
+    let out = EgressPolicy::builder()
         .transport_pad(ms(5))
+        .build()
         .outgoing(&Scope::new())
         .unwrap();
     assert_eq!(out.remaining(), None);
@@ -562,7 +588,7 @@ async fn egress_refuses_a_cancelled_call_and_passes_unbounded_scopes() {
 /// sent, as one with nothing left is, instead of being sent to a callee bound to refuse it.
 #[tokio::test(start_paused = true)]
 async fn egress_refuses_a_call_whose_budget_header_would_say_zero() {
-    let callee = EndpointPolicy::new(ms(1000), ms(1000));
+    let callee = EndpointPolicy::builder(ms(1000)).build();
     let admitted = |out: &cancel_scope::wire::Outgoing| {
         let incoming = Incoming::new()
             .grpc_timeout(out.grpc_timeout().unwrap().as_bytes())
@@ -575,7 +601,7 @@ async fn egress_refuses_a_call_whose_budget_header_would_say_zero() {
         (Duration::from_micros(10_999), ms(10)),
     ] {
         let call = Scope::with_timeout(left);
-        let egress = EgressPolicy::new().transport_pad(pad);
+        let egress = EgressPolicy::builder().transport_pad(pad).build();
         match egress.outgoing(&call) {
             Err(err) => assert!(err.is_budget_exhausted(), "{left:?}: {err}"),
             Ok(out) => panic!(
@@ -588,18 +614,119 @@ async fn egress_refuses_a_call_whose_budget_header_would_say_zero() {
     }
     // A whole millisecond after the pad is sent, and admitted.
     let call = Scope::with_timeout(ms(11));
-    let out = EgressPolicy::new()
+    let out = EgressPolicy::builder()
         .transport_pad(ms(10))
+        .build()
         .outgoing(&call)
         .unwrap();
     assert_eq!(out.service_budget().unwrap().remaining(), ms(1));
     assert_eq!(admitted(&out).unwrap().1.initial_remaining(), ms(1));
 }
 
+/// `EgressPolicyBuilder::rules` sets the reserve, the cap and the minimum useful budget at
+/// once: a call gets the deadline the three setters give it, and is refused where they refuse.
+#[tokio::test(start_paused = true)]
+async fn egress_rules_give_a_call_what_the_three_setters_give() {
+    use cancel_scope::budget::Rules;
+    let rules = Rules::new()
+        .reserve(ms(100))
+        .cap(ms(300))
+        .min_useful(ms(50));
+    let by_rules = EgressPolicy::builder()
+        .rules(rules)
+        .transport_pad(ms(10))
+        .build();
+    let by_setters = EgressPolicy::builder()
+        .reserve(ms(100))
+        .cap(ms(300))
+        .min_useful(ms(50))
+        .transport_pad(ms(10))
+        .build();
+    assert_eq!(by_rules, by_setters);
+    // 1000 ms: the cap; 350 ms: less the reserve; 159 ms: 59 ms, 49 ms after the pad: refused.
+    for (request_ms, call) in [(1000, Some(ms(300))), (350, Some(ms(250))), (159, None)] {
+        let request = Scope::with_timeout(ms(request_ms));
+        for egress in [by_rules, by_setters] {
+            match (egress.call_scope(&request), call) {
+                (Ok(scope), Some(call)) => assert_eq!(scope.remaining(), Some(call)),
+                (Err(e), None) => assert!(e.is_budget_exhausted(), "{e}"),
+                (got, want) => panic!("{request_ms} ms: {got:?}, expected {want:?}"),
+            }
+        }
+    }
+}
+
+/// The constructor and setters of the policies from before their builders still work, and
+/// give the policies the builders give.
+#[test]
+#[allow(deprecated)]
+fn the_deprecated_constructor_and_setters_give_the_builders_policies() {
+    use cancel_scope::wire::{Mode, Stage};
+    let old = EndpointPolicy::new(ms(2000), ms(1000))
+        .reserve(ms(50))
+        .transport_pad(ms(5))
+        .min_useful(ms(20))
+        .trust(Trust::Trusted)
+        .envoy_timeout(false)
+        .caller_priority(false)
+        .caller_operation(true)
+        .error_detail(false)
+        .on_bad_input(OnBadInput::Fallback(ms(300)))
+        .over_cap(OverCap::Reject)
+        .version(7)
+        .priority(9)
+        .mode(Mode::Shadow)
+        .enforce_for(Stage::Idempotent)
+        .enforced_percent(40);
+    let new = EndpointPolicy::builder(ms(2000))
+        .default_budget(ms(1000))
+        .reserve(ms(50))
+        .transport_pad(ms(5))
+        .min_useful(ms(20))
+        .trust(Trust::Trusted)
+        .envoy_timeout(false)
+        .caller_priority(false)
+        .caller_operation(true)
+        .error_detail(false)
+        .on_bad_input(OnBadInput::Fallback(ms(300)))
+        .over_cap(OverCap::Reject)
+        .version(7)
+        .priority(9)
+        .mode(Mode::Shadow)
+        .enforce_for(Stage::Idempotent)
+        .enforced_percent(40)
+        .build();
+    assert_eq!(old, new);
+    assert_eq!(new.to_builder().build(), new);
+    // The default is clamped to the maximum either way, and is the maximum when unset.
+    assert_eq!(EndpointPolicy::new(ms(10), ms(99)).default_budget(), ms(10));
+    assert_eq!(
+        EndpointPolicy::builder(ms(10)).build(),
+        EndpointPolicy::new(ms(10), ms(10))
+    );
+
+    let old = EgressPolicy::new()
+        .reserve(ms(30))
+        .cap(ms(300))
+        .transport_pad(ms(5))
+        .min_useful(ms(20));
+    let new = EgressPolicy::builder()
+        .reserve(ms(30))
+        .cap(ms(300))
+        .transport_pad(ms(5))
+        .min_useful(ms(20))
+        .build();
+    assert_eq!(old, new);
+    assert_eq!(new.to_builder().build(), new);
+}
+
 #[tokio::test(start_paused = true)]
 async fn egress_caps_and_reserves() {
     let request = Scope::with_timeout(ms(1000));
-    let capped = EgressPolicy::new().cap(ms(300)).reserve(ms(100));
+    let capped = EgressPolicy::builder()
+        .cap(ms(300))
+        .reserve(ms(100))
+        .build();
     assert_eq!(
         capped.call_scope(&request).unwrap().remaining(),
         Some(ms(300))
@@ -633,12 +760,14 @@ proptest! {
         garbage in any::<bool>(),
     ) {
         paused_runtime().block_on(async move {
-            let mut p = EndpointPolicy::new(ms(max_ms), ms(default_ms))
+            let mut p = EndpointPolicy::builder(ms(max_ms))
+                .default_budget(ms(default_ms))
                 .reserve(ms(reserve_ms))
                 .trust(if trusted { Trust::Trusted } else { Trust::Untrusted });
             if let Some(f) = fallback {
                 p = p.on_bad_input(OnBadInput::Fallback(ms(f)));
             }
+            let p = p.build();
             let grpc_value = grpc.map(|(v, u)| format!("{v}{}", ["n", "u", "m", "S", "M", "H"][u]));
             let rem_value = rem.map(|r| format!("v=1, rem={r}"));
             let envoy_value = envoy.map(|e| e.to_string());
@@ -697,13 +826,14 @@ proptest! {
     ) {
         paused_runtime().block_on(async move {
             let request = Scope::with_timeout(ms(remaining_ms));
-            let mut egress = EgressPolicy::new()
+            let mut egress = EgressPolicy::builder()
                 .reserve(ms(reserve_ms))
                 .transport_pad(ms(pad_ms))
                 .min_useful(ms(min_ms));
             if let Some(c) = cap_ms {
                 egress = egress.cap(ms(c));
             }
+            let egress = egress.build();
             let Ok(call) = egress.call_scope(&request) else { return };
             assert!(call.deadline() <= request.deadline());
             advance(ms(elapsed_ms)).await;
@@ -951,7 +1081,8 @@ mod header_maps {
             for settings in 0u8..8 {
                 let (read_envoy, accept_prio, accept_op) =
                     (settings & 1 != 0, settings & 2 != 0, settings & 4 != 0);
-                let mut p = EndpointPolicy::new(ms(max_ms), ms(default_ms))
+                let mut p = EndpointPolicy::builder(ms(max_ms))
+                    .default_budget(ms(default_ms))
                     .reserve(ms(reserve_ms))
                     .priority(policy_priority)
                     .envoy_timeout(read_envoy)
@@ -963,6 +1094,7 @@ mod header_maps {
                 if reject_over_cap {
                     p = p.over_cap(OverCap::Reject);
                 }
+                let p = p.build();
                 let mut headers = map.clone();
                 let incoming = Incoming::take_from(&mut headers);
                 // The handler would see none of them, and everything else.

@@ -14,9 +14,11 @@ use crate::support::time::{ms, secs};
 
 /// max 5 s (the hard cap), default 1 s, reserve 50 ms, minimum useful 20 ms.
 fn policy() -> EndpointPolicy {
-    EndpointPolicy::new(ms(5_000), ms(1_000))
+    EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
         .reserve(ms(50))
         .min_useful(ms(20))
+        .build()
 }
 
 fn good(cap: &RejectionCap) -> Incoming {
@@ -157,7 +159,7 @@ async fn a_refusal_let_through_never_gets_more_than_declared_nor_the_default() {
         assert!(report.would_be()[0].is_over_rejection_cap(), "{report}");
     }
     // Over a rejecting maximum: the default, never the declared 9 s.
-    let reject = p.over_cap(OverCap::Reject);
+    let reject = p.to_builder().over_cap(OverCap::Reject).build();
     let (scope, _) = reject
         .admit(Incoming::new().grpc_timeout(b"9S").rejection_cap(&cap), now)
         .unwrap();
@@ -167,7 +169,9 @@ async fn a_refusal_let_through_never_gets_more_than_declared_nor_the_default() {
 #[tokio::test(start_paused = true)]
 async fn the_queue_is_not_taken_off_but_the_hard_cap_still_holds() {
     let cap = RejectionCap::new(0, secs(10));
-    let p = EndpointPolicy::new(ms(1_000), ms(1_000)).min_useful(ms(20));
+    let p = EndpointPolicy::builder(ms(1_000))
+        .min_useful(ms(20))
+        .build();
     let ingress = Instant::now();
     advance(ms(990)).await;
     // 1 s declared, 990 ms queued: refused as exhausted; let through, within the hard cap.
@@ -211,14 +215,14 @@ async fn at_100_percent_every_refusal_is_enforced_and_nothing_is_counted() {
 async fn shadowed_requests_count_and_a_staged_refusal_is_capped_too() {
     let cap = RejectionCap::new(50, secs(10));
     // Shadow mode refuses nothing, and its requests count in the window.
-    let shadow = policy().mode(Mode::Shadow);
+    let shadow = policy().to_builder().mode(Mode::Shadow).build();
     for _ in 0..3 {
         let (_, a) = shadow.admit(malformed(&cap), Instant::now()).unwrap();
         assert!(!a.is_over_rejection_cap());
     }
     assert_eq!(cap.in_window(Instant::now()), (3, 0));
     // A read-only stage enforces a GET's refusal, within the cap; a write stays shadowed.
-    let staged = policy().enforce_for(Stage::ReadOnly);
+    let staged = policy().to_builder().enforce_for(Stage::ReadOnly).build();
     let get = || malformed(&cap).class(RequestClass::ReadOnly);
     assert!(staged.admit(get(), Instant::now()).is_err()); // 1 of 4
     assert!(staged.admit(get(), Instant::now()).is_err()); // 2 of 5

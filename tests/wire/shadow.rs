@@ -13,13 +13,15 @@ use crate::support::time::{ms, paused_runtime};
 
 /// max 5 s (the hard cap), default 1 s, reserve 50 ms, minimum useful 20 ms.
 fn enforcing() -> EndpointPolicy {
-    EndpointPolicy::new(ms(5_000), ms(1_000))
+    EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
         .reserve(ms(50))
         .min_useful(ms(20))
+        .build()
 }
 
 fn shadowing() -> EndpointPolicy {
-    enforcing().mode(Mode::Shadow)
+    enforcing().to_builder().mode(Mode::Shadow).build()
 }
 
 #[tokio::test(start_paused = true)]
@@ -57,7 +59,11 @@ async fn a_refusal_is_recorded_and_the_request_runs_bounded_by_the_hard_cap() {
             "{report}"
         );
     }
-    let over = enforcing().over_cap(OverCap::Reject).mode(Mode::Shadow);
+    let over = enforcing()
+        .to_builder()
+        .over_cap(OverCap::Reject)
+        .mode(Mode::Shadow)
+        .build();
     let (scope, a) = over
         .admit(Incoming::new().grpc_timeout(b"9S"), now)
         .unwrap();
@@ -122,8 +128,8 @@ proptest! {
             let ingress = Instant::now();
             advance(ms(queued)).await;
             let now = Instant::now();
-            let enforced = enforcing().over_cap(over).admit(incoming(), ingress);
-            let shadowed = enforcing().over_cap(over).mode(Mode::Shadow).admit(incoming(), ingress);
+            let enforced = enforcing().to_builder().over_cap(over).build().admit(incoming(), ingress);
+            let shadowed = enforcing().to_builder().over_cap(over).mode(Mode::Shadow).build().admit(incoming(), ingress);
             let (scope, a) = shadowed.expect("the hard cap leaves 3 s at least");
             prop_assert_eq!(scope.deadline(), Some(now + ms(5_000) - ms(queued)));
             match enforced {
@@ -148,8 +154,9 @@ async fn the_wire_carries_the_enforced_bound_and_the_would_be_budget_beside_it()
         .admit(Incoming::new().grpc_timeout(b"300m"), now)
         .unwrap();
     let call = scope.child().build().unwrap();
-    let out = EgressPolicy::new()
+    let out = EgressPolicy::builder()
         .transport_pad(ms(5))
+        .build()
         .outgoing(&call)
         .unwrap();
     assert_eq!(out.remaining(), Some(ms(4_995)));
@@ -205,7 +212,10 @@ async fn quiet_with(
 
 /// A request admitted in shadow mode with a would-be budget of 100 ms (hard cap 5 s).
 fn shadowed_request() -> cancel_scope::Scope {
-    let policy = EndpointPolicy::new(ms(5_000), ms(1_000)).mode(Mode::Shadow);
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .mode(Mode::Shadow)
+        .build();
     let (scope, _) = policy
         .admit(Incoming::new().grpc_timeout(b"100m"), Instant::now())
         .unwrap();
@@ -233,7 +243,9 @@ async fn inside_the_handler_a_child_the_would_be_budget_refuses_is_made_and_reco
     );
 
     // Enforcing, the same child is refused.
-    let enforced = EndpointPolicy::new(ms(5_000), ms(1_000));
+    let enforced = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .build();
     let (scope, _) = enforced
         .admit(Incoming::new().grpc_timeout(b"100m"), Instant::now())
         .unwrap();
@@ -449,8 +461,10 @@ async fn a_retry_attempt_past_its_would_be_share_records_how_late_it_ended() {
 #[tokio::test(start_paused = true)]
 async fn enforcing_cancels_the_same_children_at_the_deadlines_shadow_mode_reported() {
     let admit = |mode| {
-        EndpointPolicy::new(ms(5_000), ms(1_000))
+        EndpointPolicy::builder(ms(5_000))
+            .default_budget(ms(1_000))
             .mode(mode)
+            .build()
             .admit(Incoming::new().grpc_timeout(b"100m"), Instant::now())
             .unwrap()
             .0

@@ -8,9 +8,11 @@ use crate::support::time::ms;
 
 /// A policy that refuses a 10 ms budget as below its minimum useful 50 ms.
 fn strict() -> EndpointPolicy {
-    EndpointPolicy::new(ms(5_000), ms(1_000))
+    EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
         .min_useful(ms(50))
         .trust(Trust::Trusted)
+        .build()
 }
 
 /// A too-short request of operation `op` and `class`.
@@ -57,12 +59,12 @@ async fn each_stage_enforces_its_classes_and_shadows_the_rest() {
         (Stage::Idempotent, [true, true, false]),
         (Stage::All, [true, true, true]),
     ] {
-        let policy = strict().enforce_for(stage);
+        let policy = strict().to_builder().enforce_for(stage).build();
         let got = [ReadOnly, Idempotent, SideEffecting].map(|c| enforced(policy, "op-1", c));
         assert_eq!(got, expect, "{stage:?}");
     }
     // A request whose class nobody said is side-effecting: the last to be enforced.
-    let policy = strict().enforce_for(Stage::Idempotent);
+    let policy = strict().to_builder().enforce_for(Stage::Idempotent).build();
     let unsaid = Incoming::new().service_budget(b"v=1, rem=10, op=op-1");
     assert!(policy
         .admit(unsaid, Instant::now())
@@ -75,7 +77,7 @@ async fn each_stage_enforces_its_classes_and_shadows_the_rest() {
 async fn the_enforced_fraction_nests_and_is_the_same_for_an_operation_everywhere() {
     let ops: Vec<String> = (0..1_000).map(|i| format!("checkout-{i}")).collect();
     let at = |percent| -> Vec<bool> {
-        let policy = strict().enforced_percent(percent);
+        let policy = strict().to_builder().enforced_percent(percent).build();
         ops.iter()
             .map(|op| enforced(policy, op, RequestClass::ReadOnly))
             .collect()
@@ -98,9 +100,11 @@ async fn the_enforced_fraction_nests_and_is_the_same_for_an_operation_everywhere
 #[tokio::test(start_paused = true)]
 async fn a_caller_picks_no_bucket_it_is_not_trusted_with() {
     // Untrusted: the caller's operation id is not adopted, a fresh one decides.
-    let policy = EndpointPolicy::new(ms(5_000), ms(1_000))
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
         .min_useful(ms(50))
-        .enforced_percent(50);
+        .enforced_percent(50)
+        .build();
     let chosen = (0..)
         .map(|i| format!("op-{i}"))
         .find(|op| fraction_bucket(op) >= 50)
@@ -120,7 +124,11 @@ async fn a_caller_picks_no_bucket_it_is_not_trusted_with() {
 
 #[tokio::test(start_paused = true)]
 async fn an_enforced_staged_request_gets_the_enforcing_budget() {
-    let policy = strict().reserve(ms(20)).enforce_for(Stage::ReadOnly);
+    let policy = strict()
+        .to_builder()
+        .reserve(ms(20))
+        .enforce_for(Stage::ReadOnly)
+        .build();
     let ok = |class| {
         Incoming::new()
             .service_budget(b"v=1, rem=300, op=op-1")

@@ -13,7 +13,10 @@ use crate::support::time::{ms, paused_runtime, secs};
 
 /// A policy of version `v` with maximum `max_ms` and a default of half of it.
 fn policy(v: u32, max_ms: u64) -> EndpointPolicy {
-    EndpointPolicy::new(ms(max_ms), ms(max_ms / 2)).version(v)
+    EndpointPolicy::builder(ms(max_ms))
+        .default_budget(ms(max_ms / 2))
+        .version(v)
+        .build()
 }
 
 /// A caller's `service-budget` that names policy version `pv`, with `rem_ms` left.
@@ -23,18 +26,31 @@ fn naming(pv: u32, rem_ms: u64) -> Incoming {
 
 #[test]
 fn no_version_removes_the_deadline() {
-    let unbounded = EndpointPolicy::new(secs(86_401), secs(1)).version(2);
+    let unbounded = EndpointPolicy::builder(secs(86_401))
+        .default_budget(secs(1))
+        .version(2)
+        .build();
     assert!(PolicyHandle::new(unbounded).unwrap_err().is_unbounded());
     let h = PolicyHandle::new(policy(1, 2000)).unwrap();
     let err = h.set(unbounded).unwrap_err();
     assert!(err.is_unbounded(), "{err}");
     assert!(h
-        .set(EndpointPolicy::new(std::time::Duration::MAX, secs(1)).version(3))
+        .set(
+            EndpointPolicy::builder(std::time::Duration::MAX)
+                .default_budget(secs(1))
+                .version(3)
+                .build()
+        )
         .unwrap_err()
         .is_unbounded());
     // The 24 h limit itself is a deadline.
-    h.set(EndpointPolicy::new(MAX_CAP, secs(1)).version(4))
-        .unwrap();
+    h.set(
+        EndpointPolicy::builder(MAX_CAP)
+            .default_budget(secs(1))
+            .version(4)
+            .build(),
+    )
+    .unwrap();
     assert_eq!(h.versions(), [4, 1]);
 }
 
@@ -69,12 +85,19 @@ fn the_handle_keeps_the_eight_newest_earlier_versions() {
 
 #[tokio::test(start_paused = true)]
 async fn a_rollback_keeps_the_previous_rules_within_the_smaller_cap() {
-    let wide = EndpointPolicy::new(secs(10), secs(8))
+    let wide = EndpointPolicy::builder(secs(10))
+        .default_budget(secs(8))
         .reserve(ms(40))
-        .version(1);
+        .version(1)
+        .build();
     let h = PolicyHandle::new(wide).unwrap();
-    h.set(EndpointPolicy::new(secs(3), secs(1)).version(2))
-        .unwrap();
+    h.set(
+        EndpointPolicy::builder(secs(3))
+            .default_budget(secs(1))
+            .version(2)
+            .build(),
+    )
+    .unwrap();
     let back = h.rollback().unwrap();
     assert_eq!(back.policy_version(), 1);
     assert_eq!(back.max_budget(), secs(3));
@@ -132,7 +155,7 @@ proptest! {
 
 #[tokio::test(start_paused = true)]
 async fn a_trusted_caller_naming_a_held_version_is_admitted_under_it_within_the_current_cap() {
-    let trusted = |v, max_ms| policy(v, max_ms).trust(Trust::Trusted);
+    let trusted = |v, max_ms| policy(v, max_ms).to_builder().trust(Trust::Trusted).build();
     let h = PolicyHandle::new(trusted(1, 9_000)).unwrap();
     h.set(trusted(2, 4_000)).unwrap();
 
@@ -170,8 +193,11 @@ async fn an_untrusted_caller_never_picks_the_version() {
     let smuggled = Incoming::new()
         .service_budget(b"v=1, rem=100, pv=1")
         .service_budget(b"v=1, rem=100, pv=1");
-    let trusted = PolicyHandle::new(policy(1, 9_000).trust(Trust::Trusted)).unwrap();
-    trusted.set(policy(2, 4_000).trust(Trust::Trusted)).unwrap();
+    let trusted =
+        PolicyHandle::new(policy(1, 9_000).to_builder().trust(Trust::Trusted).build()).unwrap();
+    trusted
+        .set(policy(2, 4_000).to_builder().trust(Trust::Trusted).build())
+        .unwrap();
     assert_eq!(trusted.policy_for(&smuggled).policy_version(), 2);
 }
 
@@ -223,7 +249,8 @@ fn a_policy_loads_from_configuration_and_never_without_a_deadline() {
                     "error_detail": false, "bad_input_fallback_ms": 300,
                     "over_cap": "reject", "priority": 2 }"#;
     let p: EndpointPolicy = serde_json::from_str(json).unwrap();
-    let expected = EndpointPolicy::new(ms(2000), ms(1000))
+    let expected = EndpointPolicy::builder(ms(2000))
+        .default_budget(ms(1000))
         .reserve(ms(50))
         .transport_pad(ms(5))
         .min_useful(ms(20))
@@ -232,7 +259,8 @@ fn a_policy_loads_from_configuration_and_never_without_a_deadline() {
         .on_bad_input(OnBadInput::Fallback(ms(300)))
         .over_cap(OverCap::Reject)
         .priority(2)
-        .version(3);
+        .version(3)
+        .build();
     assert_eq!(p, expected);
     // Back and forth: the configuration says the same policy.
     let again: EndpointPolicy =
@@ -263,7 +291,11 @@ fn a_rejection_cap_loads_from_configuration_and_is_validated() {
     let json = r#"{ "version": 5, "max_ms": 2000, "default_ms": 1000,
                     "rejection_cap": { "percent": 20, "window_ms": 10000 } }"#;
     let p: EndpointPolicy = serde_json::from_str(json).unwrap();
-    assert_eq!(p, policy(5, 2000).rejection_cap(20, ms(10_000)));
+    let want = policy(5, 2000)
+        .to_builder()
+        .rejection_cap(20, ms(10_000))
+        .build();
+    assert_eq!(p, want);
     assert_eq!(p.rejection_limit(), Some((20, ms(10_000))));
     // Back and forth, with and without one.
     let config = PolicyConfig::from(p);

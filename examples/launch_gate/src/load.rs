@@ -387,10 +387,12 @@ async fn load(cfg: &LoadConfig, progress: &(dyn Fn(u64) + Sync)) -> Observations
         calls: Arc::default(),
     };
     let policy = |reserve| {
-        EndpointPolicy::new(ms(2_000), ms(1_000))
+        EndpointPolicy::builder(ms(2_000))
+            .default_budget(ms(1_000))
             .reserve(ms(reserve))
             .transport_pad(ms(2))
             .min_useful(ms(2))
+            .build()
     };
     let inventory = serve(
         Service {

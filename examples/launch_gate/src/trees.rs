@@ -42,10 +42,12 @@ fn ms(n: u64) -> Duration {
 
 fn policy(rng: &mut SmallRng) -> EndpointPolicy {
     let max = ms(rng.random_range(200..=2000));
-    EndpointPolicy::new(max, ms(rng.random_range(100..=1000)))
+    EndpointPolicy::builder(max)
+        .default_budget(ms(rng.random_range(100..=1000)))
         .reserve(ms(rng.random_range(0..=20)))
         .transport_pad(ms(rng.random_range(0..=3)))
         .min_useful(ms(rng.random_range(0..=10)))
+        .build()
 }
 
 fn leaf(rng: &mut SmallRng) -> Leaf {
@@ -64,13 +66,14 @@ fn call(rng: &mut SmallRng, depth: u32) -> Call {
         3 => (Method::PUT, Mode::Retry(rng.random_range(2..=3))),
         _ => (Method::POST, Mode::Once),
     };
-    let mut egress = EgressPolicy::new()
+    let mut egress = EgressPolicy::builder()
         .reserve(ms(rng.random_range(0..=10)))
         .transport_pad(ms(rng.random_range(0..=2)))
         .min_useful(ms(rng.random_range(0..=5)));
     if rng.random_bool(0.3) {
         egress = egress.cap(ms(rng.random_range(20..=500)));
     }
+    let egress = egress.build();
     let wire = Wire {
         connect: match rng.random_range(0..40) {
             0 => None,

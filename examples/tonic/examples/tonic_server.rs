@@ -70,8 +70,10 @@ impl Quotes for Prices {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let self_test = std::env::args().any(|a| a == "--self-test");
-    let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1))
-        .reserve(Duration::from_millis(20)); // ours comes before tonic's own timer
+    let policy = EndpointPolicy::builder(Duration::from_secs(2))
+        .default_budget(Duration::from_secs(1))
+        .reserve(Duration::from_millis(20))
+        .build(); // ours comes before tonic's own timer
     let server = ServerScope::new();
     let admit = AdmitLayer::new(policy)
         .server(&server)

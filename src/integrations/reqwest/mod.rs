@@ -106,7 +106,7 @@
 //!         let res = client
 //!             .get("http://127.0.0.1:8080/inventory")
 //!             .scoped()
-//!             .egress(EgressPolicy::new().reserve(Duration::from_millis(50)))
+//!             .egress(EgressPolicy::builder().reserve(Duration::from_millis(50)).build())
 //!             .send()
 //!             .await?;
 //!         res.text().await
@@ -243,7 +243,7 @@ impl RequestBuilderExt for RequestBuilder {
 /// let request = reqwest::Client::new()
 ///     .post("http://127.0.0.1:1/payments")
 ///     .scoped_in(&scope)
-///     .egress(EgressPolicy::new().cap(Duration::from_secs(2)))
+///     .egress(EgressPolicy::builder().cap(Duration::from_secs(2)).build())
 ///     .spec(ChildSpec::idempotent("pay", "payment-42"));
 /// # let _ = request;
 /// ```
@@ -327,7 +327,7 @@ impl ScopedRequest {
     /// use cancel_scope::wire::EgressPolicy;
     /// use cancel_scope::Scope;
     /// let req = reqwest::Client::new().get("http://127.0.0.1:1/").scoped_in(&Scope::new())
-    ///     .egress(EgressPolicy::new().transport_pad(Duration::from_millis(5)));
+    ///     .egress(EgressPolicy::builder().transport_pad(Duration::from_millis(5)).build());
     /// # let _ = req;
     /// ```
     pub fn egress(mut self, egress: EgressPolicy) -> Self {
@@ -413,7 +413,7 @@ impl ScopedRequest {
     /// let err = reqwest::Client::new()
     ///     .get("http://127.0.0.1:1/")
     ///     .scoped_in(&scope)
-    ///     .egress(EgressPolicy::new().min_useful(Duration::from_millis(50)))
+    ///     .egress(EgressPolicy::builder().min_useful(Duration::from_millis(50)).build())
     ///     .send()
     ///     .await
     ///     .unwrap_err();

@@ -8,7 +8,7 @@ use ::sqlx::{Execute, Pool};
 
 use super::connection::GuardedConnection;
 use super::{Backend, Error, StatementSpec, TypedQuery};
-use crate::budget::ChildBudget;
+use crate::budget::{ChildBudget, Rules};
 use crate::Scope;
 
 /// How long the clean-up of a connection may take by default: the server cancel, draining the
@@ -123,6 +123,29 @@ impl<DB: Backend> GuardedPool<DB> {
     /// ```
     pub fn min_useful(self, min_useful: Duration) -> Self {
         self.with(|s| s.min_useful = min_useful)
+    }
+
+    /// The minimum useful budget of `rules`: the same as [`min_useful`](Self::min_useful).
+    /// The rules' reserve and cap are ignored: a pool's calls run in the scope they are given,
+    /// so a reserve or a cap goes on that scope (`scope.child().rules(rules)`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # #[cfg(feature = "sqlx-sqlite")] {
+    /// use std::time::Duration;
+    /// use cancel_scope::{budget::Rules, integrations::sqlx::GuardedPool, Scope};
+    /// let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1); // one database
+    /// let pool = options.connect("sqlite::memory:").await.unwrap();
+    /// let db = GuardedPool::new(pool).rules(Rules::new().min_useful(Duration::from_millis(10)));
+    /// let scope = Scope::with_timeout(Duration::from_millis(5));
+    /// assert!(db.acquire(&scope).await.unwrap_err().is_budget_exhausted());
+    /// # }
+    /// # }
+    /// ```
+    pub fn rules(self, rules: Rules) -> Self {
+        self.min_useful(rules.min_useful)
     }
 
     /// How long the clean-up after a cancel (or after a release that needs a reset) may take

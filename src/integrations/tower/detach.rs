@@ -45,7 +45,9 @@ use tower_service::Service;
 /// use cancel_scope::wire::EndpointPolicy;
 /// use tower_layer::{Layer, Stack};
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(5), Duration::from_secs(2));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(5))
+///     .default_budget(Duration::from_secs(2))
+///     .build();
 /// // An upload's commit runs on for up to 2 s after its client leaves: the detach layer
 /// // outside, admission inside (with axum: `.route_layer(..)` on the upload's route).
 /// let layers = Stack::new(AdmitLayer::new(policy), DetachLayer::new(Duration::from_secs(2)));

@@ -43,7 +43,7 @@
 //!   | tower-http, hyper, plain reqwest | no retry of their own (a `tower::retry` policy decides: read the header there) | same | same |
 //!
 //!   The text is the HTTP body (`text/plain`) or the `grpc-message`; a caller the policy shows
-//!   the detail ([`error_detail`](crate::wire::EndpointPolicy::error_detail)) gets the detail
+//!   the detail ([`error_detail`](crate::wire::EndpointPolicyBuilder::error_detail)) gets the detail
 //!   instead, and [`on_refusal`](AdmitLayer::on_refusal) gets it in any case. gRPC answers are
 //!   trailers-only responses (HTTP 200 with `grpc-status` in the headers). When the response
 //!   future is dropped (client disconnect, HTTP/2 reset) the scope is cancelled with
@@ -53,7 +53,7 @@
 //!   [`on_report`](AdmitLayer::on_report) callback. The response body is bounded by the same
 //!   deadline; at it the handler's body is dropped, also if the client stopped reading.
 //!   Behind a tonic server, which enforces `grpc-timeout` itself (and says `CANCELLED`), give
-//!   the policy a [`reserve`](crate::wire::EndpointPolicy::reserve) that covers the answer's
+//!   the policy a [`reserve`](crate::wire::EndpointPolicyBuilder::reserve) that covers the answer's
 //!   trip, so that the layer's `DEADLINE_EXCEEDED` comes first.
 //!
 //! * [`Propagate`] / [`PropagateLayer`] (client): every call gets a child of the current scope
@@ -81,11 +81,14 @@
 //! use cancel_scope::wire::{EgressPolicy, EndpointPolicy};
 //!
 //! let ms = Duration::from_millis;
-//! let server = AdmitLayer::new(EndpointPolicy::new(ms(2000), ms(1000)).reserve(ms(20)))
+//! let server = AdmitLayer::new(EndpointPolicy::builder(ms(2000))
+//!     .default_budget(ms(1000))
+//!     .reserve(ms(20))
+//!     .build())
 //!     .on_report(|admission, report| {
 //!         println!("{}: {report}", admission.operation_id());
 //!     });
-//! let client = PropagateLayer::new().egress(EgressPolicy::new().transport_pad(ms(5)));
+//! let client = PropagateLayer::new().egress(EgressPolicy::builder().transport_pad(ms(5)).build());
 //! # let _ = (server, client);
 //! ```
 

@@ -30,7 +30,7 @@ const OPERATION_CANCELLED: &str = "operation cancelled";
 /// request's operation was cancelled: 409 / `ABORTED`).
 ///
 /// Two texts: [`public_message`](Self::public_message), one fixed text per kind, is what a
-/// caller that is not [shown the detail](crate::wire::EndpointPolicy::error_detail) is told;
+/// caller that is not [shown the detail](crate::wire::EndpointPolicyBuilder::error_detail) is told;
 /// the `Display` text adds the detail (the header, the values) for logs and trusted callers,
 /// and is not API.
 ///
@@ -41,7 +41,7 @@ const OPERATION_CANCELLED: &str = "operation cancelled";
 /// use std::time::Duration;
 /// use cancel_scope::wire::{EndpointPolicy, Incoming};
 ///
-/// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
 /// let err = p.admit(Incoming::new().grpc_timeout(b"-1S"), tokio::time::Instant::now())
 ///     .unwrap_err();
 /// assert!(err.is_invalid());
@@ -80,7 +80,7 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let twice = Incoming::new().grpc_timeout(b"1S").grpc_timeout(b"2S");
     /// assert!(p.admit(twice, tokio::time::Instant::now()).unwrap_err().is_invalid());
     /// # }
@@ -104,7 +104,7 @@ impl AdmissionError {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, ServerScope};
     /// let server = ServerScope::new();
     /// server.shutdown(Duration::ZERO).await;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let err = p.admit_in(&server, Incoming::new(), tokio::time::Instant::now()).unwrap_err();
     /// assert!(err.is_unavailable() && !err.is_invalid());
     /// assert_eq!(err.public_message(), "service unavailable");
@@ -148,13 +148,15 @@ impl AdmissionError {
     /// use cancel_scope::registry::{InProcessRegistry, OperationId, Operations};
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
     /// let (_, a) = policy.admit_joined(&ops, Incoming::new(), tokio::time::Instant::now()).await.unwrap();
     /// ops.cancel(&OperationId::new(a.operation_id()).unwrap()).await.unwrap();
     ///
     /// // A trusted hop's later request of that operation is refused.
-    /// let trusted = policy.caller_operation(true);
+    /// let trusted = policy.to_builder().caller_operation(true).build();
     /// let again = format!("v=1, rem=500, op=\"{}\"", a.operation_id());
     /// let incoming = Incoming::new().service_budget(again.as_bytes());
     /// let err = trusted.admit_joined(&ops, incoming, tokio::time::Instant::now()).await.unwrap_err();
@@ -193,8 +195,9 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .min_useful(Duration::from_millis(50));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(50))
+    ///     .build();
     /// let short = Incoming::new().grpc_timeout(b"10m");
     /// assert!(p.admit(short, tokio::time::Instant::now()).unwrap_err().is_budget_exhausted());
     /// # }
@@ -213,8 +216,9 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .min_useful(Duration::from_millis(50));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(50))
+    ///     .build();
     /// let short = Incoming::new().grpc_timeout(b"10m");
     /// assert!(p.admit(short, tokio::time::Instant::now()).unwrap_err().is_exhausted());
     /// # }
@@ -237,8 +241,9 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, OverCap};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .over_cap(OverCap::Reject);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .over_cap(OverCap::Reject)
+    ///     .build();
     /// let err = p.admit(Incoming::new().grpc_timeout(b"5S"), tokio::time::Instant::now())
     ///     .unwrap_err();
     /// assert!(err.is_over_cap() && err.is_invalid());
@@ -261,7 +266,7 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let err = p.admit(Incoming::new().grpc_timeout(b"1 hour"), tokio::time::Instant::now())
     ///     .unwrap_err();
     /// assert_eq!(err.public_message(), "invalid budget header");
@@ -286,7 +291,7 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let bad = Incoming::new().service_budget(b"v=2, rem=10");
     /// let err = p.admit(bad, tokio::time::Instant::now()).unwrap_err();
     /// assert_eq!(err.header(), Some("service-budget"));
@@ -313,8 +318,9 @@ impl AdmissionError {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .min_useful(Duration::from_millis(50));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .min_useful(Duration::from_millis(50))
+    ///     .build();
     /// let err = p.admit(Incoming::new().grpc_timeout(b"10m"), tokio::time::Instant::now())
     ///     .unwrap_err();
     /// assert_eq!(err.budget().unwrap().available(), Duration::from_millis(10));

@@ -120,7 +120,7 @@ impl Incoming {
     }
 
     /// What the request does (see [`RequestClass`]): what staged enforcement
-    /// ([`EndpointPolicy::enforce_for`](crate::wire::EndpointPolicy::enforce_for)) goes by.
+    /// ([`EndpointPolicyBuilder::enforce_for`](crate::wire::EndpointPolicyBuilder::enforce_for)) goes by.
     /// Not a header: the server layer sets it from the request's method.
     ///
     /// # Examples
@@ -165,7 +165,7 @@ impl Incoming {
     }
 
     /// Adds an `x-envoy-expected-rq-timeout-ms` header line (it counts only when the policy
-    /// [reads it](crate::wire::EndpointPolicy::envoy_timeout); it is kept for audit in any
+    /// [reads it](crate::wire::EndpointPolicyBuilder::envoy_timeout); it is kept for audit in any
     /// case).
     ///
     /// # Examples
@@ -216,7 +216,9 @@ impl Incoming {
     /// let mut headers = HeaderMap::new();
     /// headers.append("grpc-timeout", HeaderValue::from_static("1S"));
     /// headers.append("grpc-timeout", HeaderValue::from_static("99999999H")); // smuggled
-    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// let err = policy.admit(Incoming::from_headers(&headers), tokio::time::Instant::now());
     /// assert!(err.unwrap_err().is_invalid()); // a repeated budget header is ambiguous
     /// # }

@@ -82,7 +82,7 @@ impl EndpointPolicy {
     /// use cancel_scope::registry::{InProcessRegistry, Operations};
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, OperationSource};
     ///
-    /// let edge = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(2));
+    /// let edge = EndpointPolicy::builder(Duration::from_secs(2)).build();
     /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
     /// let (_, first) = edge.admit_joined(&ops, Incoming::new(), Instant::now()).await.unwrap();
     /// let id = first.operation_id().to_owned(); // returned to the client
@@ -138,7 +138,9 @@ impl EndpointPolicy {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, ServerScope};
     ///
     /// let server = ServerScope::new();
-    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
     /// let (scope, _) = policy.admit_joined_in(&server, &ops, Incoming::new(), Instant::now())
     ///     .await

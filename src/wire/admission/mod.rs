@@ -245,11 +245,11 @@ impl EndpointPolicy {
     /// ```
     ///
     /// The declared budget is the shortest valid one among `service-budget`, `grpc-timeout`
-    /// and (where the policy [reads it](EndpointPolicy::envoy_timeout)) Envoy's header. A
+    /// and (where the policy [reads it](crate::wire::EndpointPolicyBuilder::envoy_timeout)) Envoy's header. A
     /// caller can never get more than the policy's maximum nor more than it declared, whatever
     /// it sends. Its priority, operation id and generation count only where the policy
-    /// accepts them ([`caller_priority`](EndpointPolicy::caller_priority),
-    /// [`caller_operation`](EndpointPolicy::caller_operation); see
+    /// accepts them ([`caller_priority`](crate::wire::EndpointPolicyBuilder::caller_priority),
+    /// [`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation); see
     /// [`Trust`](super::Trust)), and only from a `service-budget` header sent once and valid;
     /// the [`Admission`] records which source decided each value. The root scope is named
     /// after the operation id and carries the [`Operation`] (see [`Scope::operation`]).
@@ -275,7 +275,9 @@ impl EndpointPolicy {
     /// use tokio::time::Instant;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
     ///
-    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// let hostile = Incoming::new()
     ///     .grpc_timeout(b"99999999H")
     ///     .service_budget(b"v=1, rem=86400000, prio=0");
@@ -316,7 +318,9 @@ impl EndpointPolicy {
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, ServerScope};
     ///
     /// let server = ServerScope::new();
-    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// let (scope, _) = policy.admit_in(&server, Incoming::new(), Instant::now()).unwrap();
     /// assert_eq!(scope.remaining(), Some(Duration::from_secs(1)));
     /// drop(scope);

@@ -17,7 +17,7 @@ use super::super::service_budget::ServiceBudget;
 /// use std::time::Duration;
 /// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(1)).build();
 /// let (_, a) = policy.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
 /// assert_eq!(a.budget_source(), BudgetSource::Default);
 /// # }
@@ -32,7 +32,7 @@ pub enum BudgetSource {
     /// The `service-budget` header.
     ServiceBudget,
     /// Envoy's `x-envoy-expected-rq-timeout-ms` (only where the policy
-    /// [reads it](crate::wire::EndpointPolicy::envoy_timeout)).
+    /// [reads it](crate::wire::EndpointPolicyBuilder::envoy_timeout)).
     Envoy,
     /// A header was bad and the policy fell back to its local default
     /// ([`OnBadInput::Fallback`](crate::wire::OnBadInput::Fallback)).
@@ -48,7 +48,7 @@ pub enum BudgetSource {
 /// use std::time::Duration;
 /// use cancel_scope::wire::{EndpointPolicy, Incoming, PrioritySource};
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).priority(3);
+/// let policy = EndpointPolicy::builder(Duration::from_secs(1)).priority(3).build();
 /// // An untrusted caller asking for urgency 0 does not get it.
 /// let incoming = Incoming::new().service_budget(b"v=1, rem=100, prio=0");
 /// let (_, a) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
@@ -61,7 +61,7 @@ pub enum PrioritySource {
     /// The endpoint policy's priority.
     Policy,
     /// The caller's `prio`: where the policy
-    /// [accepts it](crate::wire::EndpointPolicy::caller_priority), or where the caller asks
+    /// [accepts it](crate::wire::EndpointPolicyBuilder::caller_priority), or where the caller asks
     /// for less urgency than the policy gives.
     Caller,
 }
@@ -75,7 +75,7 @@ pub enum PrioritySource {
 /// use std::time::Duration;
 /// use cancel_scope::wire::{EndpointPolicy, Incoming, OperationSource};
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(1)).build();
 /// let incoming = Incoming::new().service_budget(b"v=1, rem=100, op=victim-op, gen=9");
 /// let (_, a) = policy.admit(incoming, tokio::time::Instant::now()).unwrap();
 /// // Not accepted: a fresh local operation, whose generation starts at 0.
@@ -88,7 +88,7 @@ pub enum PrioritySource {
 #[non_exhaustive]
 pub enum OperationSource {
     /// A fresh local operation id, generation 0: the caller sent no `op`, or the policy does
-    /// not [accept](crate::wire::EndpointPolicy::caller_operation) the caller's.
+    /// not [accept](crate::wire::EndpointPolicyBuilder::caller_operation) the caller's.
     Local,
     /// The caller's `op`, and its `gen` (0 if it sent none).
     Caller,
@@ -111,7 +111,9 @@ pub enum OperationSource {
 /// use cancel_scope::registry::{InProcessRegistry, Operations};
 /// use cancel_scope::wire::{EndpointPolicy, Incoming, RegistryTerm};
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+///     .default_budget(Duration::from_secs(1))
+///     .build();
 /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
 /// let (_, a) = policy.admit_joined(&ops, Incoming::new(), tokio::time::Instant::now()).await.unwrap();
 /// assert_eq!(a.registry(), RegistryTerm::Created);
@@ -163,7 +165,11 @@ impl RegistryTerm {
 /// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
 ///
 /// let ms = Duration::from_millis;
-/// let policy = EndpointPolicy::new(ms(2000), ms(1000)).reserve(ms(50)).version(4);
+/// let policy = EndpointPolicy::builder(ms(2000))
+///     .default_budget(ms(1000))
+///     .reserve(ms(50))
+///     .version(4)
+///     .build();
 /// let ingress = Instant::now();
 /// tokio::time::sleep(ms(60)).await; // queued
 /// let (scope, a) = policy.admit(Incoming::new().grpc_timeout(b"1S"), ingress).unwrap();
@@ -244,7 +250,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.operation_id().len(), 32); // a fresh local id: 128 random bits
     /// # }
@@ -261,7 +267,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (scope, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(scope.operation(), Some(a.operation()));
     /// # }
@@ -279,7 +285,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=10, op=theirs");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.caller_operation_id(), Some("theirs"));
@@ -303,7 +309,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=86400000, prio=0, gen=7");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// let sent = a.caller_budget().unwrap();
@@ -324,7 +330,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().grpc_timeout(b"5S");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.grpc_timeout(), Some(Duration::from_secs(5)));
@@ -343,7 +349,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().envoy_expected_timeout(b"300");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.envoy_timeout(), Some(Duration::from_millis(300)));
@@ -362,7 +368,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(2);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).version(2).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.policy_version(), 2);
     /// # }
@@ -380,7 +386,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(3);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).version(3).build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=10, pv=9");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!((a.caller_policy_version(), a.policy_version()), (Some(9), 3));
@@ -398,7 +404,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=10");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.header_version(), Some(1));
@@ -417,7 +423,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let at = tokio::time::Instant::now();
     /// let (_, a) = p.admit(Incoming::new(), at).unwrap();
     /// assert_eq!(a.ingress(), at);
@@ -435,7 +441,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert!(a.admitted_at() >= a.ingress());
     /// # }
@@ -452,7 +458,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.queued(), Duration::ZERO);
     /// # }
@@ -469,7 +475,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (s, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(s.deadline(), Some(a.deadline()));
     /// # }
@@ -486,7 +492,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::{Duration, SystemTime};
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert!(a.audit_deadline() > SystemTime::UNIX_EPOCH);
     /// # }
@@ -503,7 +509,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().grpc_timeout(b"99999999H");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.initial_remaining(), Duration::from_secs(1));
@@ -522,7 +528,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().grpc_timeout(b"5S");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.declared(), Some(Duration::from_secs(5)));
@@ -541,7 +547,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert!(!a.was_clamped());
     /// # }
@@ -558,7 +564,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{BudgetSource, EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// let incoming = Incoming::new().grpc_timeout(b"500m").service_budget(b"v=1, rem=400");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.budget_source(), BudgetSource::ServiceBudget); // the shorter one
@@ -579,8 +585,9 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, Trust};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .trust(Trust::Trusted);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .trust(Trust::Trusted)
+    ///     .build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=400, op=checkout-7, gen=2");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.generation(), 2);
@@ -598,7 +605,7 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).priority(1);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).priority(1).build();
     /// let (_, a) = p.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.priority(), 1);
     /// # }
@@ -615,8 +622,9 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, PrioritySource, Trust};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .trust(Trust::Trusted);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .trust(Trust::Trusted)
+    ///     .build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=400, prio=0");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!((a.priority(), a.priority_source()), (0, PrioritySource::Caller));
@@ -634,8 +642,9 @@ impl Admission {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, OperationSource};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .caller_operation(true);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .caller_operation(true)
+    ///     .build();
     /// let incoming = Incoming::new().service_budget(b"v=1, rem=400, op=checkout-7");
     /// let (_, a) = p.admit(incoming, tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.operation_id(), "checkout-7");
@@ -666,7 +675,9 @@ impl Admission {
     /// use std::time::Duration;
     /// use cancel_scope::registry::{InProcessRegistry, Operations};
     /// use cancel_scope::wire::{EndpointPolicy, Incoming};
-    /// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
     /// let (_, a) = policy.admit_joined(&ops, Incoming::new(), tokio::time::Instant::now()).await.unwrap();
     /// assert_eq!(a.operation_deadline(), Some(a.deadline()));

@@ -8,7 +8,11 @@ use super::shadow::Mode;
 use super::stage::Stage;
 use crate::budget::EndpointBudget;
 
+mod builder;
+mod deprecated;
 mod rollout;
+
+pub use builder::EndpointPolicyBuilder;
 
 /// Presets for how far an endpoint believes its callers: all of the policy's trust settings at
 /// once.
@@ -18,10 +22,10 @@ mod rollout;
 ///
 /// | setting | [`Untrusted`](Trust::Untrusted) (default) | [`Trusted`](Trust::Trusted) |
 /// |---|---|---|
-/// | [`envoy_timeout`](EndpointPolicy::envoy_timeout): `x-envoy-expected-rq-timeout-ms` | ignored | read, like the other budget headers |
-/// | [`caller_priority`](EndpointPolicy::caller_priority): `prio` | the policy's; a caller may only ask for *less* urgency | the caller's, else the policy's |
-/// | [`caller_operation`](EndpointPolicy::caller_operation): `op` and `gen` | a fresh local id, generation 0 (the caller's are kept for audit) | the caller's, if it sends an `op` |
-/// | [`error_detail`](EndpointPolicy::error_detail): refusal and error texts | one fixed text per kind | the detail (values, header, cause) |
+/// | [`envoy_timeout`](crate::wire::EndpointPolicyBuilder::envoy_timeout): `x-envoy-expected-rq-timeout-ms` | ignored | read, like the other budget headers |
+/// | [`caller_priority`](crate::wire::EndpointPolicyBuilder::caller_priority): `prio` | the policy's; a caller may only ask for *less* urgency | the caller's, else the policy's |
+/// | [`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation): `op` and `gen` | a fresh local id, generation 0 (the caller's are kept for audit) | the caller's, if it sends an `op` |
+/// | [`error_detail`](crate::wire::EndpointPolicyBuilder::error_detail): refusal and error texts | one fixed text per kind | the detail (values, header, cause) |
 ///
 /// Neither can extend a budget past the endpoint's maximum, and the raw budget headers never
 /// reach the handler (see [`Incoming`](super::Incoming)). An edge behind Envoy starts from
@@ -33,9 +37,11 @@ mod rollout;
 /// ```
 /// use cancel_scope::wire::{EndpointPolicy, Trust};
 /// use std::time::Duration;
-/// let edge = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1))
+/// let edge = EndpointPolicy::builder(Duration::from_secs(2))
+///     .default_budget(Duration::from_secs(1))
 ///     .trust(Trust::Untrusted)
-///     .envoy_timeout(true);
+///     .envoy_timeout(true)
+///     .build();
 /// assert!(edge.reads_envoy_timeout());
 /// assert!(!edge.accepts_caller_priority() && !edge.accepts_caller_operation());
 /// ```
@@ -135,14 +141,15 @@ const DEFAULT_PRIORITY: u8 = 3;
 /// use cancel_scope::wire::{EndpointPolicy, OnBadInput, Trust};
 ///
 /// let ms = Duration::from_millis;
-/// let policy = EndpointPolicy::new(ms(2000), ms(1000))
+/// let policy = EndpointPolicy::builder(ms(2000)).default_budget(ms(1000))
 ///     .reserve(ms(50))
 ///     .transport_pad(ms(5))
 ///     .min_useful(ms(20))
 ///     .trust(Trust::Untrusted)
 ///     .on_bad_input(OnBadInput::Fallback(ms(300)))
 ///     .version(7)
-///     .priority(4);
+///     .priority(4)
+///     .build();
 /// assert_eq!(policy.max_budget(), ms(2000));
 /// assert_eq!(policy.default_budget(), ms(1000));
 /// ```
@@ -168,21 +175,26 @@ pub struct EndpointPolicy {
 }
 
 impl EndpointPolicy {
-    /// A policy with a maximum and a default for callers that declare nothing (clamped to the
-    /// maximum); untrusted callers, bad input rejected, over-long budgets clamped, version 0,
-    /// priority 3.
+    /// A builder of a policy with this maximum: no caller gets more. Until they are set, the
+    /// default budget is the maximum, callers are untrusted, bad input is rejected, over-long
+    /// budgets are clamped, the version is 0 and the priority 3 (see
+    /// [`EndpointPolicyBuilder`] for every setting).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(9));
-    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2)).build();
+    /// assert_eq!(p.default_budget(), Duration::from_secs(2));
+    /// let q = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::from_secs(9))
+    ///     .build();
+    /// assert_eq!(q.default_budget(), Duration::from_secs(1)); // clamped to the maximum
     /// ```
-    pub const fn new(max: Duration, default: Duration) -> Self {
-        EndpointPolicy {
-            budget: EndpointBudget::new(max, default),
+    pub const fn builder(max: Duration) -> EndpointPolicyBuilder {
+        EndpointPolicyBuilder::new(EndpointPolicy {
+            budget: EndpointBudget::builder(max).build(),
             egress: EgressPolicy::new(),
             believed: Believed::preset(Trust::Untrusted),
             on_bad_input: OnBadInput::Reject,
@@ -193,219 +205,22 @@ impl EndpointPolicy {
             stage: Stage::All,
             percent: 100,
             rejection: None,
-        }
+        })
     }
 
-    /// Time the endpoint keeps for its own response; the handler's scope ends this much before
-    /// the caller's budget.
+    /// A builder that starts from this policy: "this policy with one change".
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .reserve(Duration::from_millis(10));
-    /// assert_eq!(p.reserve_budget(), Duration::from_millis(10));
+    /// let v1 = EndpointPolicy::builder(Duration::from_secs(2)).version(1).build();
+    /// let v2 = v1.to_builder().version(2).build();
+    /// assert_eq!((v2.policy_version(), v2.max_budget()), (2, v1.max_budget()));
     /// ```
-    pub const fn reserve(mut self, reserve: Duration) -> Self {
-        self.budget = self.budget.reserve(reserve);
-        self
-    }
-
-    /// The transport pad of outgoing calls made while serving this endpoint (see
-    /// [`EgressPolicy::transport_pad`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .transport_pad(Duration::from_millis(5));
-    /// assert_eq!(p.egress().transport_pad_budget(), Duration::from_millis(5));
-    /// ```
-    pub const fn transport_pad(mut self, pad: Duration) -> Self {
-        self.egress = self.egress.transport_pad(pad);
-        self
-    }
-
-    /// The minimum useful budget: a request admitted with less is refused (it would only time
-    /// out), and so is an outgoing call that would tell its callee less.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .min_useful(Duration::from_millis(20));
-    /// assert_eq!(p.min_useful_budget(), Duration::from_millis(20));
-    /// ```
-    pub const fn min_useful(mut self, min_useful: Duration) -> Self {
-        self.egress = self.egress.min_useful(min_useful);
-        self
-    }
-
-    /// Sets every trust setting to a preset (see [`Trust`]); a setting made after this one
-    /// changes that setting only.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, Trust};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .trust(Trust::Trusted);
-    /// assert!(p.reads_envoy_timeout() && p.accepts_caller_priority());
-    /// assert!(p.accepts_caller_operation() && p.shows_error_detail());
-    /// ```
-    pub const fn trust(mut self, trust: Trust) -> Self {
-        self.believed = Believed::preset(trust);
-        self
-    }
-
-    /// Whether Envoy's `x-envoy-expected-rq-timeout-ms` is read, like the other budget headers
-    /// (the shortest wins, a malformed one is bad input). Turn it on only behind an Envoy that
-    /// sets the header itself: from anyone else it is just a number a client chose (which can
-    /// only shorten the budget, but can also fail the request as bad input).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .envoy_timeout(true);
-    /// assert!(p.reads_envoy_timeout());
-    /// ```
-    pub const fn envoy_timeout(mut self, read: bool) -> Self {
-        self.believed.envoy_timeout = read;
-        self
-    }
-
-    /// Whether a caller's `prio` is taken as it is. If not, the request gets the policy's
-    /// [`priority`](Self::priority), unless the caller asks for less urgency (a larger number),
-    /// which is always granted.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .caller_priority(true);
-    /// assert!(p.accepts_caller_priority());
-    /// ```
-    pub const fn caller_priority(mut self, accept: bool) -> Self {
-        self.believed.priority = accept;
-        self
-    }
-
-    /// Whether a caller's operation (its `op` id and the `gen` that goes with it) is adopted.
-    /// If not, or if the caller sends no `op`, the request runs under a fresh local operation
-    /// id with generation 0, and the caller's values are kept for audit only (in the
-    /// [`Admission`](super::Admission)): they are never forwarded downstream.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .caller_operation(true);
-    /// assert!(p.accepts_caller_operation());
-    /// ```
-    pub const fn caller_operation(mut self, accept: bool) -> Self {
-        self.believed.operation = accept;
-        self
-    }
-
-    /// Whether refusals and the layer's own error answers tell the caller the detail (which
-    /// header, which values, the cancel's cause and reason). If not, each kind of answer has
-    /// one fixed text (`invalid budget header`, `budget exceeds the endpoint's maximum`,
-    /// `budget exhausted`, `deadline exceeded`, ...), without numbers or internal reasons; the
-    /// detail goes to the logs and reports.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .error_detail(true);
-    /// assert!(p.shows_error_detail());
-    /// ```
-    pub const fn error_detail(mut self, show: bool) -> Self {
-        self.believed.detail = show;
-        self
-    }
-
-    /// What to do with a budget header that cannot be decoded (see [`OnBadInput`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, OnBadInput};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .on_bad_input(OnBadInput::Fallback(Duration::from_millis(100)));
-    /// assert_eq!(p.bad_input(), OnBadInput::Fallback(Duration::from_millis(100)));
-    /// ```
-    pub const fn on_bad_input(mut self, on_bad_input: OnBadInput) -> Self {
-        self.on_bad_input = on_bad_input;
-        self
-    }
-
-    /// What to do with a budget longer than the maximum (see [`OverCap`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::{EndpointPolicy, OverCap};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .over_cap(OverCap::Reject);
-    /// assert_eq!(p.over_cap_rule(), OverCap::Reject);
-    /// ```
-    pub const fn over_cap(mut self, over_cap: OverCap) -> Self {
-        self.over_cap = over_cap;
-        self
-    }
-
-    /// The policy's version, recorded in every [`Admission`](super::Admission) for audits.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).version(3);
-    /// assert_eq!(p.policy_version(), 3);
-    /// ```
-    pub const fn version(mut self, version: u32) -> Self {
-        self.version = version;
-        self
-    }
-
-    /// The priority this endpoint gives its requests (RFC 9218 urgency, `0` most urgent to `7`
-    /// least; larger values are taken as `7`).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1)).priority(9);
-    /// assert_eq!(p.policy_priority(), 7);
-    /// ```
-    pub const fn priority(mut self, priority: u8) -> Self {
-        self.priority = if priority > MAX_PRIORITY {
-            MAX_PRIORITY
-        } else {
-            priority
-        };
-        self
+    pub const fn to_builder(&self) -> EndpointPolicyBuilder {
+        EndpointPolicyBuilder::new(*self)
     }
 
     /// This policy with its maximum (the hard cap) lowered to `cap`, if `cap` is smaller; the
@@ -413,8 +228,10 @@ impl EndpointPolicy {
     #[cfg_attr(not(feature = "rollout"), allow(dead_code))]
     pub(crate) const fn capped_at(mut self, cap: Duration) -> Self {
         if cap.as_nanos() < self.max_budget().as_nanos() {
-            let reserve = self.reserve_budget();
-            self.budget = EndpointBudget::new(cap, self.default_budget()).reserve(reserve);
+            self.budget = EndpointBudget::builder(cap)
+                .default_budget(self.default_budget())
+                .reserve(self.reserve_budget())
+                .build();
         }
         self
     }
@@ -426,7 +243,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.budget().clamp(Some(Duration::from_secs(5))), Duration::from_secs(2));
     /// ```
     pub const fn budget(&self) -> &EndpointBudget {
@@ -440,7 +259,7 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EgressPolicy, EndpointPolicy};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1)).build();
     /// assert_eq!(*p.egress(), EgressPolicy::new());
     /// ```
     pub const fn egress(&self) -> &EgressPolicy {
@@ -454,7 +273,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.max_budget(), Duration::from_secs(2));
     /// ```
     pub const fn max_budget(&self) -> Duration {
@@ -468,7 +289,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.default_budget(), Duration::from_secs(1));
     /// ```
     pub const fn default_budget(&self) -> Duration {
@@ -482,7 +305,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert!(p.reserve_budget().is_zero());
     /// ```
     pub const fn reserve_budget(&self) -> Duration {
@@ -496,21 +321,25 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert!(p.min_useful_budget().is_zero());
     /// ```
     pub const fn min_useful_budget(&self) -> Duration {
         self.egress.min_useful_budget()
     }
 
-    /// Whether Envoy's timeout header is read (see [`envoy_timeout`](Self::envoy_timeout)).
+    /// Whether Envoy's timeout header is read (see [`envoy_timeout`](EndpointPolicyBuilder::envoy_timeout)).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert!(!p.reads_envoy_timeout());
     /// ```
     pub const fn reads_envoy_timeout(&self) -> bool {
@@ -518,14 +347,16 @@ impl EndpointPolicy {
     }
 
     /// Whether a caller's priority is taken as it is (see
-    /// [`caller_priority`](Self::caller_priority)).
+    /// [`caller_priority`](EndpointPolicyBuilder::caller_priority)).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert!(!p.accepts_caller_priority());
     /// ```
     pub const fn accepts_caller_priority(&self) -> bool {
@@ -533,14 +364,16 @@ impl EndpointPolicy {
     }
 
     /// Whether a caller's operation id and generation are adopted (see
-    /// [`caller_operation`](Self::caller_operation)).
+    /// [`caller_operation`](EndpointPolicyBuilder::caller_operation)).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert!(!p.accepts_caller_operation());
     /// ```
     pub const fn accepts_caller_operation(&self) -> bool {
@@ -548,14 +381,16 @@ impl EndpointPolicy {
     }
 
     /// Whether refusals and error answers carry the detail (see
-    /// [`error_detail`](Self::error_detail)).
+    /// [`error_detail`](EndpointPolicyBuilder::error_detail)).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert!(!p.shows_error_detail());
     /// ```
     pub const fn shows_error_detail(&self) -> bool {
@@ -569,7 +404,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, OnBadInput};
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.bad_input(), OnBadInput::Reject);
     /// ```
     pub const fn bad_input(&self) -> OnBadInput {
@@ -583,7 +420,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, OverCap};
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.over_cap_rule(), OverCap::Clamp);
     /// ```
     pub const fn over_cap_rule(&self) -> OverCap {
@@ -597,7 +436,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.policy_version(), 0);
     /// ```
     pub const fn policy_version(&self) -> u32 {
@@ -611,7 +452,9 @@ impl EndpointPolicy {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+    /// let p = EndpointPolicy::builder(Duration::from_secs(2))
+    ///     .default_budget(Duration::from_secs(1))
+    ///     .build();
     /// assert_eq!(p.policy_priority(), 3);
     /// ```
     pub const fn policy_priority(&self) -> u8 {

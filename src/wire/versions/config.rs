@@ -14,19 +14,19 @@ use crate::wire::{EndpointPolicy, Mode, OnBadInput, OverCap, Stage, Trust};
 ///
 /// | field | meaning | default |
 /// |---|---|---|
-/// | `version` | [`EndpointPolicy::version`] | required |
+/// | `version` | [`EndpointPolicyBuilder::version`](crate::wire::EndpointPolicyBuilder::version) | required |
 /// | `max_ms` | [`EndpointPolicy::max_budget`], the hard cap | required |
 /// | `default_ms` | [`EndpointPolicy::default_budget`] | required |
-/// | `reserve_ms`, `transport_pad_ms`, `min_useful_ms` | [`reserve`](EndpointPolicy::reserve), [`transport_pad`](EndpointPolicy::transport_pad), [`min_useful`](EndpointPolicy::min_useful) | `0` |
+/// | `reserve_ms`, `transport_pad_ms`, `min_useful_ms` | [`reserve`](crate::wire::EndpointPolicyBuilder::reserve), [`transport_pad`](crate::wire::EndpointPolicyBuilder::transport_pad), [`min_useful`](crate::wire::EndpointPolicyBuilder::min_useful) | `0` |
 /// | `trust` | `"untrusted"` or `"trusted"` ([`Trust`]) | `"untrusted"` |
 /// | `envoy_timeout`, `caller_priority`, `caller_operation`, `error_detail` | one trust setting each, after `trust` | the preset's |
 /// | `bad_input_fallback_ms` | [`OnBadInput::Fallback`] with this budget; absent: [`OnBadInput::Reject`] | absent |
 /// | `over_cap` | `"clamp"` or `"reject"` ([`OverCap`]) | `"clamp"` |
-/// | `priority` | [`EndpointPolicy::priority`] | `3` |
+/// | `priority` | [`EndpointPolicyBuilder::priority`](crate::wire::EndpointPolicyBuilder::priority) | `3` |
 /// | `mode` | `"enforce"` or `"shadow"` ([`Mode`]) | `"enforce"` |
-/// | `enforce_for` | `"read_only"`, `"idempotent"` or `"all"` ([`Stage`], [`EndpointPolicy::enforce_for`]) | `"all"` |
-/// | `enforced_percent` | [`EndpointPolicy::enforced_percent`] | `100` |
-/// | `rejection_cap` | `{ "percent": 20, "window_ms": 10000 }` ([`RejectionCapConfig`], [`EndpointPolicy::rejection_cap`]): the settings of a layer's own rejection cap; a percent over 100 or a zero window is refused ([`PolicyError::is_invalid_rejection_cap`]) | absent: no cap from configuration |
+/// | `enforce_for` | `"read_only"`, `"idempotent"` or `"all"` ([`Stage`], [`EndpointPolicyBuilder::enforce_for`](crate::wire::EndpointPolicyBuilder::enforce_for)) | `"all"` |
+/// | `enforced_percent` | [`EndpointPolicyBuilder::enforced_percent`](crate::wire::EndpointPolicyBuilder::enforced_percent) | `100` |
+/// | `rejection_cap` | `{ "percent": 20, "window_ms": 10000 }` ([`RejectionCapConfig`], [`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)): the settings of a layer's own rejection cap; a percent over 100 or a zero window is refused ([`PolicyError::is_invalid_rejection_cap`]) | absent: no cap from configuration |
 ///
 /// # Examples
 ///
@@ -174,7 +174,9 @@ pub enum ModeConfig {
 }
 
 fn default_priority() -> u8 {
-    EndpointPolicy::new(Duration::ZERO, Duration::ZERO).policy_priority()
+    EndpointPolicy::builder(Duration::ZERO)
+        .build()
+        .policy_priority()
 }
 
 /// [`Trust`] in configuration: `"untrusted"` or `"trusted"`.
@@ -220,7 +222,8 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
 
     fn try_from(c: PolicyConfig) -> Result<Self, PolicyError> {
         let ms = Duration::from_millis;
-        let mut p = EndpointPolicy::new(ms(c.max_ms), ms(c.default_ms))
+        let mut p = EndpointPolicy::builder(ms(c.max_ms))
+            .default_budget(ms(c.default_ms))
             .version(c.version)
             .reserve(ms(c.reserve_ms))
             .transport_pad(ms(c.transport_pad_ms))
@@ -267,7 +270,7 @@ impl TryFrom<PolicyConfig> for EndpointPolicy {
             }
             p = p.rejection_cap(percent, ms(window_ms));
         }
-        bounded(p)
+        bounded(p.build())
     }
 }
 

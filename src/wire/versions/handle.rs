@@ -49,7 +49,7 @@ struct Versions {
 ///   never rolled back; a version brings only the cap's settings
 ///   ([`EndpointPolicy::rejection_cap`]), which a rollback restores with it.
 /// * **A version a hop does not hold is its own current one.** Where the current version
-///   trusts the caller's operation ([`caller_operation`](EndpointPolicy::caller_operation)),
+///   trusts the caller's operation ([`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation)),
 ///   a request whose `service-budget` names (`pv`) a version this handle still holds is
 ///   admitted under that version, capped at the current version's cap, so that one operation
 ///   meets the same rules on every hop while a rollout is under way. Any other `pv` (unknown,
@@ -66,9 +66,12 @@ struct Versions {
 /// use cancel_scope::wire::{EndpointPolicy, Incoming, PolicyHandle};
 ///
 /// let ms = Duration::from_millis;
-/// let policies = PolicyHandle::new(EndpointPolicy::new(ms(800), ms(500)).version(1))?;
+/// let policies = PolicyHandle::new(EndpointPolicy::builder(ms(800))
+///     .default_budget(ms(500))
+///     .version(1)
+///     .build())?;
 /// let (_, first) = policies.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
-/// policies.set(EndpointPolicy::new(ms(800), ms(300)).version(2))?;
+/// policies.set(EndpointPolicy::builder(ms(800)).default_budget(ms(300)).version(2).build())?;
 /// let (_, second) = policies.admit(Incoming::new(), tokio::time::Instant::now()).unwrap();
 /// assert_eq!((first.policy_version(), first.initial_remaining()), (1, ms(500)));
 /// assert_eq!((second.policy_version(), second.initial_remaining()), (2, ms(300)));
@@ -92,7 +95,10 @@ impl PolicyHandle {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
-    /// let h = PolicyHandle::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO).version(3))?;
+    /// let h = PolicyHandle::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .version(3)
+    ///     .build())?;
     /// assert_eq!(h.version(), 3);
     /// # Ok::<(), cancel_scope::wire::PolicyError>(())
     /// ```
@@ -133,10 +139,12 @@ impl PolicyHandle {
     /// ```
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO);
-    /// let h = PolicyHandle::new(p.version(1))?;
-    /// h.set(p.version(2))?;
-    /// h.set(p.version(5))?;
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build();
+    /// let h = PolicyHandle::new(p.to_builder().version(1).build())?;
+    /// h.set(p.to_builder().version(2).build())?;
+    /// h.set(p.to_builder().version(5).build())?;
     /// assert_eq!(h.versions(), [5, 2, 1]);
     /// # Ok::<(), cancel_scope::wire::PolicyError>(())
     /// ```
@@ -222,8 +230,11 @@ impl PolicyHandle {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
     /// let s = Duration::from_secs;
-    /// let h = PolicyHandle::new(EndpointPolicy::new(s(10), s(5)).version(1))?;
-    /// h.set(EndpointPolicy::new(s(3), s(2)).version(2))?;
+    /// let h = PolicyHandle::new(EndpointPolicy::builder(s(10))
+    ///     .default_budget(s(5))
+    ///     .version(1)
+    ///     .build())?;
+    /// h.set(EndpointPolicy::builder(s(3)).default_budget(s(2)).version(2).build())?;
     /// let back = h.rollback()?;
     /// // Version 1's rules, within version 2's shorter cap.
     /// assert_eq!((back.policy_version(), back.max_budget(), back.default_budget()), (1, s(3), s(3)));
@@ -253,8 +264,16 @@ impl PolicyHandle {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, PolicyHandle, Trust};
     /// let s = Duration::from_secs;
-    /// let h = PolicyHandle::new(EndpointPolicy::new(s(2), s(1)).trust(Trust::Trusted).version(1))?;
-    /// h.set(EndpointPolicy::new(s(4), s(3)).trust(Trust::Trusted).version(2))?;
+    /// let h = PolicyHandle::new(EndpointPolicy::builder(s(2))
+    ///     .default_budget(s(1))
+    ///     .trust(Trust::Trusted)
+    ///     .version(1)
+    ///     .build())?;
+    /// h.set(EndpointPolicy::builder(s(4))
+    ///     .default_budget(s(3))
+    ///     .trust(Trust::Trusted)
+    ///     .version(2)
+    ///     .build())?;
     /// let named = |pv: &str| Incoming::new().service_budget(format!("v=1, rem=100, pv={pv}").as_bytes());
     /// assert_eq!(h.policy_for(&named("1")).policy_version(), 1); // held: followed
     /// assert_eq!(h.policy_for(&named("7")).policy_version(), 2); // unknown: the current one
@@ -317,7 +336,10 @@ impl PolicyHandle {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, Incoming, PolicyHandle, ServerScope};
     /// let server = ServerScope::new();
-    /// let h = PolicyHandle::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO).version(2)).unwrap();
+    /// let h = PolicyHandle::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .version(2)
+    ///     .build()).unwrap();
     /// let (_, a) = h.admit_in(&server, Incoming::new().grpc_timeout(b"100m"), tokio::time::Instant::now()).unwrap();
     /// assert_eq!(a.policy_version(), 2);
     /// # }

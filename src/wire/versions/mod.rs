@@ -50,7 +50,9 @@ pub const MAX_CAP: Duration = MAX_REMAINING;
 /// # #[cfg(feature = "rollout")] {
 /// use std::time::Duration;
 /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
-/// let unbounded = EndpointPolicy::new(Duration::MAX, Duration::from_secs(1));
+/// let unbounded = EndpointPolicy::builder(Duration::MAX)
+///     .default_budget(Duration::from_secs(1))
+///     .build();
 /// let err = PolicyHandle::new(unbounded).unwrap_err();
 /// assert!(err.is_unbounded());
 /// # }
@@ -105,7 +107,9 @@ impl PolicyError {
     /// # #[cfg(feature = "rollout")] {
     /// use std::time::Duration;
     /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
-    /// let one = PolicyHandle::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))?;
+    /// let one = PolicyHandle::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build())?;
     /// assert!(one.rollback().unwrap_err().is_no_previous());
     /// # }
     /// # Ok::<(), cancel_scope::wire::PolicyError>(())

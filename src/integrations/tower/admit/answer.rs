@@ -2,7 +2,7 @@
 //! before its handler answered or while its body was sent.
 //!
 //! A caller that the policy does not show the detail
-//! ([`EndpointPolicy::error_detail`](crate::wire::EndpointPolicy::error_detail)) gets one
+//! ([`EndpointPolicyBuilder::error_detail`](crate::wire::EndpointPolicyBuilder::error_detail)) gets one
 //! fixed text per kind of answer, in the HTTP body or in `grpc-message`: no numbers, no header
 //! values, no cancel reasons (an operator's `cancel_with("…")` or a panic's message is
 //! internal). The detail goes to the layer's callbacks

@@ -22,7 +22,9 @@ use crate::Report;
 /// use cancel_scope::integrations::tower::AdmitLayer;
 /// use cancel_scope::wire::EndpointPolicy;
 ///
-/// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1)));
+/// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(2))
+///     .default_budget(Duration::from_secs(1))
+///     .build());
 /// # let _ = layer;
 /// ```
 ///
@@ -46,7 +48,9 @@ impl AdmitLayer {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// assert_eq!(layer.policy().max_budget(), Duration::from_secs(1));
     /// ```
     pub const fn new(policy: EndpointPolicy) -> Self {
@@ -85,9 +89,16 @@ impl AdmitLayer {
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
     /// let s = Duration::from_secs;
-    /// let policies = PolicyHandle::new(EndpointPolicy::new(s(2), s(1)).version(1))?;
+    /// let policies = PolicyHandle::new(EndpointPolicy::builder(s(2))
+    ///     .default_budget(s(1))
+    ///     .version(1)
+    ///     .build())?;
     /// let layer = AdmitLayer::versioned(&policies);
-    /// policies.set(EndpointPolicy::new(s(2), s(1)).reserve(Duration::from_millis(20)).version(2))?;
+    /// policies.set(EndpointPolicy::builder(s(2))
+    ///     .default_budget(s(1))
+    ///     .reserve(Duration::from_millis(20))
+    ///     .version(2)
+    ///     .build())?;
     /// assert_eq!(layer.policies().unwrap().version(), 2);
     /// # Ok::<(), cancel_scope::wire::PolicyError>(())
     /// ```
@@ -111,7 +122,7 @@ impl AdmitLayer {
     /// `service-effect: none`, through [`on_refusal`](Self::on_refusal)), and the request's
     /// scope is cancelled by the operation's cancel, also one made in another process. Who
     /// may name an operation follows the policy's
-    /// [`caller_operation`](EndpointPolicy::caller_operation) (see
+    /// [`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation) (see
     /// [`admit_joined`](EndpointPolicy::admit_joined)). A registry that fails or is slow
     /// (bounded by [`Operations::timeout`] and the request's budget) does not stop
     /// admission: the request runs on the endpoint's own terms, the fault counted and in its
@@ -130,7 +141,9 @@ impl AdmitLayer {
     /// use cancel_scope::registry::{InProcessRegistry, Operations};
     /// use cancel_scope::wire::EndpointPolicy;
     /// let ops = Operations::new(Arc::new(InProcessRegistry::new()));
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build())
     ///     .operations(&ops);
     /// assert_eq!(layer.registry().counts().joined(), 0);
     /// ```
@@ -171,7 +184,9 @@ impl<R> AdmitLayer<R> {
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::{EndpointPolicy, ServerScope};
     /// let server = ServerScope::new();
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build())
     ///     .server(&server);
     /// assert!(layer.server_scope().is_some());
     /// ```
@@ -200,7 +215,9 @@ impl<R> AdmitLayer<R> {
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::{EndpointPolicy, RejectionCap};
     /// let cap = RejectionCap::default(); // 20 % over 10 s, as Finagle's DeadlineFilter
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build())
     ///     .rejection_cap(&cap);
     /// assert_eq!(layer.rejections().map(RejectionCap::percent), Some(20));
     /// # }
@@ -230,7 +247,9 @@ impl<R> AdmitLayer<R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// assert!(layer.server_scope().is_none());
     /// ```
     pub fn server_scope(&self) -> Option<&ServerScope> {
@@ -253,7 +272,9 @@ impl<R> AdmitLayer<R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build())
     ///     .on_report(|admission, report| eprintln!("{} {report}", admission.operation_id()));
     /// # let _ = layer;
     /// ```
@@ -269,7 +290,7 @@ impl<R> AdmitLayer<R> {
     /// rejected budget header, too little budget left on arrival, a server whose shutdown
     /// began: [`AdmissionError::is_unavailable`]), before it answers: the
     /// detail that a caller the policy does not
-    /// [show it to](crate::wire::EndpointPolicy::error_detail) gets as one fixed text. The
+    /// [show it to](crate::wire::EndpointPolicyBuilder::error_detail) gets as one fixed text. The
     /// handler never runs for such a request, and no report follows.
     ///
     /// `f` runs in the service's `call` (with a [registry](Self::operations), when the
@@ -281,7 +302,9 @@ impl<R> AdmitLayer<R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let layer = AdmitLayer::new(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO))
+    /// let layer = AdmitLayer::new(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build())
     ///     .on_refusal(|err| eprintln!("refused: {err}"));
     /// # let _ = layer;
     /// ```
@@ -304,7 +327,9 @@ impl<R> AdmitLayer<R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build();
     /// assert_eq!(*AdmitLayer::new(p).policy(), p);
     /// ```
     pub fn policy(&self) -> &EndpointPolicy {
@@ -320,9 +345,11 @@ impl<R> AdmitLayer<R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::AdmitLayer;
     /// use cancel_scope::wire::{EndpointPolicy, PolicyHandle};
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build();
     /// assert!(AdmitLayer::new(p).policies().is_none());
-    /// let h = PolicyHandle::new(p.version(1))?;
+    /// let h = PolicyHandle::new(p.to_builder().version(1).build())?;
     /// assert_eq!(AdmitLayer::versioned(&h).policies().map(|h| h.version()), Some(1));
     /// # Ok::<(), cancel_scope::wire::PolicyError>(())
     /// ```

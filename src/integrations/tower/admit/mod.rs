@@ -22,7 +22,7 @@
 //!
 //! A request that is refused (a bad budget header, a budget over a rejecting maximum, too
 //! little left) never reaches the handler. Unless the policy shows the caller the detail
-//! ([`EndpointPolicy::error_detail`](crate::wire::EndpointPolicy::error_detail); the
+//! ([`EndpointPolicyBuilder::error_detail`](crate::wire::EndpointPolicyBuilder::error_detail); the
 //! [`Trusted`](crate::wire::Trust::Trusted) preset does), the answer says its kind in one
 //! fixed text, in the HTTP body (`text/plain`) or in `grpc-message`: `invalid budget header`,
 //! `budget exceeds the endpoint's maximum` or `budget exhausted`; and the answers for a
@@ -120,7 +120,9 @@
 //! use cancel_scope::wire::EndpointPolicy;
 //! use cancel_scope::Scope;
 //!
-//! let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+//! let policy = EndpointPolicy::builder(Duration::from_secs(2))
+//!     .default_budget(Duration::from_secs(1))
+//!     .build();
 //! let handler = tower_service_fn(|_req: Request<()>| async {
 //!     // The handler sees what is left of the caller's 250 ms.
 //!     let left = Scope::current().remaining().unwrap();

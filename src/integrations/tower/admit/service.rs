@@ -86,7 +86,9 @@ pub struct Ingress(pub Instant);
 /// use cancel_scope::integrations::tower::Admit;
 /// use cancel_scope::wire::EndpointPolicy;
 ///
-/// let policy = EndpointPolicy::new(Duration::from_secs(2), Duration::from_secs(1));
+/// let policy = EndpointPolicy::builder(Duration::from_secs(2))
+///     .default_budget(Duration::from_secs(1))
+///     .build();
 /// let svc = Admit::new((), policy);
 /// assert_eq!(svc.policy().max_budget(), Duration::from_secs(2));
 /// ```
@@ -126,7 +128,9 @@ impl<S> Admit<S> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::Admit;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let svc = Admit::new((), EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let svc = Admit::new((), EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// # let _ = svc;
     /// ```
     pub const fn new(inner: S, policy: EndpointPolicy) -> Self {
@@ -154,7 +158,9 @@ impl<S> Admit<S> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::Admit;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let layer = Admit::<()>::layer(EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let layer = Admit::<()>::layer(EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// # let _ = layer;
     /// ```
     pub const fn layer(policy: EndpointPolicy) -> AdmitLayer {
@@ -181,7 +187,9 @@ impl<S, R> Admit<S, R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::Admit;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let p = EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO);
+    /// let p = EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build();
     /// assert_eq!(*Admit::new((), p).policy(), p);
     /// ```
     pub fn policy(&self) -> &EndpointPolicy {
@@ -196,7 +204,9 @@ impl<S, R> Admit<S, R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::Admit;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let svc = Admit::new(7, EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let svc = Admit::new(7, EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// assert_eq!(*svc.get_ref(), 7);
     /// ```
     pub fn get_ref(&self) -> &S {
@@ -211,7 +221,9 @@ impl<S, R> Admit<S, R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::Admit;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let mut svc = Admit::new(7, EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let mut svc = Admit::new(7, EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// *svc.get_mut() += 1;
     /// assert_eq!(svc.into_inner(), 8);
     /// ```
@@ -227,7 +239,9 @@ impl<S, R> Admit<S, R> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::Admit;
     /// use cancel_scope::wire::EndpointPolicy;
-    /// let svc = Admit::new(7, EndpointPolicy::new(Duration::from_secs(1), Duration::ZERO));
+    /// let svc = Admit::new(7, EndpointPolicy::builder(Duration::from_secs(1))
+    ///     .default_budget(Duration::ZERO)
+    ///     .build());
     /// assert_eq!(svc.into_inner(), 7);
     /// ```
     pub fn into_inner(self) -> S {

@@ -26,7 +26,7 @@ use crate::ChildSpec;
 /// use cancel_scope::wire::EgressPolicy;
 ///
 /// let layer = PropagateLayer::new()
-///     .egress(EgressPolicy::new().cap(Duration::from_millis(300)))
+///     .egress(EgressPolicy::builder().cap(Duration::from_millis(300)).build())
 ///     .name("inventory")
 ///     .read_only_method("/inventory.Inventory/Quote")
 ///     .idempotent_method("/inventory.Inventory/SetStock");
@@ -165,7 +165,7 @@ impl<J> PropagateLayer<J> {
     /// use std::time::Duration;
     /// use cancel_scope::integrations::tower::PropagateLayer;
     /// use cancel_scope::wire::EgressPolicy;
-    /// let p = EgressPolicy::new().reserve(Duration::from_millis(5));
+    /// let p = EgressPolicy::builder().reserve(Duration::from_millis(5)).build();
     /// assert_eq!(PropagateLayer::new().egress(p).egress_policy(), Some(&p));
     /// ```
     pub fn egress(mut self, egress: EgressPolicy) -> Self {

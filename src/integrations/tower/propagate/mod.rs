@@ -137,7 +137,7 @@
 //!     }
 //!     Ok::<_, std::convert::Infallible>(res)
 //! });
-//! let egress = EgressPolicy::new().transport_pad(Duration::from_millis(10));
+//! let egress = EgressPolicy::builder().transport_pad(Duration::from_millis(10)).build();
 //! let mut client = PropagateLayer::new().egress(egress).layer(transport);
 //!
 //! let request = Scope::with_timeout(Duration::from_millis(300));

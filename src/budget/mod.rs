@@ -36,6 +36,12 @@
 use std::fmt;
 use std::time::Duration;
 
+mod endpoint;
+mod rules;
+
+pub use endpoint::{EndpointBudget, EndpointBudgetBuilder};
+pub use rules::Rules;
+
 /// The inputs of one child budget: `min(parent - reserve, cap, operation)`, failing below
 /// `min_useful`.
 ///
@@ -58,10 +64,8 @@ use std::time::Duration;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChildBudget {
-    reserve: Duration,
-    cap: Option<Duration>,
+    rules: Rules,
     operation: Option<Duration>,
-    min_useful: Duration,
 }
 
 impl ChildBudget {
@@ -77,10 +81,8 @@ impl ChildBudget {
     /// ```
     pub const fn new() -> Self {
         ChildBudget {
-            reserve: Duration::ZERO,
-            cap: None,
+            rules: Rules::new(),
             operation: None,
-            min_useful: Duration::ZERO,
         }
     }
 
@@ -98,7 +100,7 @@ impl ChildBudget {
     /// assert_eq!(b.reserve(ms(20)).compute(Some(ms(150))).unwrap(), Some(ms(50)));
     /// ```
     pub const fn reserve(mut self, reserve: Duration) -> Self {
-        self.reserve = longer(self.reserve, reserve);
+        self.rules = self.rules.reserve(reserve);
         self
     }
 
@@ -116,7 +118,7 @@ impl ChildBudget {
     /// assert_eq!(b.cap(ms(900)).compute(Some(Duration::from_secs(10))).unwrap(), Some(ms(300)));
     /// ```
     pub const fn cap(mut self, cap: Duration) -> Self {
-        self.cap = Some(shorter_of(self.cap, cap));
+        self.rules = self.rules.cap(cap);
         self
     }
 
@@ -152,7 +154,26 @@ impl ChildBudget {
     /// assert!(b.min_useful(ms(5)).compute(Some(ms(49))).is_err());
     /// ```
     pub const fn min_useful(mut self, min_useful: Duration) -> Self {
-        self.min_useful = longer(self.min_useful, min_useful);
+        self.rules = self.rules.min_useful(min_useful);
+        self
+    }
+
+    /// The reserve, cap and minimum useful budget at once, each as its own setter would set
+    /// it (the stricter value holds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cancel_scope::budget::{ChildBudget, Rules};
+    /// let ms = Duration::from_millis;
+    /// let rules = Rules::new().reserve(ms(20)).cap(ms(300)).min_useful(ms(50));
+    /// let b = ChildBudget::new().rules(rules);
+    /// assert_eq!(b, ChildBudget::new().reserve(ms(20)).cap(ms(300)).min_useful(ms(50)));
+    /// assert!(b.compute(Some(ms(60))).is_err());
+    /// ```
+    pub const fn rules(mut self, rules: Rules) -> Self {
+        self.rules = self.rules.and(rules);
         self
     }
 
@@ -178,12 +199,17 @@ impl ChildBudget {
         &self,
         parent_remaining: Option<Duration>,
     ) -> Result<Option<Duration>, BudgetExhausted> {
-        let from_parent = parent_remaining.map(|r| r.saturating_sub(self.reserve));
-        let budget = tighter(tighter(from_parent, self.cap), self.operation);
+        let Rules {
+            reserve,
+            cap,
+            min_useful,
+        } = self.rules;
+        let from_parent = parent_remaining.map(|r| r.saturating_sub(reserve));
+        let budget = tighter(tighter(from_parent, cap), self.operation);
         match budget {
-            Some(b) if b.is_zero() || b < self.min_useful => Err(BudgetExhausted {
+            Some(b) if b.is_zero() || b < min_useful => Err(BudgetExhausted {
                 available: b,
-                needed: self.min_useful,
+                needed: min_useful,
             }),
             other => Ok(other),
         }
@@ -426,142 +452,4 @@ pub fn hop_timeout(remaining: Duration, pad: Duration, cap: Duration, floor: Dur
         .max(floor)
         .min(cap)
         .min(remaining)
-}
-
-/// An endpoint's rules for a budget that a caller declares.
-///
-/// `admit = min(declared or default, max) - queued - reserve`: a caller can shorten its budget
-/// but never lengthen it past `max`.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use cancel_scope::budget::EndpointBudget;
-/// let ms = Duration::from_millis;
-/// let policy = EndpointBudget::new(ms(2000), ms(500)).reserve(ms(50));
-/// assert_eq!(policy.admit(Some(ms(60_000)), ms(0)), ms(1950)); // clamped to max
-/// assert_eq!(policy.admit(None, ms(100)), ms(350));            // default, minus queueing
-/// assert_eq!(policy.admit(Some(ms(100)), ms(80)), ms(0));       // nothing useful left
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EndpointBudget {
-    max: Duration,
-    default: Duration,
-    reserve: Duration,
-}
-
-impl EndpointBudget {
-    /// A policy with a maximum and a default for callers that declare nothing (the default is
-    /// clamped to the maximum).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(1), Duration::from_secs(5));
-    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
-    /// ```
-    pub const fn new(max: Duration, default: Duration) -> Self {
-        let default = if default.as_nanos() > max.as_nanos() {
-            max
-        } else {
-            default
-        };
-        EndpointBudget {
-            max,
-            default,
-            reserve: Duration::ZERO,
-        }
-    }
-
-    /// Time the endpoint keeps for its own response.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(1), Duration::from_secs(1))
-    ///     .reserve(Duration::from_millis(10));
-    /// assert_eq!(p.admit(None, Duration::ZERO), Duration::from_millis(990));
-    /// ```
-    pub const fn reserve(mut self, reserve: Duration) -> Self {
-        self.reserve = reserve;
-        self
-    }
-
-    /// The maximum any caller can get.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(1), Duration::ZERO);
-    /// assert_eq!(p.max(), Duration::from_secs(1));
-    /// ```
-    pub const fn max(&self) -> Duration {
-        self.max
-    }
-
-    /// The budget of a caller that declared none.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
-    /// assert_eq!(p.default_budget(), Duration::from_secs(1));
-    /// ```
-    pub const fn default_budget(&self) -> Duration {
-        self.default
-    }
-
-    /// The endpoint's reserve.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
-    /// assert_eq!(p.reserve_budget(), Duration::ZERO);
-    /// ```
-    pub const fn reserve_budget(&self) -> Duration {
-        self.reserve
-    }
-
-    /// The declared budget clamped to the maximum (the default if none was declared).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
-    /// assert_eq!(p.clamp(Some(Duration::from_secs(9))), Duration::from_secs(2));
-    /// ```
-    pub fn clamp(&self, declared: Option<Duration>) -> Duration {
-        declared.unwrap_or(self.default).min(self.max)
-    }
-
-    /// What the handler gets: the clamped budget minus time already queued and the reserve.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cancel_scope::budget::EndpointBudget;
-    /// let p = EndpointBudget::new(Duration::from_secs(2), Duration::from_secs(1));
-    /// assert_eq!(p.admit(Some(Duration::from_secs(1)), Duration::from_millis(250)),
-    ///            Duration::from_millis(750));
-    /// ```
-    pub fn admit(&self, declared: Option<Duration>, queued: Duration) -> Duration {
-        self.clamp(declared)
-            .saturating_sub(queued)
-            .saturating_sub(self.reserve)
-    }
 }
