@@ -77,7 +77,7 @@ const fn unpack(word: u64) -> (u64, u64, u64) {
 /// It belongs to the layer, not to a policy version: a [`PolicyHandle`] swap or rollback
 /// keeps its history (feature `rollout`). A versioned layer without a cap of its own makes
 /// one, and gives it the settings of the version that admits each request
-/// ([`EndpointPolicy::rejection_cap`](super::EndpointPolicy::rejection_cap), from
+/// ([`EndpointPolicyBuilder::rejection_cap`](super::EndpointPolicyBuilder::rejection_cap), from
 /// configuration too): a new percentage holds from the next decision, a new window length
 /// keeps the counts of the slices it reaches back to; [`percent`](Self::percent) and
 /// [`window`](Self::window) say the settings in force. Each request costs one
@@ -206,7 +206,7 @@ impl RejectionCap {
     }
 
     /// Takes the settings of the policy version that admits a request (a layer's own window,
-    /// see `EndpointPolicy::rejection_cap`): `percent` for the decisions from now on, and
+    /// see `EndpointPolicyBuilder::rejection_cap`): `percent` for the decisions from now on, and
     /// `window` for the length the counts are kept. Called per request, so a change takes
     /// effect at the first request under the new settings. A new length keeps the counts of
     /// the slices it reaches back to from `now` (see [`Window::resize`]: they go into the

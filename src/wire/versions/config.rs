@@ -100,7 +100,7 @@ pub struct PolicyConfig {
 }
 
 /// The settings of a [`RejectionCap`](crate::wire::RejectionCap) in configuration
-/// ([`PolicyConfig::rejection_cap`], [`EndpointPolicy::rejection_cap`]): at most `percent` %
+/// ([`PolicyConfig::rejection_cap`], [`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)): at most `percent` %
 /// of the requests refused over `window_ms` milliseconds. Both are required; a percent over
 /// 100 or a zero window is refused when the configuration becomes a policy
 /// ([`PolicyError::is_invalid_rejection_cap`]).

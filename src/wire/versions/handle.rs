@@ -47,7 +47,7 @@ struct Versions {
 ///   What the layer holds besides the policy (its operation registry, its server, the durable
 ///   intents and their reconciler, its rejection cap's window) is not part of a version and is
 ///   never rolled back; a version brings only the cap's settings
-///   ([`EndpointPolicy::rejection_cap`]), which a rollback restores with it.
+///   ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)), which a rollback restores with it.
 /// * **A version a hop does not hold is its own current one.** Where the current version
 ///   trusts the caller's operation ([`caller_operation`](crate::wire::EndpointPolicyBuilder::caller_operation)),
 ///   a request whose `service-budget` names (`pv`) a version this handle still holds is

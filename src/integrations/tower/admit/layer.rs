@@ -76,7 +76,7 @@ impl AdmitLayer {
     /// headers (`pv`) and its [`Report`] name it. The registry, the server and the hooks
     /// given to the layer are not part of a version: a rollback keeps them.
     ///
-    /// A version's rejection cap settings ([`EndpointPolicy::rejection_cap`], from
+    /// A version's rejection cap settings ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap), from
     /// configuration: [`PolicyConfig::rejection_cap`](crate::wire::PolicyConfig::rejection_cap))
     /// apply to the requests it admits, counted in one window of the layer's, kept across
     /// swaps and rollbacks (a swap does not reset the counts). A cap given with
@@ -203,7 +203,7 @@ impl<R> AdmitLayer<R> {
     /// its clones: give each endpoint its own. It belongs to the layer, not to a policy
     /// version: a [versioned](AdmitLayer::versioned) layer keeps its window across swaps and
     /// rollbacks. This cap wins over the settings a version brings
-    /// ([`EndpointPolicy::rejection_cap`]): its percentage and window hold whatever the
+    /// ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)): its percentage and window hold whatever the
     /// versions say. Without a cap (and, in a versioned layer, under a version without
     /// settings), every refusal is enforced.
     ///
@@ -230,7 +230,7 @@ impl<R> AdmitLayer<R> {
     /// The rejection cap given to the layer, if any (see
     /// [`rejection_cap`](Self::rejection_cap)); not the window a
     /// [versioned](Self::versioned) layer keeps for its versions' settings
-    /// ([`EndpointPolicy::rejection_cap`]).
+    /// ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)).
     ///
     /// # Examples
     ///

@@ -32,7 +32,7 @@ pub(super) struct Hooks {
     /// The rejection cap the layer's refusals count in.
     pub(super) cap: Option<RejectionCap>,
     /// A versioned layer's own window, made at the first request whose version has rejection
-    /// cap settings (see `EndpointPolicy::rejection_cap`), and shared by the layer's services.
+    /// cap settings (see `EndpointPolicyBuilder::rejection_cap`), and shared by the layer's services.
     #[cfg(feature = "rollout")]
     pub(super) configured_cap: Option<Arc<crate::sync::OnceLock<RejectionCap>>>,
 }
@@ -40,7 +40,7 @@ pub(super) struct Hooks {
 #[cfg(feature = "rollout")]
 impl Hooks {
     /// The versioned layer's own window under `policy`'s rejection cap settings, if it has
-    /// them (made on the first ask; see `EndpointPolicy::rejection_cap`).
+    /// them (made on the first ask; see `EndpointPolicyBuilder::rejection_cap`).
     fn configured_cap(&self, policy: &EndpointPolicy) -> Option<&RejectionCap> {
         let (percent, window) = policy.rejection_limit()?;
         let cap = self
