@@ -495,3 +495,42 @@ async fn a_versions_longer_rejection_window_keeps_the_counts_it_had() {
     advance(ms(20_000)).await;
     assert_eq!(status(true).await.unwrap().status(), 200);
 }
+
+/// A layer with one fixed policy that brings rejection cap settings (as a policy loaded from
+/// configuration does) counts its refusals in one window, shared by the services it makes:
+/// beyond 50 % a bad request runs shadowed instead of being refused.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_policys_rejection_cap_settings_apply_to_its_layer() {
+    async fn ok(_: Request<()>) -> Result<Response<String>, Infallible> {
+        Ok(Response::new("ok".to_owned()))
+    }
+    let policy = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .rejection_cap(50, ms(10_000))
+        .build();
+    let layer = AdmitLayer::new(policy);
+    // Two services of the layer (two connections, two routes): one window.
+    let (mut a, mut b) = (layer.layer(Fn_(ok)), layer.layer(Fn_(ok)));
+    let bad = || {
+        Request::builder()
+            .header("grpc-timeout", "-1S")
+            .body(())
+            .unwrap()
+    };
+    for _ in 0..2 {
+        assert_eq!(a.call(Request::new(())).await.unwrap().status(), 200);
+    }
+    // Two good and two refused on `a` and `b` together: 50 %, within the cap.
+    assert_eq!(a.call(bad()).await.unwrap().status(), 400);
+    assert_eq!(b.call(bad()).await.unwrap().status(), 400);
+    // A third refusal would be 60 %: it runs, on either service.
+    assert_eq!(b.call(bad()).await.unwrap().status(), 200);
+    // Without the settings, every bad request is refused.
+    let plain = EndpointPolicy::builder(ms(5_000))
+        .default_budget(ms(1_000))
+        .build();
+    let mut c = AdmitLayer::new(plain).layer(Fn_(ok));
+    for _ in 0..3 {
+        assert_eq!(c.call(bad()).await.unwrap().status(), 400);
+    }
+}

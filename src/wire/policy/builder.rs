@@ -370,10 +370,12 @@ impl EndpointPolicyBuilder {
     /// and a rollback brings back the earlier version's settings); under a version without
     /// settings every refusal is enforced. A cap given to the layer
     /// ([`AdmitLayer::rejection_cap`](crate::integrations::tower::AdmitLayer::rejection_cap))
-    /// wins over these settings. A layer with one fixed policy, and admission without a layer
-    /// ([`EndpointPolicy::admit`](super::EndpointPolicy::admit) and the others), do not read them: give them a
-    /// [`RejectionCap`](crate::wire::RejectionCap) (on the layer, or on the
-    /// [`Incoming`](crate::wire::Incoming)).
+    /// wins over these settings. A layer with one fixed policy that brings them
+    /// ([`AdmitLayer::new`](crate::integrations::tower::AdmitLayer::new)) counts in one window
+    /// of its own, shared by the services it makes. Admission without a layer
+    /// ([`EndpointPolicy::admit`](super::EndpointPolicy::admit) and the others) does not read
+    /// them: give it a [`RejectionCap`](crate::wire::RejectionCap) on the
+    /// [`Incoming`](crate::wire::Incoming).
     ///
     /// # Examples
     ///

@@ -53,7 +53,7 @@ impl AdmitLayer {
     ///     .build());
     /// assert_eq!(layer.policy().max_budget(), Duration::from_secs(1));
     /// ```
-    pub const fn new(policy: EndpointPolicy) -> Self {
+    pub fn new(policy: EndpointPolicy) -> Self {
         AdmitLayer {
             policy: PolicySource::Fixed(policy),
             hooks: Hooks {
@@ -61,8 +61,7 @@ impl AdmitLayer {
                 on_refusal: None,
                 server: None,
                 cap: None,
-                #[cfg(feature = "rollout")]
-                configured_cap: None,
+                configured_cap: Hooks::window_for(&policy),
             },
             registry: (),
         }

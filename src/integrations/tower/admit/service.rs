@@ -33,14 +33,22 @@ pub(super) struct Hooks {
     pub(super) cap: Option<RejectionCap>,
     /// A versioned layer's own window, made at the first request whose version has rejection
     /// cap settings (see `EndpointPolicyBuilder::rejection_cap`), and shared by the layer's services.
-    #[cfg(feature = "rollout")]
     pub(super) configured_cap: Option<Arc<crate::sync::OnceLock<RejectionCap>>>,
 }
 
-#[cfg(feature = "rollout")]
 impl Hooks {
-    /// The versioned layer's own window under `policy`'s rejection cap settings, if it has
-    /// them (made on the first ask; see `EndpointPolicyBuilder::rejection_cap`).
+    /// The window of a layer (or service) made with `policy`: its own, if the policy brings
+    /// rejection cap settings (see `EndpointPolicyBuilder::rejection_cap`).
+    pub(super) fn window_for(
+        policy: &EndpointPolicy,
+    ) -> Option<Arc<crate::sync::OnceLock<RejectionCap>>> {
+        policy
+            .rejection_limit()
+            .map(|_| Arc::new(crate::sync::OnceLock::new()))
+    }
+
+    /// The layer's own window under `policy`'s rejection cap settings, if it has them (made on
+    /// the first ask; see `EndpointPolicyBuilder::rejection_cap`).
     fn configured_cap(&self, policy: &EndpointPolicy) -> Option<&RejectionCap> {
         let (percent, window) = policy.rejection_limit()?;
         let cap = self
@@ -133,7 +141,7 @@ impl<S> Admit<S> {
     ///     .build());
     /// # let _ = svc;
     /// ```
-    pub const fn new(inner: S, policy: EndpointPolicy) -> Self {
+    pub fn new(inner: S, policy: EndpointPolicy) -> Self {
         Admit {
             inner,
             policy: PolicySource::Fixed(policy),
@@ -142,8 +150,7 @@ impl<S> Admit<S> {
                 on_refusal: None,
                 server: None,
                 cap: None,
-                #[cfg(feature = "rollout")]
-                configured_cap: None,
+                configured_cap: Hooks::window_for(&policy),
             },
             registry: (),
             not_ready_since: None,
@@ -163,7 +170,7 @@ impl<S> Admit<S> {
     ///     .build());
     /// # let _ = layer;
     /// ```
-    pub const fn layer(policy: EndpointPolicy) -> AdmitLayer {
+    pub fn layer(policy: EndpointPolicy) -> AdmitLayer {
         AdmitLayer::new(policy)
     }
 }
@@ -282,7 +289,6 @@ impl<S, R> Admit<S, R> {
         let policy = self.policy.for_request(&incoming);
         // The layer's own cap wins over the version's settings.
         let cap = self.hooks.cap.as_ref();
-        #[cfg(feature = "rollout")]
         let cap = cap.or_else(|| self.hooks.configured_cap(&policy));
         if let Some(cap) = cap {
             incoming = incoming.rejection_cap(cap);
