@@ -377,6 +377,13 @@
 //! benches and loom models use.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The docs link to items of other features (the rejection cap's to the tower layer and the
+// policy versions): the docs of a build without them keep the text, and CI checks every link
+// in the docs of the full build (docs.rs's).
+#![cfg_attr(
+    not(all(feature = "tower", feature = "rollout", feature = "serde")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 #![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 #![warn(clippy::disallowed_types)]
