@@ -31,7 +31,7 @@
 //! after starts a new driver). So a program whose scopes have all gone has no timer task left
 //! 100 ms later, a server's worker whose requests come and go one at a time — none live
 //! between two — keeps one driver instead of spawning one per request, and a driver with live
-//! deadlines wakes at most every 100 ms besides them.
+//! deadlines also wakes every 100 ms between them (at least that often).
 //!
 //! # Disarming without the lock
 //!
@@ -86,9 +86,10 @@ pub(crate) struct Timers {
     /// Entries whose scope has not counted itself gone (counted under the lock, before the
     /// push): the driver that reads 0 drops every entry and exits [`LINGER`] after `last_gone`.
     live: AtomicUsize,
-    /// When the last live entry's scope went (a clock stamp, see [`crate::time::stamp_of`]),
-    /// stored by that scope without a lock. A driver that reads a stale one lingers less, and
-    /// the next deadline then starts a new driver: never a missed deadline.
+    /// When the last live entry's scope went (a stamp of this runtime's clock, see
+    /// [`crate::time::stamp_of`]; `0` when it went outside this runtime and woke the driver),
+    /// stored by that scope without a lock. A driver that reads a stale one lingers less; the
+    /// next deadline then starts a new driver if need be: never a missed deadline.
     last_gone: AtomicU64,
     /// The runtime whose thread made these timers (`None`: made outside a runtime): its clock
     /// is the one the driver reads, and the driver is its task. (Under loom a tree keeps one
@@ -356,7 +357,7 @@ impl Timers {
 
     /// Counts an entry live, under the lock, right before it is pushed (so never for an insert
     /// that panics): a driver that reads no entry live under the lock knows that the scope of
-    /// every entry it holds has counted itself gone ([`notified`](Self::notified)).
+    /// every entry it holds has counted itself gone ([`due`](Self::due)).
     fn count_live(&self) {
         // Relaxed: the lock orders this before any load that sees the entry.
         self.live.fetch_add(1, Ordering::Relaxed);
@@ -370,7 +371,7 @@ impl Timers {
         if self.live.fetch_sub(1, Ordering::Relaxed) == 1 {
             // The driver, reading no entry live, drops them all, even if it runs before this
             // scope's node is freed (see `due`).
-            self.last_gone.store(now_stamp(), Ordering::Relaxed);
+            self.gone_here();
         }
         // Relaxed, and not a read-modify-write: the count only decides when to compact.
         let gone = self.gone.load(Ordering::Relaxed).saturating_add(1);
@@ -378,6 +379,23 @@ impl Timers {
         if gone >= self.compact_at.load(Ordering::Relaxed) {
             self.compact();
         }
+    }
+
+    /// Stamps the time the last live scope went, on the clock of these timers' runtime. A
+    /// scope that goes outside that runtime (on another thread, in another runtime whose clock
+    /// may be paused apart, or in a thread-local destructor, where tokio's clock would panic)
+    /// wakes the driver instead, which reads its own clock (see `notified`): rare, and no
+    /// clock is read here.
+    fn gone_here(&self) {
+        #[cfg(not(loom))]
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            if Some(handle.id()) == self.runtime {
+                self.last_gone.store(now_stamp(), Ordering::Relaxed);
+                return;
+            }
+        }
+        self.last_gone.store(0, Ordering::Relaxed);
+        self.wake.notify_one();
     }
 
     /// Drops the dead entries. The calling scope's own entry is not dead yet (the caller still
@@ -424,12 +442,12 @@ impl Timers {
             // Dropped in place, under the lock (a node's allocation may be freed here): the
             // heap keeps its room for the next deadlines, within `trim`'s bound.
             st.heap.0.clear();
-            // 0: not stored yet, as read here (see `last_gone`): lingers from now.
-            let gone = match self.last_gone.load(Ordering::Relaxed) {
-                0 => now,
-                stamp => instant_of(stamp).min(now),
-            };
-            Some(deadline_after(gone, LINGER))
+            match self.last_gone.load(Ordering::Relaxed) {
+                // Gone outside the runtime (see `gone_here`): the linger `notified` began, or
+                // one from now.
+                0 => Some(idle_until.unwrap_or_else(|| deadline_after(now, LINGER))),
+                stamp => Some(deadline_after(instant_of(stamp).min(now), LINGER)),
+            }
         } else {
             idle_until
         };
@@ -467,7 +485,8 @@ impl Timers {
         (fired, next)
     }
 
-    /// For a driver that was notified (an earlier deadline was pushed) while it sleeps until
+    /// For a driver that was notified (an earlier deadline was pushed, or the last live scope
+    /// went outside its runtime) while it sleeps until
     /// `sleeping_until`: pops the dead entries on top, without reading the clock (what is due
     /// is handled when the sleep ends). Returns when to wake: the earlier of `sleeping_until`
     /// and the first live deadline (a sleep that ends before it), or if no entry is left,
@@ -476,8 +495,14 @@ impl Timers {
     /// the module docs).
     fn notified(&self, sleeping_until: Instant) -> Next {
         let mut st = self.state.lock();
-        while st.heap.peek().is_some_and(Entry::is_dead) {
-            st.heap.pop();
+        // Relaxed: as in `due`. With none live (the last scope went outside this runtime and
+        // woke the driver), every entry is dropped, as `due` does.
+        if self.live.load(Ordering::Relaxed) == 0 {
+            st.heap.0.clear();
+        } else {
+            while st.heap.peek().is_some_and(Entry::is_dead) {
+                st.heap.pop();
+            }
         }
         st.heap.trim();
         let Some(first) = st.heap.peek().map(|e| e.deadline) else {
@@ -493,7 +518,8 @@ impl Timers {
 
 /// What the driver does after a round of due deadlines ([`Timers::due`]).
 enum Next {
-    /// Sleeps until this deadline (the earliest in its heap).
+    /// Sleeps until this instant: the earliest deadline in its heap, or [`LINGER`] from now if
+    /// that is earlier (to find a heap with no entry live).
     At(Instant),
     /// Lingers with an empty heap until then, for the next deadline pushed (see the module
     /// docs).
@@ -525,9 +551,9 @@ impl Drop for Running {
 /// (see `Timers::insert`), set before it is polled.
 async fn drive(mut running: Running, sleep: tokio::time::Sleep) {
     let timers = running.timers.clone();
-    // One sleep for the driver's life, moved only to an earlier deadline when notified, so
-    // that a wake-up that changes nothing (the usual one: the last live scope went, and the
-    // next request's scope came) does not re-register it in the runtime's timer wheel.
+    // One sleep for the driver's life, moved only to an earlier deadline when notified (an
+    // insert of an earlier deadline), so that a wake-up that changes nothing does not
+    // re-register it in the runtime's timer wheel.
     tokio::pin!(sleep);
     // Set while the heap is empty: when the driver stops if no deadline comes.
     let mut idle_until: Option<Instant> = None;
