@@ -75,8 +75,9 @@ const fn unpack(word: u64) -> (u64, u64, u64) {
 /// to ([`AdmitLayer::rejection_cap`](crate::integrations::tower::AdmitLayer::rejection_cap),
 /// [`Incoming::rejection_cap`](super::Incoming::rejection_cap)): give each endpoint its own.
 /// It belongs to the layer, not to a policy version: a [`PolicyHandle`] swap or rollback
-/// keeps its history (feature `rollout`). A versioned layer without a cap of its own makes
-/// one, and gives it the settings of the version that admits each request
+/// keeps its history (feature `rollout`). A layer without a cap of its own whose policy (or a
+/// version of it) brings settings makes one, and gives it the settings of the policy that
+/// admits each request
 /// ([`EndpointPolicyBuilder::rejection_cap`](super::EndpointPolicyBuilder::rejection_cap), from
 /// configuration too): a new percentage holds from the next decision, a new window length
 /// keeps the counts of the slices it reaches back to; [`percent`](Self::percent) and

@@ -162,3 +162,54 @@ async fn the_answer_of_a_detached_request_is_read_to_its_end() {
     assert_eq!(start.elapsed(), ms(50));
     assert_eq!(report.state(), Lifecycle::Completed, "{report}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_arrived_but_was_not_taken_is_read_to_its_end() {
+    let (layers, mut reports) = detaching(policy(), ms(1_000));
+    let mut svc = layers.layer(Fn_(|_: Request<()>| async {
+        let frames = VecDeque::from([Frame::data(&b"a"[..]), Frame::data(&b"b"[..])]);
+        Ok::<_, Infallible>(Response::new(Frames::<true>(frames)))
+    }));
+    let fut = svc.call(Request::new(()));
+    // On the paused clock this sleep ends once every task is idle: the request has answered,
+    // and its answer waits for a client that never takes it.
+    sleep(ms(1)).await;
+    drop(fut);
+    let (_, report) = next_report(&mut reports).await;
+    assert_eq!(report.state(), Lifecycle::Completed, "{report}");
+    assert_eq!(report.cause(), None, "{report}");
+}
+
+/// A body that always has another frame ready.
+struct Endless;
+
+impl http_body::Body for Endless {
+    type Data = &'static [u8];
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<Frame<&'static [u8]>, Infallible>>> {
+        Poll::Ready(Some(Ok(Frame::data(&b"more"[..]))))
+    }
+}
+
+/// The real clock: a body that is always ready never leaves the runtime idle, so the paused
+/// clock would never reach the bound.
+#[tokio::test]
+async fn an_endless_answer_is_read_only_until_the_bound() {
+    let (layers, mut reports) = detaching(policy(), ms(50));
+    let mut svc = layers.layer(Fn_(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Endless))
+    }));
+    let left = std::time::Instant::now();
+    leave(svc.call(Request::new(()))).await;
+    let (_, report) = tokio::time::timeout(Duration::from_secs(20), reports.recv())
+        .await
+        .expect("the body was read past the bound")
+        .unwrap();
+    assert!(left.elapsed() >= ms(50));
+    // Cut at the bound as the server cuts a body nobody reads: the client is gone.
+    assert_eq!(report.cause(), Some(&Cause::ClientGone), "{report}");
+}

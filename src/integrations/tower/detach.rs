@@ -123,55 +123,90 @@ where
     ///
     /// Outside a tokio runtime (the request runs on a task of its own).
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let (answer, answered) = oneshot::channel();
         let (gone, left) = oneshot::channel();
-        let task = tokio::spawn(run_on(self.inner.call(req), left, self.bound));
+        let run = run_on(self.inner.call(req), answer, left, self.bound);
+        // The request's span (tower-http's, tonic's) stays the parent of what it records.
+        #[cfg(feature = "tracing")]
+        let run = tracing::Instrument::in_current_span(run);
         Detached {
-            task,
+            task: tokio::spawn(run),
+            answered,
             gone: Some(gone),
         }
     }
 }
 
-/// The request's future on its task: its answer for the client while the client waits;
-/// once the client is gone, at most `bound` more of it (its body read and discarded).
+/// What the client's future hands back when it is dropped: the answer, if it had arrived but
+/// was not taken yet.
+type Left<R, E> = oneshot::Receiver<Option<Result<R, E>>>;
+
+/// The request's future on its task: its answer goes to the client while the client waits;
+/// once the client is gone, at most `bound` more of it, its answer's body read and discarded.
 async fn run_on<F, B, E>(
     request: F,
-    left: oneshot::Receiver<()>,
+    answer: oneshot::Sender<Result<Response<B>, E>>,
+    left: Left<Response<B>, E>,
     bound: Duration,
-) -> Option<Result<Response<B>, E>>
-where
+) where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body,
 {
     let mut request = pin!(request);
-    tokio::select! {
+    let mut left = pin!(left);
+    let then = tokio::select! {
         biased;
-        out = &mut request => return Some(out),
-        // `Err`: the client's future was forgotten, not dropped; it is gone all the same.
-        _ = left => {}
-    }
+        out = &mut request => match answer.send(out) {
+            // The client takes it, or goes first and hands it back unread.
+            Ok(()) => match left.await {
+                Ok(Some(unread)) => Then::Drain(unread),
+                _ => return,
+            },
+            // The client went while the request ran, as it answered.
+            Err(out) => Then::Drain(out),
+        },
+        // The client went while the request ran (`Err`: its future was forgotten, not
+        // dropped, so nobody will take the answer either).
+        _ = &mut left => Then::RunOn,
+    };
     let mut bounded = pin!(tokio::time::sleep(bound));
-    tokio::select! {
-        biased;
-        out = &mut request => {
-            if let Ok(response) = out {
-                tokio::select! {
-                    biased;
-                    () = drain(response.into_body()) => {}
-                    () = &mut bounded => {}
-                }
-            }
+    let out = match then {
+        Then::Drain(out) => out,
+        Then::RunOn => tokio::select! {
+            biased;
+            // First, so that a request that is always ready cannot keep the bound from firing.
+            () = &mut bounded => return, // the request is dropped: `Admit` cancels it
+            out = &mut request => out,
+        },
+    };
+    if let Ok(response) = out {
+        tokio::select! {
+            biased;
+            () = &mut bounded => {}
+            () = drain(response.into_body()) => {}
         }
-        // Dropped below, as the server would have dropped it: the request is cancelled.
-        () = &mut bounded => {}
     }
-    None
 }
 
-/// Reads `body` to its end (or its first error), discarding it.
+/// What the request's task does once the client is gone.
+enum Then<O> {
+    /// Reads the body of this answer, within the bound.
+    Drain(O),
+    /// Runs the request on, within the bound.
+    RunOn,
+}
+
+/// Reads `body` to its end (or its first error), discarding it; a body that is always ready
+/// yields to the runtime as tokio's own resources do, so that the bound beside it fires.
 async fn drain<B: Body>(body: B) {
     let mut body = pin!(body);
-    while let Some(Ok(_)) = poll_fn(|cx| body.as_mut().poll_frame(cx)).await {}
+    // The frame is dropped before the yield: the task holds no body data across it.
+    while matches!(
+        poll_fn(|cx| body.as_mut().poll_frame(cx)).await,
+        Some(Ok(_))
+    ) {
+        tokio::task::consume_budget().await;
+    }
 }
 
 /// The response future of [`Detach`]: the request's answer, from the task it runs on.
@@ -179,31 +214,36 @@ async fn drain<B: Body>(body: B) {
 /// # Cancel safety
 ///
 /// Dropping it is how a server says the client went away: the request runs on for at most
-/// the layer's bound (see [the module](self)).
+/// the layer's bound (see [the module](self)); an answer that had arrived but was not taken
+/// yet has its body read within the bound.
 ///
 /// # Panics
 ///
 /// A panic of the request's future (which [`Admit`](super::Admit) turns into an answer for a
-/// handler's panic) comes out of this future; so does the runtime's shutdown while the
-/// request runs.
+/// handler's panic) comes out of this future, and so does the runtime's shutdown while the
+/// request runs. Once the client is gone, such a panic ends the request's task (tokio reports
+/// it there).
 #[must_use = "futures do nothing unless polled"]
 #[derive(Debug)]
 pub struct Detached<R, E> {
-    task: JoinHandle<Option<Result<R, E>>>,
-    gone: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    answered: oneshot::Receiver<Result<R, E>>,
+    gone: Option<oneshot::Sender<Option<Result<R, E>>>>,
 }
 
 impl<R, E> Future for Detached<R, E> {
     type Output = Result<R, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let out = ready!(Pin::new(&mut self.task).poll(cx));
-        self.gone = None;
-        match out {
-            Ok(Some(out)) => Poll::Ready(out),
-            Ok(None) => unreachable!("a request runs on only once its client is gone"),
+        if let Ok(out) = ready!(Pin::new(&mut self.answered).poll(cx)) {
+            // Taken: the task ends.
+            self.gone = None;
+            return Poll::Ready(out);
+        }
+        // The task ended without an answer: it panicked, or its runtime shut down.
+        match ready!(Pin::new(&mut self.task).poll(cx)) {
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => panic!("the runtime shut down while a request ran"),
+            _ => panic!("the runtime shut down while a request ran"),
         }
     }
 }
@@ -211,9 +251,8 @@ impl<R, E> Future for Detached<R, E> {
 impl<R, E> Drop for Detached<R, E> {
     fn drop(&mut self) {
         if let Some(gone) = self.gone.take() {
-            // Fails when the request has answered already: its answer is dropped with the task's
-            // output, as without the layer.
-            let _ = gone.send(());
+            // An answer that arrived but was not taken goes back, for its body to be read.
+            let _ = gone.send(self.answered.try_recv().ok());
         }
     }
 }

@@ -42,6 +42,12 @@ pub struct AdmitLayer<R = ()> {
 impl AdmitLayer {
     /// A layer admitting requests under `policy`, without a report callback.
     ///
+    /// A policy with rejection cap settings
+    /// ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap))
+    /// gives the layer one window, shared by every service it makes: make the layer once per
+    /// endpoint, not once per connection (a window per connection would let a client that
+    /// opens one per bad request through every time).
+    ///
     /// # Examples
     ///
     /// ```
@@ -203,8 +209,8 @@ impl<R> AdmitLayer<R> {
     /// version: a [versioned](AdmitLayer::versioned) layer keeps its window across swaps and
     /// rollbacks. This cap wins over the settings a version brings
     /// ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)): its percentage and window hold whatever the
-    /// versions say. Without a cap (and, in a versioned layer, under a version without
-    /// settings), every refusal is enforced.
+    /// versions say. Without a cap, and under a policy (or version) without settings, every
+    /// refusal is enforced.
     ///
     /// # Examples
     ///
@@ -227,8 +233,8 @@ impl<R> AdmitLayer<R> {
     }
 
     /// The rejection cap given to the layer, if any (see
-    /// [`rejection_cap`](Self::rejection_cap)); not the window a
-    /// [versioned](Self::versioned) layer keeps for its versions' settings
+    /// [`rejection_cap`](Self::rejection_cap)); not the window a layer keeps for its policy's
+    /// or its versions' settings
     /// ([`EndpointPolicyBuilder::rejection_cap`](crate::wire::EndpointPolicyBuilder::rejection_cap)).
     ///
     /// # Examples

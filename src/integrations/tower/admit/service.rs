@@ -31,8 +31,9 @@ pub(super) struct Hooks {
     pub(super) server: Option<ServerScope>,
     /// The rejection cap the layer's refusals count in.
     pub(super) cap: Option<RejectionCap>,
-    /// A versioned layer's own window, made at the first request whose version has rejection
-    /// cap settings (see `EndpointPolicyBuilder::rejection_cap`), and shared by the layer's services.
+    /// The layer's own window, made at the first request whose policy (or version) has
+    /// rejection cap settings (see `EndpointPolicyBuilder::rejection_cap`), and shared by the
+    /// layer's services.
     pub(super) configured_cap: Option<Arc<crate::sync::OnceLock<RejectionCap>>>,
 }
 
