@@ -86,10 +86,9 @@ pub(crate) struct Timers {
     /// Entries whose scope has not counted itself gone (counted under the lock, before the
     /// push): the driver that reads 0 drops every entry and exits [`LINGER`] after `last_gone`.
     live: AtomicUsize,
-    /// When the last live entry's scope went (a stamp of this runtime's clock, see
-    /// [`crate::time::stamp_of`]; `0` when it went outside this runtime and woke the driver),
-    /// stored by that scope without a lock. A driver that reads a stale one lingers less; the
-    /// next deadline then starts a new driver if need be: never a missed deadline.
+    /// When the last live entry's scope went ([`crate::time::stamp_of`] of this runtime's
+    /// clock; `0`: it went elsewhere and woke the driver), stored without a lock. A stale one
+    /// only shortens the linger (the next deadline starts a new driver): no missed deadline.
     last_gone: AtomicU64,
     /// The runtime whose thread made these timers (`None`: made outside a runtime): its clock
     /// is the one the driver reads, and the driver is its task. (Under loom a tree keeps one
@@ -381,11 +380,9 @@ impl Timers {
         }
     }
 
-    /// Stamps the time the last live scope went, on the clock of these timers' runtime. A
-    /// scope that goes outside that runtime (on another thread, in another runtime whose clock
-    /// may be paused apart, or in a thread-local destructor, where tokio's clock would panic)
-    /// wakes the driver instead, which reads its own clock (see `notified`): rare, and no
-    /// clock is read here.
+    /// Stamps when the last live scope went, on these timers' runtime's clock; one that goes
+    /// outside it (another thread or runtime, a thread-local destructor, where tokio's clock
+    /// would panic) wakes the driver instead, which reads its own clock (see `notified`).
     fn gone_here(&self) {
         #[cfg(not(loom))]
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -495,8 +492,7 @@ impl Timers {
     /// the module docs).
     fn notified(&self, sleeping_until: Instant) -> Next {
         let mut st = self.state.lock();
-        // Relaxed: as in `due`. With none live (the last scope went outside this runtime and
-        // woke the driver), every entry is dropped, as `due` does.
+        // Relaxed, and every entry dropped with none live, as in `due` (see `gone_here`).
         if self.live.load(Ordering::Relaxed) == 0 {
             st.heap.0.clear();
         } else {
