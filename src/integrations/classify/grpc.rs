@@ -68,7 +68,17 @@ impl GrpcClassifier {
     ///
     /// See [`GrpcClassifier`].
     pub fn status(&self, code: i32, trailers: &HeaderMap) -> Decision {
-        self.judge(code, trailers)
+        let dispatched = is_effect_unknown(trailers);
+        let retryable = matches!(code, UNAVAILABLE | RESOURCE_EXHAUSTED);
+        let unknown = retryable || matches!(code, DEADLINE_EXCEEDED | CANCELLED);
+        if code == 0 || !(unknown || dispatched) {
+            return Decision::Never;
+        }
+        match pushback(trailers) {
+            Pushback::Refused => Decision::Never,
+            Pushback::After(d) => Decision::EffectUnknownAfter(d),
+            Pushback::None => Decision::EffectUnknown,
+        }
     }
 
     /// The decision after an answer whose HTTP status is not `200` (a proxy's or a server's
@@ -116,21 +126,7 @@ impl GrpcClassifier {
             429 | 502 | 503 | 504 => UNAVAILABLE,
             _ => UNKNOWN,
         });
-        self.judge(code, headers)
-    }
-
-    fn judge(&self, code: i32, trailers: &HeaderMap) -> Decision {
-        let dispatched = is_effect_unknown(trailers);
-        let retryable = matches!(code, UNAVAILABLE | RESOURCE_EXHAUSTED);
-        let unknown = retryable || matches!(code, DEADLINE_EXCEEDED | CANCELLED);
-        if code == 0 || !(unknown || dispatched) {
-            return Decision::Never;
-        }
-        match pushback(trailers) {
-            Pushback::Refused => Decision::Never,
-            Pushback::After(d) => Decision::EffectUnknownAfter(d),
-            Pushback::None => Decision::EffectUnknown,
-        }
+        self.status(code, headers)
     }
 }
 
