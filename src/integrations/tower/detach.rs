@@ -165,8 +165,8 @@ async fn run_on<F, B, E>(
             // The client went while the request ran, as it answered.
             Err(out) => Then::Drain(out),
         },
-        // The client went while the request ran (`Err`: its future was forgotten, not
-        // dropped, so nobody will take the answer either).
+        // The client went while the request ran (its future, dropped, sends `None`; one that
+        // is forgotten sends nothing, and its request runs to its own deadline).
         _ = &mut left => Then::RunOn,
     };
     let mut bounded = pin!(tokio::time::sleep(bound));
