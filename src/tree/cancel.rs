@@ -349,25 +349,33 @@ fn mark_cancelled<X, R>(
 pub(crate) fn close<X, R>(node: &Arc<Node<X, R>>) {
     // The panic of a `quiesce()`'s waker comes out once the whole subtree is closed.
     let mut caught = Caught::default();
-    let mut work = vec![node.clone()];
+    // Descendants still to close: empty, and so never allocated, for a node with no children
+    // (a request's root closed as its handler answers).
+    let mut work = Vec::new();
+    close_one(node, &mut work, &mut caught);
     while let Some(n) = work.pop() {
-        // AcqRel: pairs with `take_unit`'s CAS (which fails once this is visible) and with
-        // `release_unit`'s decrement (one of the two sees the other and wakes quiesce waiters).
-        let prev = State(n.state.fetch_or(CLOSED, Ordering::AcqRel));
-        if !prev.is_closed() && prev.active() == 0 {
-            wake_quiet(&n, &mut caught);
-        }
-        // Walked even if it was closed already: whoever closed it may not have reached its
-        // descendants yet, and a `close()` that returns leaves the whole subtree closed
-        // (invariant 3; loom model 22).
-        // Under `inner`: pairs with the announcement of a shard in `new_child`.
-        let in_use = n.inner.lock().shards_in_use;
-        for shard in n.shards_in(in_use) {
-            let data = shard.data.lock();
-            work.extend(data.children.iter().map(|(_, c)| c.clone()));
-        }
+        close_one(&n, &mut work, &mut caught);
     }
     caught.resume();
+}
+
+/// Closes the watermark of `n` and pushes its children onto `work`.
+fn close_one<X, R>(n: &Node<X, R>, work: &mut Vec<Arc<Node<X, R>>>, caught: &mut Caught) {
+    // AcqRel: pairs with `take_unit`'s CAS (which fails once this is visible) and with
+    // `release_unit`'s decrement (one of the two sees the other and wakes quiesce waiters).
+    let prev = State(n.state.fetch_or(CLOSED, Ordering::AcqRel));
+    if !prev.is_closed() && prev.active() == 0 {
+        wake_quiet(n, caught);
+    }
+    // Walked even if it was closed already: whoever closed it may not have reached its
+    // descendants yet, and a `close()` that returns leaves the whole subtree closed
+    // (invariant 3; loom model 22).
+    // Under `inner`: pairs with the announcement of a shard in `new_child`.
+    let in_use = n.inner.lock().shards_in_use;
+    for shard in n.shards_in(in_use) {
+        let data = shard.data.lock();
+        work.extend(data.children.iter().map(|(_, c)| c.clone()));
+    }
 }
 
 /// Closes the registration watermark of `node` alone, not its descendants' (a server that stops
