@@ -104,7 +104,7 @@ impl Admission {
     ///
     /// See [`Mode`].
     pub fn would_be(&self) -> &[WouldBe] {
-        self.shadow.as_deref().map_or(&[], |s| &s.decisions)
+        self.0.shadow.as_deref().map_or(&[], |s| &s.decisions)
     }
 
     /// The deadline the request would have had if its policy enforced (in [`Mode::Shadow`];
@@ -127,14 +127,14 @@ impl Admission {
     /// # }
     /// ```
     pub fn would_be_deadline(&self) -> Option<Instant> {
-        self.shadow.as_ref().and_then(|s| s.would_be_deadline)
+        self.0.shadow.as_ref().and_then(|s| s.would_be_deadline)
     }
 
     /// In shadow mode, the decision a request that ends at `at` would have met: the cancel at
     /// its would-be deadline, if `at` is past it (or admission would have refused it).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn late_by(&self, at: Instant) -> Option<WouldBe> {
-        let shadow = self.shadow.as_ref()?;
+        let shadow = self.0.shadow.as_ref()?;
         // Refused at admission: that decision is recorded already.
         let deadline = shadow.would_be_deadline?;
         (at > deadline).then(|| WouldBe::late(deadline, at - deadline))
@@ -149,7 +149,7 @@ impl Admission {
     ///
     /// See [`RejectionCap`](super::RejectionCap).
     pub fn is_over_rejection_cap(&self) -> bool {
-        self.shadow.as_ref().is_some_and(|s| s.over_rejection_cap)
+        self.0.shadow.as_ref().is_some_and(|s| s.over_rejection_cap)
     }
 
     /// Whether the request was admitted in [`Mode::Shadow`] (or shadowed by staged
@@ -166,7 +166,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn is_shadowed(&self) -> bool {
-        self.shadow.is_some()
+        self.0.shadow.is_some()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Ingress admission: from the budget headers of an incoming request to its root scope.
 
 mod error;
+mod fields;
 mod incoming;
 mod join;
 mod record;
@@ -655,7 +656,7 @@ impl EndpointPolicy {
         for decision in shadow.iter().flat_map(|s| &s.decisions) {
             scope.note_would_be(decision.clone());
         }
-        let admission = Admission {
+        let admission = Admission(Arc::new(fields::Admission {
             operation,
             caller: prepared.caller,
             grpc_timeout: prepared.grpc_timeout,
@@ -676,7 +677,7 @@ impl EndpointPolicy {
             registry: settled.registry,
             operation_deadline: settled.deadline,
             shadow: shadow.map(Arc::new),
-        };
+        }));
         Ok((scope, admission))
     }
 

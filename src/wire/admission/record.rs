@@ -1,5 +1,6 @@
 //! The audit record of an admitted request, and where each of its values came from.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -181,30 +182,13 @@ impl RegistryTerm {
 /// assert_eq!(a.queued(), ms(60));
 /// # }
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Admission {
-    pub(super) operation: Arc<Operation>,
-    /// The caller's `service-budget`, if it sent one valid line.
-    pub(super) caller: Option<ServiceBudget>,
-    /// The shortest valid `grpc-timeout` line.
-    pub(super) grpc_timeout: Option<Duration>,
-    /// The shortest valid `x-envoy-expected-rq-timeout-ms` line, read or not.
-    pub(super) envoy_timeout: Option<Duration>,
-    pub(super) policy_version: u32,
-    pub(super) ingress: Instant,
-    pub(super) admitted_at: Instant,
-    pub(super) deadline: Instant,
-    pub(super) audit_deadline: SystemTime,
-    pub(super) initial_remaining: Duration,
-    pub(super) declared: Option<Duration>,
-    pub(super) clamped: bool,
-    pub(super) budget_source: BudgetSource,
-    pub(super) priority_source: PrioritySource,
-    pub(super) operation_source: OperationSource,
-    pub(super) registry: RegistryTerm,
-    pub(super) operation_deadline: Option<Instant>,
-    /// What shadow mode did not enforce, if the policy shadows.
-    pub(in crate::wire) shadow: Option<Arc<super::super::shadow::Shadowed>>,
+#[derive(Clone, PartialEq, Eq)]
+pub struct Admission(pub(in crate::wire) Arc<super::fields::Admission>);
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
 }
 
 impl Admission {
@@ -213,31 +197,32 @@ impl Admission {
         use crate::telemetry::Source;
         crate::telemetry::Admitted {
             operation_id: self.operation_id(),
-            source: match self.budget_source {
+            source: match self.0.budget_source {
                 BudgetSource::GrpcTimeout => Source::GrpcTimeout,
                 BudgetSource::ServiceBudget => Source::ServiceBudget,
                 BudgetSource::Envoy => Source::Envoy,
                 BudgetSource::Default | BudgetSource::Fallback => Source::Default,
             },
-            clamped: self.clamped,
-            declared: self.declared,
-            granted: self.initial_remaining,
+            clamped: self.0.clamped,
+            declared: self.0.declared,
+            granted: self.0.initial_remaining,
             queued: self.queued(),
             priority: self.priority(),
-            priority_source: match self.priority_source {
+            priority_source: match self.0.priority_source {
                 PrioritySource::Policy => "policy",
                 PrioritySource::Caller => "caller",
             },
-            policy_version: self.policy_version,
-            shadow: self.shadow.as_ref().map(|s| {
+            policy_version: self.0.policy_version,
+            shadow: self.0.shadow.as_ref().map(|s| {
                 s.would_be_deadline
-                    .map(|d| d.saturating_duration_since(self.admitted_at))
+                    .map(|d| d.saturating_duration_since(self.0.admitted_at))
             }),
             would_be_clamped: self
+                .0
                 .shadow
                 .as_ref()
                 .is_some_and(|s| s.decisions.iter().any(super::super::WouldBe::is_clamp)),
-            over_rejection_cap: self.shadow.as_ref().is_some_and(|s| s.over_rejection_cap),
+            over_rejection_cap: self.0.shadow.as_ref().is_some_and(|s| s.over_rejection_cap),
         }
     }
 
@@ -256,7 +241,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn operation_id(&self) -> &str {
-        self.operation.id()
+        self.0.operation.id()
     }
 
     /// The operation the request's scopes share (id, priority, generation, egress defaults).
@@ -273,7 +258,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn operation(&self) -> &Operation {
-        &self.operation
+        &self.0.operation
     }
 
     /// The operation id the caller sent (`op`), kept for audit even when the caller's id is
@@ -293,7 +278,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn caller_operation_id(&self) -> Option<&str> {
-        self.caller.as_ref().and_then(ServiceBudget::operation_id)
+        self.0.caller.as_ref().and_then(ServiceBudget::operation_id)
     }
 
     /// The caller's `service-budget` header as it was sent (`rem`, `op`, `gen`, `prio`, `dl`),
@@ -318,7 +303,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn caller_budget(&self) -> Option<&ServiceBudget> {
-        self.caller.as_ref()
+        self.0.caller.as_ref()
     }
 
     /// The caller's `grpc-timeout` (the shortest valid line), whether or not it decided the
@@ -337,7 +322,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn grpc_timeout(&self) -> Option<Duration> {
-        self.grpc_timeout
+        self.0.grpc_timeout
     }
 
     /// Envoy's `x-envoy-expected-rq-timeout-ms` (the shortest valid line), kept for audit
@@ -357,7 +342,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn envoy_timeout(&self) -> Option<Duration> {
-        self.envoy_timeout
+        self.0.envoy_timeout
     }
 
     /// The endpoint policy's version.
@@ -374,7 +359,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn policy_version(&self) -> u32 {
-        self.policy_version
+        self.0.policy_version
     }
 
     /// The policy version the caller's `service-budget` named (its `pv`), if it sent a valid
@@ -393,7 +378,10 @@ impl Admission {
     /// # }
     /// ```
     pub fn caller_policy_version(&self) -> Option<u32> {
-        self.caller.as_ref().and_then(ServiceBudget::policy_version)
+        self.0
+            .caller
+            .as_ref()
+            .and_then(ServiceBudget::policy_version)
     }
 
     /// The `service-budget` format version the caller sent, if it sent a valid one.
@@ -411,7 +399,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn header_version(&self) -> Option<u32> {
-        self.caller.as_ref().map(ServiceBudget::version)
+        self.0.caller.as_ref().map(ServiceBudget::version)
     }
 
     /// When the request arrived (as given to
@@ -430,7 +418,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn ingress(&self) -> Instant {
-        self.ingress
+        self.0.ingress
     }
 
     /// When it was admitted.
@@ -447,7 +435,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn admitted_at(&self) -> Instant {
-        self.admitted_at
+        self.0.admitted_at
     }
 
     /// How long the request waited between ingress and admission.
@@ -464,7 +452,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn queued(&self) -> Duration {
-        self.admitted_at.saturating_duration_since(self.ingress)
+        self.0.admitted_at.saturating_duration_since(self.0.ingress)
     }
 
     /// The root scope's deadline (monotonic).
@@ -481,7 +469,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        self.0.deadline
     }
 
     /// The deadline on the wall clock, for logs and audits only (never for budget arithmetic).
@@ -498,7 +486,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn audit_deadline(&self) -> SystemTime {
-        self.audit_deadline
+        self.0.audit_deadline
     }
 
     /// The budget the handler was given: `min(declared, max) − queued − reserve`.
@@ -516,7 +504,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn initial_remaining(&self) -> Duration {
-        self.initial_remaining
+        self.0.initial_remaining
     }
 
     /// What the caller declared (the shortest valid budget header; the fallback budget when a
@@ -536,7 +524,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn declared(&self) -> Option<Duration> {
-        self.declared
+        self.0.declared
     }
 
     /// Whether the declared budget was over the policy's maximum and clamped to it.
@@ -553,7 +541,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn was_clamped(&self) -> bool {
-        self.clamped
+        self.0.clamped
     }
 
     /// Where the budget came from.
@@ -571,7 +559,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn budget_source(&self) -> BudgetSource {
-        self.budget_source
+        self.0.budget_source
     }
 
     /// The operation's cancel generation: the caller's `gen` where its operation was adopted
@@ -594,7 +582,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn generation(&self) -> u64 {
-        self.operation.generation()
+        self.0.operation.generation()
     }
 
     /// The request's priority (RFC 9218 urgency).
@@ -611,7 +599,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn priority(&self) -> u8 {
-        self.operation.priority()
+        self.0.operation.priority()
     }
 
     /// Where the priority came from.
@@ -631,7 +619,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn priority_source(&self) -> PrioritySource {
-        self.priority_source
+        self.0.priority_source
     }
 
     /// Where the operation id and generation came from.
@@ -652,7 +640,7 @@ impl Admission {
     /// # }
     /// ```
     pub fn operation_source(&self) -> OperationSource {
-        self.operation_source
+        self.0.operation_source
     }
 
     /// Whether the operation registry's term applied, and how (see [`RegistryTerm`]).
@@ -661,7 +649,7 @@ impl Admission {
     ///
     /// See [`RegistryTerm`].
     pub fn registry(&self) -> RegistryTerm {
-        self.registry
+        self.0.registry
     }
 
     /// The operation's deadline by the registry, on this process's clock, when its term
@@ -684,6 +672,6 @@ impl Admission {
     /// # }
     /// ```
     pub fn operation_deadline(&self) -> Option<Instant> {
-        self.operation_deadline
+        self.0.operation_deadline
     }
 }
