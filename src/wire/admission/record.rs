@@ -192,7 +192,9 @@ impl fmt::Debug for Admission {
 }
 
 impl Admission {
-    /// This admission, as telemetry records it.
+    /// This admission, as telemetry records it. Inlined: without a telemetry feature nothing
+    /// reads it, and the compiler drops the work.
+    #[inline]
     pub(crate) fn telemetry(&self) -> crate::telemetry::Admitted<'_> {
         use crate::telemetry::Source;
         crate::telemetry::Admitted {
