@@ -141,6 +141,7 @@
 //! | [`fanout`] | [`FanOut`](fanout::FanOut) | parallel required and optional branches sharing one budget |
 //! | | [`Required`](fanout::Required) | the handle of a required branch |
 //! | | [`Optional`](fanout::Optional) | the handle of an optional branch, whose value may be absent |
+//! | | [`Join`](fanout::Join) | the future of `FanOut::join`: a fan-out in progress, a type a struct field can name |
 //! | | [`Joined`](fanout::Joined) | the results of a fan-out whose required branches all succeeded |
 //! | | [`FanOutError`](fanout::FanOutError) | a fan-out that failed: which branch, and why |
 //! | | [`BoxError`](fanout::BoxError) | a branch's own error, boxed |

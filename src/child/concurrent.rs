@@ -20,6 +20,10 @@ pub(crate) struct Finished<T> {
     pub(crate) out: Result<T, Error>,
 }
 
+/// A child that ended: its key, its scope, and what its task handed back (an `Err` if it
+/// panicked).
+pub(crate) type Ended<K, T> = (K, Scope, Result<Finished<T>, JoinError>);
+
 /// A set of child tasks. Dropping it cancels the scopes of the children still running: they
 /// stop at their next `.await` and record their receipts (no orphan attempt or branch).
 pub(crate) struct InFlight<K, T> {
@@ -68,12 +72,20 @@ pub(crate) struct Next<'a, K, T> {
 }
 
 impl<K, T> Future for Next<'_, K, T> {
-    type Output = (K, Scope, Result<Finished<T>, JoinError>);
+    type Output = Ended<K, T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.set.poll_next(cx)
+    }
+}
+
+impl<K, T> InFlight<K, T> {
+    /// Polls for the next child to end (pending when there is none), for the hand-written
+    /// futures that wait on the set. A child that has not ended stays in the set.
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Ended<K, T>> {
         // A handful of attempts or branches: polling each is cheaper than a JoinSet's
         // bookkeeping and keeps the key with its handle.
-        let tasks = &mut self.set.tasks;
+        let tasks = &mut self.tasks;
         for i in 0..tasks.len() {
             if let Poll::Ready(res) = Pin::new(&mut tasks[i].2).poll(cx) {
                 let (key, scope, _) = tasks.swap_remove(i);
@@ -82,9 +94,7 @@ impl<K, T> Future for Next<'_, K, T> {
         }
         Poll::Pending
     }
-}
 
-impl<K, T> InFlight<K, T> {
     /// Cancels every child still running, with `reason`. A cancel that panics (a waker or an
     /// `on_cancel` callback of its scope) does not keep the others running: the first panic
     /// comes out once every child is cancelled.

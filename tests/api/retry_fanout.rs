@@ -2,7 +2,7 @@
 
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
-use cancel_scope::fanout::{FanOut, FanOutError, Joined, Optional, Required};
+use cancel_scope::fanout::{FanOut, FanOutError, Join, Joined, Optional, Required};
 use cancel_scope::retry::{
     Attempt, AttemptEnd, AttemptRecord, Decision, Exponential, ExponentialIter, Hedge, HedgeDelay,
     Jitter, Latencies, Ledger, Retry, RetryBudget, RetryError, Stop,
@@ -11,6 +11,7 @@ use cancel_scope::{ChildSpec, Report, Scope};
 
 fn send_sync<T: Send + Sync>() {}
 fn send<T: Send>() {}
+fn unpin<T: Unpin>() {}
 fn unwind_safe<T: UnwindSafe + RefUnwindSafe>() {}
 fn spawnable<F: std::future::Future + Send + 'static>(f: F) -> F {
     f
@@ -40,6 +41,8 @@ fn auto_traits() {
     send_sync::<Optional<u32>>();
     send::<Joined>();
     send::<FanOut<'static>>();
+    send::<Join<'static>>();
+    unpin::<Join<'static>>();
     // The report carries ledgers now and keeps its auto traits.
     send_sync::<Report>();
     unwind_safe::<Report>();
