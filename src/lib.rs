@@ -121,6 +121,7 @@
 //! | [`retry`] | [`Retry`](retry::Retry) | a retry policy: attempts, budget split, reserve, backoff, retry budget |
 //! | | [`Hedge`](retry::Hedge) | hedged calls: another attempt when the one before has not answered |
 //! | | [`HedgeDelay`](retry::HedgeDelay) | when a hedge starts: a fixed delay or a latency percentile |
+//! | | [`HedgeRun`](retry::HedgeRun), [`HedgeRunWithLedger`](retry::HedgeRunWithLedger) | the futures of `Hedge::run` and `Hedge::run_with_ledger`: a hedged call in progress, a type a struct field can name |
 //! | | [`Latencies`](retry::Latencies) | a dependency's recent latencies, for percentile hedge delays |
 //! | | [`Decision`](retry::Decision) | what to do after a failed attempt: the caller's classification of its error |
 //! | | [`Classify`](retry::Classify) | classifies an operation's errors; implemented for every `Fn(&E) -> Decision` |

@@ -30,7 +30,7 @@ pub(crate) struct InFlight<K, T> {
     tasks: Vec<(K, Scope, JoinHandle<Finished<T>>)>,
 }
 
-impl<K, T: Send + 'static> InFlight<K, T> {
+impl<K, T> InFlight<K, T> {
     pub(crate) fn new() -> Self {
         InFlight { tasks: Vec::new() }
     }
@@ -48,6 +48,7 @@ impl<K, T: Send + 'static> InFlight<K, T> {
     pub(crate) fn spawn<F>(&mut self, key: K, dispatched: OwnTicket, fut: F)
     where
         F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
     {
         let scope = dispatched.scope().clone();
         let run = dispatched.run(fut);
@@ -58,28 +59,6 @@ impl<K, T: Send + 'static> InFlight<K, T> {
         self.tasks.push((key, scope, handle));
     }
 
-    /// Waits for the next child to end (pending forever when there is none).
-    ///
-    /// Cancel safe: a child that has not ended stays in the set.
-    pub(crate) fn next(&mut self) -> Next<'_, K, T> {
-        Next { set: self }
-    }
-}
-
-/// The future of [`InFlight::next`].
-pub(crate) struct Next<'a, K, T> {
-    set: &'a mut InFlight<K, T>,
-}
-
-impl<K, T> Future for Next<'_, K, T> {
-    type Output = Ended<K, T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.set.poll_next(cx)
-    }
-}
-
-impl<K, T> InFlight<K, T> {
     /// Polls for the next child to end (pending when there is none), for the hand-written
     /// futures that wait on the set. A child that has not ended stays in the set.
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Ended<K, T>> {
