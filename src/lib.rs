@@ -121,6 +121,7 @@
 //! | [`retry`] | [`Retry`](retry::Retry) | a retry policy: attempts, budget split, reserve, backoff, retry budget |
 //! | | [`Hedge`](retry::Hedge) | hedged calls: another attempt when the one before has not answered |
 //! | | [`HedgeDelay`](retry::HedgeDelay) | when a hedge starts: a fixed delay or a latency percentile |
+//! | | [`HedgeRun`](retry::HedgeRun), [`HedgeRunWithLedger`](retry::HedgeRunWithLedger) | the futures of `Hedge::run` and `Hedge::run_with_ledger`: a hedged call in progress, a type a struct field can name |
 //! | | [`Latencies`](retry::Latencies) | a dependency's recent latencies, for percentile hedge delays |
 //! | | [`Decision`](retry::Decision) | what to do after a failed attempt: the caller's classification of its error |
 //! | | [`Classify`](retry::Classify) | classifies an operation's errors; implemented for every `Fn(&E) -> Decision` |
@@ -141,6 +142,7 @@
 //! | [`fanout`] | [`FanOut`](fanout::FanOut) | parallel required and optional branches sharing one budget |
 //! | | [`Required`](fanout::Required) | the handle of a required branch |
 //! | | [`Optional`](fanout::Optional) | the handle of an optional branch, whose value may be absent |
+//! | | [`Join`](fanout::Join) | the future of `FanOut::join`: a fan-out in progress, a type a struct field can name |
 //! | | [`Joined`](fanout::Joined) | the results of a fan-out whose required branches all succeeded |
 //! | | [`FanOutError`](fanout::FanOutError) | a fan-out that failed: which branch, and why |
 //! | | [`BoxError`](fanout::BoxError) | a branch's own error, boxed |

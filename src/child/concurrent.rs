@@ -20,13 +20,17 @@ pub(crate) struct Finished<T> {
     pub(crate) out: Result<T, Error>,
 }
 
+/// A child that ended: its key, its scope, and what its task handed back (an `Err` if it
+/// panicked).
+pub(crate) type Ended<K, T> = (K, Scope, Result<Finished<T>, JoinError>);
+
 /// A set of child tasks. Dropping it cancels the scopes of the children still running: they
 /// stop at their next `.await` and record their receipts (no orphan attempt or branch).
 pub(crate) struct InFlight<K, T> {
     tasks: Vec<(K, Scope, JoinHandle<Finished<T>>)>,
 }
 
-impl<K, T: Send + 'static> InFlight<K, T> {
+impl<K, T> InFlight<K, T> {
     pub(crate) fn new() -> Self {
         InFlight { tasks: Vec::new() }
     }
@@ -44,6 +48,7 @@ impl<K, T: Send + 'static> InFlight<K, T> {
     pub(crate) fn spawn<F>(&mut self, key: K, dispatched: OwnTicket, fut: F)
     where
         F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
     {
         let scope = dispatched.scope().clone();
         let run = dispatched.run(fut);
@@ -54,26 +59,12 @@ impl<K, T: Send + 'static> InFlight<K, T> {
         self.tasks.push((key, scope, handle));
     }
 
-    /// Waits for the next child to end (pending forever when there is none).
-    ///
-    /// Cancel safe: a child that has not ended stays in the set.
-    pub(crate) fn next(&mut self) -> Next<'_, K, T> {
-        Next { set: self }
-    }
-}
-
-/// The future of [`InFlight::next`].
-pub(crate) struct Next<'a, K, T> {
-    set: &'a mut InFlight<K, T>,
-}
-
-impl<K, T> Future for Next<'_, K, T> {
-    type Output = (K, Scope, Result<Finished<T>, JoinError>);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// Polls for the next child to end (pending when there is none), for the hand-written
+    /// futures that wait on the set. A child that has not ended stays in the set.
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Ended<K, T>> {
         // A handful of attempts or branches: polling each is cheaper than a JoinSet's
         // bookkeeping and keeps the key with its handle.
-        let tasks = &mut self.set.tasks;
+        let tasks = &mut self.tasks;
         for i in 0..tasks.len() {
             if let Poll::Ready(res) = Pin::new(&mut tasks[i].2).poll(cx) {
                 let (key, scope, _) = tasks.swap_remove(i);
@@ -82,9 +73,7 @@ impl<K, T> Future for Next<'_, K, T> {
         }
         Poll::Pending
     }
-}
 
-impl<K, T> InFlight<K, T> {
     /// Cancels every child still running, with `reason`. A cancel that panics (a waker or an
     /// `on_cancel` callback of its scope) does not keep the others running: the first panic
     /// comes out once every child is cancelled.

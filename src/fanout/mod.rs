@@ -55,7 +55,6 @@
 //! ```
 
 use std::any::Any;
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -64,14 +63,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::budget::Rules;
-use crate::child::{Finished, InFlight, OwnTicket, Receipt};
-use crate::panic::Caught;
 use crate::scope::Scope;
-use crate::spec::ChildSpec;
 
 mod error;
+mod join;
 
 pub use error::{BoxError, FanOutError};
+pub use join::Join;
 
 type Value = Box<dyn Any + Send>;
 type BranchFuture = Pin<Box<dyn Future<Output = Result<Value, BoxError>> + Send>>;
@@ -345,8 +343,8 @@ impl<'s> FanOut<'s> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future cancels the running branches; each records its receipt when it
-    /// has stopped.
+    /// Dropping the future ([`Join`]) cancels the running branches; each records its receipt
+    /// when it has stopped.
     ///
     /// # Panics
     ///
@@ -359,152 +357,8 @@ impl<'s> FanOut<'s> {
     /// # Examples
     ///
     /// See the [module docs](self).
-    pub async fn join(mut self) -> Result<Joined, FanOutError> {
-        let scope = self.scope;
-        let mut values: Vec<Option<Value>> = (0..self.branches.len()).map(|_| None).collect();
-        let fan_scope = match scope.child().name("fan-out").reserve(self.reserve).build() {
-            Ok(fan_scope) => fan_scope,
-            // The reserve leaves no budget (the scope itself has some: it has not run out of
-            // time): every branch would fail to start, and optional ones are then absent, as
-            // when they are queued past their cut-off. Nothing was registered.
-            Err(e)
-                if e.is_budget_exhausted()
-                    && scope.remaining().is_none_or(|r| !r.is_zero())
-                    && self.branches.iter().all(|b| !b.required) =>
-            {
-                return Ok(Joined {
-                    fan: self.id,
-                    values,
-                    absent: self.branches.iter().map(|b| b.name.clone()).collect(),
-                });
-            }
-            Err(e) => return Err(FanOutError::not_started(None, e)),
-        };
-        let mut absent = Vec::new();
-        let mut queue: VecDeque<usize> = (0..self.branches.len()).collect();
-        let mut inflight: InFlight<usize, Result<Value, BoxError>> = InFlight::new();
-        // A user's code that panics inside `join` (a branch's constructor; a waker or an
-        // `on_cancel` callback run by a receipt or a cancel) does not cut the join short (no
-        // branch left running, none without its receipt): its panic comes out at the end.
-        let mut caught = Caught::default();
-        let failure = 'run: loop {
-            while inflight.len() < self.limit {
-                let Some(i) = queue.pop_front() else { break };
-                let branch = &mut self.branches[i];
-                // Named after the branch by its ticket (see `build_dispatched`).
-                let mut child = fan_scope.child().min_useful(self.min_useful);
-                if !branch.required {
-                    child = child.reserve(self.aggregate);
-                }
-                // The branch's scope is also its ticket, dispatched in the fan-out's scope.
-                let started = child
-                    .build_dispatched(&ChildSpec::read_only(branch.name.clone()))
-                    .map(OwnTicket::new);
-                match (started, branch.start.take()) {
-                    (Ok(dispatched), Some(start)) => {
-                        let scope = dispatched.scope().clone();
-                        if let Some(fut) = caught.run(|| start(scope)) {
-                            inflight.spawn(i, dispatched, fut);
-                        } else {
-                            // Its constructor panicked: the branch failed, and the fan-out
-                            // ends as for a failed required branch (optional or not: the panic
-                            // is the caller's own and comes out of `join`, so nobody would see
-                            // the other branches' results): the siblings are cancelled and
-                            // awaited, then the panic goes on.
-                            caught.run(|| dispatched.fail());
-                            break 'run Some(FanOutError::panicked(branch.name.clone()));
-                        }
-                    }
-                    (Err(e), _) if branch.required => {
-                        break 'run Some(FanOutError::not_started(Some(branch.name.clone()), e));
-                    }
-                    _ => absent.push(branch.name.clone()),
-                }
-            }
-            if inflight.is_empty() {
-                break None;
-            }
-            tokio::select! {
-                biased;
-                cause = scope.cancelled_cause() => break Some(FanOutError::cancelled(cause)),
-                (i, _, res) = inflight.next() => {
-                    let branch = &self.branches[i];
-                    match settle(&branch.name, res, &mut caught) {
-                        Ok(v) => values[i] = Some(v),
-                        Err(e) if branch.required => break Some(e),
-                        Err(_) => absent.push(branch.name.clone()),
-                    }
-                }
-            }
-        };
-        if let Some(mut err) = failure {
-            // The scope's deadline (this fan-out's, with no reserve) cut the required branches
-            // still running, as a reserve's earlier deadline would: the error names the first
-            // of them in declaration order, with its own end (stopped by the deadline, or its
-            // error in the same instant), not just "the fan-out was cancelled".
-            let at_deadline =
-                err.branch().is_none() && err.is_cancelled() && err.is_deadline_exceeded();
-            let mut named: Option<(usize, FanOutError)> = None;
-            // Cancel the siblings and wait for their receipts.
-            caught.run(|| fan_scope.cancel_with("a required branch failed"));
-            while !inflight.is_empty() {
-                let (i, _, res) = inflight.next().await;
-                let branch = &self.branches[i];
-                if let Err(e) = settle(&branch.name, res, &mut caught) {
-                    if at_deadline && branch.required && named.as_ref().is_none_or(|n| i < n.0) {
-                        named = Some((i, e));
-                    }
-                }
-            }
-            if let Some((_, e)) = named {
-                err = e;
-            }
-            caught.resume();
-            return Err(err);
-        }
-        caught.resume();
-        Ok(Joined {
-            fan: self.id,
-            values,
-            absent,
-        })
-    }
-}
-
-/// Gives the receipt of a branch that ended (`res`, from its task) and returns its value, or
-/// the error that names it (failed, stopped by a cancel, panicked). A waker's or callback's
-/// panic run by the receipt is kept in `caught`.
-fn settle(
-    name: &Arc<str>,
-    res: Result<Finished<Result<Value, BoxError>>, tokio::task::JoinError>,
-    caught: &mut Caught,
-) -> Result<Value, FanOutError> {
-    match res {
-        Ok(Finished {
-            dispatched,
-            out: Ok(Ok(v)),
-        }) => {
-            caught.run(|| dispatched.succeed());
-            Ok(v)
-        }
-        Ok(Finished {
-            dispatched,
-            out: Ok(Err(e)),
-        }) => {
-            caught.run(|| dispatched.fail());
-            Err(FanOutError::failed(name.clone(), e))
-        }
-        Ok(Finished {
-            dispatched,
-            out: Err(stopped),
-        }) => {
-            caught.run(|| dispatched.finish(Receipt::Cancelled));
-            let cause = stopped.cause().cloned();
-            let cause = cause.unwrap_or(crate::Cause::Cancelled { reason: None });
-            Err(FanOutError::stopped(name.clone(), cause))
-        }
-        // Its ticket was dropped with the task: its default receipt is recorded.
-        Err(_) => Err(FanOutError::panicked(name.clone())),
+    pub fn join(self) -> Join<'s> {
+        Join::new(self)
     }
 }
 

@@ -100,7 +100,7 @@ pub use boxed::{BoxClassify, BoxRetry};
 pub use budget::RetryBudget;
 pub use classify::{Classify, Decision};
 pub use error::RetryError;
-pub use hedge::{Hedge, HedgeDelay, Latencies};
+pub use hedge::{Hedge, HedgeDelay, HedgeRun, HedgeRunWithLedger, Latencies};
 pub use ledger::{AttemptRecord, Ledger};
 pub use stop::{AttemptEnd, Stop};
 

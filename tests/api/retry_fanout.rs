@@ -2,15 +2,16 @@
 
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
-use cancel_scope::fanout::{FanOut, FanOutError, Joined, Optional, Required};
+use cancel_scope::fanout::{FanOut, FanOutError, Join, Joined, Optional, Required};
 use cancel_scope::retry::{
     Attempt, AttemptEnd, AttemptRecord, Decision, Exponential, ExponentialIter, Hedge, HedgeDelay,
-    Jitter, Latencies, Ledger, Retry, RetryBudget, RetryError, Stop,
+    HedgeRun, HedgeRunWithLedger, Jitter, Latencies, Ledger, Retry, RetryBudget, RetryError, Stop,
 };
 use cancel_scope::{ChildSpec, Report, Scope};
 
 fn send_sync<T: Send + Sync>() {}
 fn send<T: Send>() {}
+fn unpin<T: Unpin>() {}
 fn unwind_safe<T: UnwindSafe + RefUnwindSafe>() {}
 fn spawnable<F: std::future::Future + Send + 'static>(f: F) -> F {
     f
@@ -40,6 +41,13 @@ fn auto_traits() {
     send_sync::<Optional<u32>>();
     send::<Joined>();
     send::<FanOut<'static>>();
+    send::<Join<'static>>();
+    unpin::<Join<'static>>();
+    // The named futures are `Send` when the hedge is `Sync` and the operation, its value and
+    // its error are `Send`.
+    type Op = fn(Attempt) -> std::future::Ready<Result<u32, std::io::Error>>;
+    send::<HedgeRun<'static, Classifier, Exponential, Op, u32, std::io::Error>>();
+    send::<HedgeRunWithLedger<'static, Classifier, Exponential, Op, u32, std::io::Error>>();
     // The report carries ledgers now and keeps its auto traits.
     send_sync::<Report>();
     unwind_safe::<Report>();

@@ -9,3 +9,4 @@ mod support {
 
 mod branch_scope;
 mod branches;
+mod join_future;

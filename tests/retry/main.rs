@@ -18,6 +18,7 @@ mod decisions;
 mod dropped_call;
 mod first_attempt;
 mod hedge;
+mod hedge_future;
 mod ledger;
 mod owner;
 mod quarantine;
