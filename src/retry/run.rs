@@ -68,8 +68,9 @@ pin_project! {
     ///
     /// `F` and `Fut` are the operation and the future it returns, `T` and `E` what that future
     /// resolves to (`Result<T, E>`), `C` and `B` the policy's classifier and backoff. The type
-    /// is `Send` when the operation, its future, its error, the schedule's iterator and the
-    /// policy are; a `!Send` operation runs on a current-thread runtime or a `LocalSet`.
+    /// is `Send` when the operation, its future, its error and the schedule's iterator are
+    /// `Send` and the policy is `Sync`; a `!Send` operation runs on a current-thread runtime or
+    /// a `LocalSet`.
     ///
     /// Cancel safety and panics: see [`Retry::run`].
     ///
