@@ -119,6 +119,8 @@
 //! | | [`grant`](budget::grant) | the greedy grant: `max(0, min(cap, remaining − reserve))` |
 //! | | [`hop_timeout`](budget::hop_timeout) | a per-hop timeout: `min(cap, max(floor, remaining − pad))`, never more than remaining |
 //! | [`retry`] | [`Retry`](retry::Retry) | a retry policy: attempts, budget split, reserve, backoff, retry budget |
+//! | | [`Run`](retry::Run) | the future of `Retry::run`: a call in flight, a type a struct field can name |
+//! | | [`RunWithLedger`](retry::RunWithLedger) | the future of `Retry::run_with_ledger`: the call's outcome with its ledger |
 //! | | [`Hedge`](retry::Hedge) | hedged calls: another attempt when the one before has not answered |
 //! | | [`HedgeDelay`](retry::HedgeDelay) | when a hedge starts: a fixed delay or a latency percentile |
 //! | | [`HedgeRun`](retry::HedgeRun), [`HedgeRunWithLedger`](retry::HedgeRunWithLedger) | the futures of `Hedge::run` and `Hedge::run_with_ledger`: a hedged call in progress, a type a struct field can name |

@@ -80,10 +80,11 @@ impl std::ops::Deref for CallLedger {
 /// of user code): [`abandon`](Self::abandon) attaches the ledger before the units go. Rust's drop
 /// order does not give that for free — locals are dropped in reverse order of declaration, so the
 /// attempt's ticket (or the temporary of the `.await` running it) would be dropped before the call
-/// — so the caller keeps the call in guards declared after it: [`Live`](super::call_guards::Live)
-/// for the whole call, [`Keep`](super::call_guards::Keep) and
-/// [`Attempting`](super::call_guards::Attempting) around the ticket of the attempt in flight, each
-/// of which ends the call in its own `drop`, before the fields it guards.
+/// — so the caller keeps the call in guards that end it in their own `drop`, before the fields
+/// they guard: a hedge in [`Live`](super::call_guards::Live) for the whole call, a sequential
+/// retry in its future ([`Run`](super::Run), whose drop ends the call before its attempt in flight
+/// and the call are dropped) and, within a poll, in [`Keep`](super::call_guards::Keep) around the
+/// ticket of the attempt in flight and [`OnUnwind`](super::call_guards::OnUnwind) around user code.
 pub(crate) struct Call<'s> {
     pub(crate) scope: &'s Scope,
     pub(crate) limits: Limits,

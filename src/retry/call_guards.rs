@@ -3,10 +3,6 @@
 //! the call in its own `drop`, before the fields it guards.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use pin_project_lite::pin_project;
 
 use super::attempt::Verdict;
 use super::call::Call;
@@ -14,16 +10,15 @@ use super::classify::{Classify, Decision};
 use crate::child::{OwnRun, OwnTicket};
 use crate::error::Error;
 
-/// A call from its admission to its end, in the keeping of this guard: dropped before the
-/// call ended (the call's future dropped, e.g. during a backoff sleep or while a hedge's
-/// attempts run, or unwound by a panic), it ends the call ([`Call::abandon`]) — before the
+/// A hedge's call from its admission to its end, in the keeping of this guard: dropped before
+/// the call ended (the call's future dropped, or unwound by a panic), it
+/// ends the call ([`Call::abandon`]) — before the
 /// call itself is dropped, so while the call's hold, parked and held-back attempts still hold
 /// the scope. Declared after the call, it is dropped before it.
 ///
 /// [`end`](Self::end) it (no cost) before the call ends normally ([`succeed`](Call::succeed),
 /// [`close`](Call::close)). Dropped, it records the call [`Stop::Dropped`](super::Stop::Dropped):
-/// its own steps run no user code (those that do are in [`Keep`], [`Attempting`] or
-/// [`user_code`](Self::user_code)), so an unwind that drops it is not the call's panic.
+/// its own steps run no user code (those that do are in [`Keep`] or [`OnUnwind`]), so an unwind that drops it is not the call's panic.
 pub(crate) struct Live<'c, 's>(&'c mut Call<'s>);
 
 impl<'c, 's> Live<'c, 's> {
@@ -37,32 +32,38 @@ impl<'c, 's> Live<'c, 's> {
     pub(crate) fn end(self) {
         std::mem::forget(self);
     }
-
-    /// Runs `f`, user code of the call that holds no ticket (the backoff schedule): if it panics,
-    /// the call ends [`Stop::Panicked`](super::Stop::Panicked) ([`Call::abandon`]).
-    pub(crate) fn user_code<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let unwinding = OnUnwind(&mut *self.0);
-        let r = f();
-        std::mem::forget(unwinding);
-        r
-    }
 }
 
-/// Ends the call [`Stop::Panicked`](super::Stop::Panicked) if dropped: forgotten unless unwinding.
-struct OnUnwind<'c, 's>(&'c mut Call<'s>);
+/// Kept while user code of the call runs (the backoff schedule, the poll of an attempt's work):
+/// unwound by its panic, it ends the call [`Stop::Panicked`](super::Stop::Panicked)
+/// ([`Call::abandon`], `in_flight` the attempt whose work panicked, whose ticket the caller
+/// still holds if `ticket_held`). [`pass`](Self::pass) it (no cost) when the code returns.
+pub(crate) struct OnUnwind<'c, 's> {
+    call: &'c mut Call<'s>,
+    in_flight: Option<usize>,
+    ticket_held: bool,
+}
+
+impl<'c, 's> OnUnwind<'c, 's> {
+    #[inline(always)]
+    pub(crate) fn new(call: &'c mut Call<'s>, in_flight: Option<usize>, ticket_held: bool) -> Self {
+        OnUnwind {
+            call,
+            in_flight,
+            ticket_held,
+        }
+    }
+
+    /// The code returned: nothing to end.
+    #[inline(always)]
+    pub(crate) fn pass(self) {
+        std::mem::forget(self);
+    }
+}
 
 impl Drop for OnUnwind<'_, '_> {
     fn drop(&mut self) {
-        self.0.abandon(None, false, true);
-    }
-}
-
-/// Sets its flag if dropped: forgotten unless unwinding (so free on the normal path).
-struct SetOnUnwind<'a>(&'a mut bool);
-
-impl Drop for SetOnUnwind<'_> {
-    fn drop(&mut self) {
-        *self.0 = true;
+        self.call.abandon(self.in_flight, self.ticket_held, true);
     }
 }
 
@@ -111,16 +112,13 @@ impl<'c, 's> Keep<'c, 's> {
         }
     }
 
-    /// Runs the attempt's work `fut` on the ticket (see [`OwnTicket::run`]), keeping the same
-    /// promise until the work has stopped ([`Attempting`]).
+    /// Runs the attempt's work `fut` on the ticket (see [`OwnTicket::run`]): from here on the
+    /// run holds the ticket, and the caller keeps the run with the call until the work has
+    /// stopped (see `retry::run`).
     #[inline(always)]
-    pub(crate) fn run<F: Future>(mut self, fut: F) -> Attempting<'c, 's, F> {
-        Attempting {
-            call: self.call.take(),
-            index: self.index,
-            panicked: false,
-            run: self.ticket.take().run(fut),
-        }
+    pub(crate) fn run<F: Future>(mut self, fut: F) -> OwnRun<F> {
+        self.call = None;
+        self.ticket.take().run(fut)
     }
 
     /// [`Call::judge`] of the attempt, whose ticket stays kept while the classifier runs.
@@ -148,47 +146,5 @@ impl Drop for Keep<'_, '_> {
             let panicked = std::thread::panicking();
             call.abandon(Some(self.index), self.ticket.is_pending(), panicked);
         }
-    }
-}
-
-pin_project! {
-    /// The work of a sequential call's attempt in flight, run on its ticket (an [`OwnRun`]),
-    /// with the call: dropped before the work is done (the call's future dropped, e.g. by a
-    /// `timeout` around it, or the work's poll panicked), it ends the call
-    /// ([`Call::abandon`]) while the run still holds the ticket, and only then is the run
-    /// dropped (the work stops, then the ticket records its default receipt). As for
-    /// [`Keep`]: the run as a temporary of the `.await` would be dropped before the call.
-    pub(crate) struct Attempting<'c, 's, F: Future> {
-        // `None` once the work is done.
-        call: Option<&'c mut Call<'s>>,
-        index: usize,
-        // A poll of the work panicked (not: dropped by an unwind from elsewhere).
-        panicked: bool,
-        #[pin]
-        run: OwnRun<F>,
-    }
-
-    impl<'c, 's, F: Future> PinnedDrop for Attempting<'c, 's, F> {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(call) = this.call.take() {
-                call.abandon(Some(*this.index), true, *this.panicked);
-            }
-        }
-    }
-}
-
-impl<F: Future> Future for Attempting<'_, '_, F> {
-    type Output = (Result<F::Output, Error>, OwnTicket);
-
-    #[inline(always)]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let unwinding = SetOnUnwind(this.panicked);
-        let out = this.run.poll(cx);
-        std::mem::forget(unwinding);
-        let out = std::task::ready!(out);
-        *this.call = None;
-        Poll::Ready(out)
     }
 }

@@ -90,6 +90,7 @@ mod classify;
 mod error;
 mod hedge;
 mod ledger;
+mod run;
 mod stop;
 #[cfg(feature = "tower-retry")]
 mod tower_budget;
@@ -102,11 +103,10 @@ pub use classify::{Classify, Decision};
 pub use error::RetryError;
 pub use hedge::{Hedge, HedgeDelay, HedgeRun, HedgeRunWithLedger, Latencies};
 pub use ledger::{AttemptRecord, Ledger};
+pub use run::{Run, RunWithLedger};
 pub use stop::{AttemptEnd, Stop};
 
-use attempt::{Limits, Started, Verdict};
-use call::Call;
-use call_guards::{Keep, Live};
+use attempt::Limits;
 
 /// A retry policy: how many attempts, how they split the budget, what they keep for the
 /// response, how long to back off, and how errors are classified. Cheap to clone; reuse it for
@@ -390,6 +390,9 @@ where
     /// attempt reuses the key — or [`ChildSpec::side_effecting`], which never retries); its
     /// name is the dependency (for the one-retry-owner rule and the ledger).
     ///
+    /// The call is the returned [`Run`], a future that does nothing until polled (the call
+    /// opens at its first poll) and whose type a struct field or a return type can name.
+    ///
     /// # Errors
     ///
     /// [`RetryError`] with the reason ([`Stop`]), the last attempt's error and the ledger.
@@ -435,25 +438,23 @@ where
     /// assert_eq!(request.remaining(), Some(ms(680)));
     /// # }
     /// ```
-    // The call's own future, not an `async fn` awaiting it: that wrapper would move the
-    // arguments it had just stored into the call's future (a store-forwarding stall per call).
+    #[inline]
     pub fn run<'a, T, E, F, Fut>(
         &'a self,
         scope: &'a Scope,
         spec: ChildSpec,
         op: F,
-    ) -> impl Future<Output = Result<T, RetryError<E>>> + 'a
+    ) -> Run<'a, C, B, F, Fut, T, E>
     where
         C: Classify<E>,
-        F: FnMut(Attempt) -> Fut + 'a,
-        Fut: Future<Output = Result<T, E>> + 'a,
-        T: 'a,
-        E: 'a,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
     {
-        self.call(scope, spec, op, None)
+        Run::new(self, scope, spec, op)
     }
 
-    /// [`run`](Self::run), also returning the call's [`Ledger`] on success.
+    /// [`run`](Self::run), also returning the call's [`Ledger`] on success: the future is a
+    /// [`RunWithLedger`].
     ///
     /// # Errors
     ///
@@ -470,152 +471,20 @@ where
     /// # Examples
     ///
     /// See [`Ledger`].
-    pub async fn run_with_ledger<T, E, F, Fut>(
-        &self,
-        scope: &Scope,
+    #[inline]
+    pub fn run_with_ledger<'a, T, E, F, Fut>(
+        &'a self,
+        scope: &'a Scope,
         spec: ChildSpec,
         op: F,
-    ) -> (Result<T, RetryError<E>>, Arc<Ledger>)
+    ) -> RunWithLedger<'a, C, B, F, Fut, T, E>
     where
         C: Classify<E>,
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut ledger = None;
-        let out = self.call(scope, spec, op, Some(&mut ledger)).await;
-        let Some(ledger) = ledger else {
-            unreachable!("every call leaves its ledger when asked to");
-        };
-        (out, ledger)
+        RunWithLedger::new(Run::new(self, scope, spec, op))
     }
-
-    /// The call behind [`run`](Self::run) and [`run_with_ledger`](Self::run_with_ledger); it
-    /// puts the ledger into `keep` if given one. The outcome is returned alone, not in a
-    /// tuple with the ledger: `run` would copy it out of the tuple right after it was
-    /// written (a store-forwarding stall on every call), and it needs no ledger of its own
-    /// (the report's is moved, not shared).
-    async fn call<T, E, F, Fut>(
-        &self,
-        scope: &Scope,
-        spec: ChildSpec,
-        mut op: F,
-        keep: Option<&mut Option<Arc<Ledger>>>,
-    ) -> Result<T, RetryError<E>>
-    where
-        C: Classify<E>,
-        F: FnMut(Attempt) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let mut owned = Call::open(scope, spec, self.limits, self.budget.as_deref());
-        if let Err(stop) = owned.admit(false) {
-            // Not attached: the scope refused the call.
-            let ledger = owned.refused(&stop);
-            return Err(RetryError::new(stop, None, kept(keep, ledger)));
-        }
-        // From here on, a call dropped or unwound before it ends attaches its ledger all the
-        // same, while it still holds the scope (`Live`: during a backoff sleep; `Keep` and
-        // `Attempting`: while an attempt is in flight, whose ticket they hold).
-        let mut call = Live::new(&mut owned);
-
-        // Made on the first retry only: a call that succeeds at once pays nothing for it.
-        let mut backoff = None;
-        let mut last: Option<E> = None;
-        let mut endpoint = 0u32;
-        let mut wait = Duration::ZERO;
-        let stop = loop {
-            if !wait.is_zero() {
-                // The sleep pays from the budget: skip it if nothing could start after it.
-                if let Err(stop) = call.check_after(wait).and_then(|()| call.prepay_retry()) {
-                    break stop;
-                }
-                tokio::select! {
-                    biased;
-                    cause = scope.cancelled_cause() => break Stop::Cancelled(cause),
-                    () = tokio::time::sleep(wait) => {}
-                }
-            }
-            let Started {
-                dispatched,
-                index,
-                attempt,
-            } = match call.start(false, endpoint) {
-                Ok(started) => started,
-                Err(stop) => break stop,
-            };
-            // The attempt runs on its ticket's handle, which comes back for the receipt.
-            let (out, dispatched) = {
-                let held = Keep::new(&mut call, index, dispatched);
-                let fut = op(attempt);
-                held.run(fut)
-            }
-            .await;
-            let out = match out {
-                // The fast path of a success (often the first attempt): no hold, no verdict.
-                Ok(Ok(value)) => {
-                    call.end();
-                    let ledger = owned.succeed(index, dispatched, keep.is_some());
-                    if let Some(keep) = keep {
-                        *keep = ledger;
-                    }
-                    return Ok(value);
-                }
-                out => out,
-            };
-            let (verdict, error) =
-                Keep::new(&mut call, index, dispatched).judge(out, &self.classify, self.on_timeout);
-            if error.is_some() {
-                last = error;
-            }
-            let decision = match verdict {
-                // (Not reached: a success took the fast path above.)
-                Verdict::Success(value) => {
-                    call.end();
-                    kept(keep, owned.close(&Stop::Succeeded));
-                    return Ok(value);
-                }
-                Verdict::Stop(stop) => break stop,
-                Verdict::Again(decision) => decision,
-            };
-            if call.attempts_left() == 0 {
-                break Stop::AttemptsExhausted;
-            }
-            wait = match decision {
-                Decision::RetryNow => Duration::ZERO,
-                Decision::RetryAfter(hint) | Decision::EffectUnknownAfter(hint) => {
-                    match call.after_pushback(hint) {
-                        Err(stop) => break stop,
-                        Ok(_) => hint,
-                    }
-                }
-                decision => {
-                    if decision == Decision::SwitchEndpoint {
-                        endpoint = endpoint.wrapping_add(1);
-                    }
-                    // The schedule is the user's code: a panic there ends the call `Panicked`.
-                    let next = call.user_code(|| {
-                        backoff
-                            .get_or_insert_with(|| self.backoff.clone().into_iter())
-                            .next()
-                    });
-                    match next {
-                        Some(d) => d,
-                        None => break Stop::BackoffExhausted,
-                    }
-                }
-            };
-        };
-        call.end();
-        let ledger = owned.close(&stop);
-        Err(RetryError::new(stop, last, kept(keep, ledger)))
-    }
-}
-
-/// Puts a copy of `ledger` into `keep`, if given one; returns `ledger`.
-fn kept(keep: Option<&mut Option<Arc<Ledger>>>, ledger: Arc<Ledger>) -> Arc<Ledger> {
-    if let Some(keep) = keep {
-        *keep = Some(ledger.clone());
-    }
-    ledger
 }
 
 impl<C, B: fmt::Debug> fmt::Debug for Retry<C, B> {
