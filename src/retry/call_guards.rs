@@ -10,27 +10,18 @@ use super::classify::{Classify, Decision};
 use crate::child::{OwnRun, OwnTicket};
 use crate::error::Error;
 
-/// A hedge's call from its admission to its end, in the keeping of this guard: dropped before
-/// the call ended (the call's future dropped, or unwound by a panic), it
-/// ends the call ([`Call::abandon`]) — before the
-/// call itself is dropped, so while the call's hold, parked and held-back attempts still hold
-/// the scope. Declared after the call, it is dropped before it.
-///
-/// [`end`](Self::end) it (no cost) before the call ends normally ([`succeed`](Call::succeed),
-/// [`close`](Call::close)). Dropped, it records the call [`Stop::Dropped`](super::Stop::Dropped):
-/// its own steps run no user code (those that do are in [`Keep`] or [`OnUnwind`]), so an unwind that drops it is not the call's panic.
+/// A dropped hedge's call, in the keeping of this guard while it is ended: made in the drop of
+/// a hedge's future that had not ended its call, it ends the call ([`Call::abandon`],
+/// [`Stop::Dropped`](super::Stop::Dropped)) as it is dropped in turn, before the call itself
+/// is, so while the call's hold, parked and held-back attempts still hold the scope. Its own
+/// steps run no user code (those that do are in [`Keep`] or [`OnUnwind`]), so an unwind that
+/// drops it is not the call's panic.
 pub(crate) struct Live<'c, 's>(&'c mut Call<'s>);
 
 impl<'c, 's> Live<'c, 's> {
     #[inline(always)]
     pub(crate) fn new(call: &'c mut Call<'s>) -> Self {
         Live(call)
-    }
-
-    /// Gives the call back, to end it normally.
-    #[inline(always)]
-    pub(crate) fn end(self) {
-        std::mem::forget(self);
     }
 }
 
